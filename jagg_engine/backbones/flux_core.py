@@ -1,0 +1,122 @@
+"""Velocity callable around diffusers' FluxTransformer2DModel on *packed* latents, and the `tiny-flux` backbone.
+
+Flux works on packed latent tokens: a (C, H, W) latent is cut into 2×2 patches and flattened to
+(H/2 · W/2, 4C) tokens (diffusers ``FluxPipeline._pack_latents``). The engine's latent is that token tensor,
+so ``z`` has shape (B, N, C_in) and the positional ids (img_ids (N, 3), txt_ids (L, 3)), which carry no batch
+dimension, live on the wrapper.
+
+``cond`` is ``{"prompt_embeds": (B, L, D_joint), "pooled": (B, D_pool)}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from diffusers import FluxTransformer2DModel
+
+from .base import Cond
+
+
+def latent_image_ids(height: int, width: int) -> torch.Tensor:
+    """Ids (row, col) of an (height × width) token grid, as diffusers' Flux pipeline builds them. (N, 3)."""
+    ids = torch.zeros(height, width, 3)
+    ids[..., 1] = torch.arange(height)[:, None]
+    ids[..., 2] = torch.arange(width)[None, :]
+    return ids.reshape(height * width, 3)
+
+
+class FluxVelocity(torch.nn.Module):
+    """v(z, t, cond) for a FluxTransformer2DModel on packed tokens.
+
+    Args:
+        transformer: the diffusers model.
+        grid: (h, w) of the token grid, N = h·w.
+        text_len: number of text tokens L (txt_ids are zeros, as in the Flux pipeline).
+        guidance: distilled-guidance scale fed to the guidance embedding when the model has one.
+    """
+
+    def __init__(
+        self, transformer: FluxTransformer2DModel, grid: tuple[int, int], text_len: int, guidance: float = 3.5
+    ):
+        super().__init__()
+        self.transformer = transformer
+        self.grid = grid
+        self.guidance = guidance
+        self.register_buffer("img_ids", latent_image_ids(*grid), persistent=False)
+        self.register_buffer("txt_ids", torch.zeros(text_len, 3), persistent=False)
+
+    @property
+    def latent_shape(self) -> tuple[int, int]:
+        return (self.grid[0] * self.grid[1], self.transformer.config.in_channels)
+
+    def forward(self, z: torch.Tensor, t: torch.Tensor, cond: Cond) -> torch.Tensor:
+        tf = self.transformer
+        dtype = tf.dtype
+        guidance = None
+        if tf.config.guidance_embeds:
+            guidance = torch.full((z.shape[0],), self.guidance, device=z.device, dtype=dtype)
+        out = tf(
+            hidden_states=z.to(dtype),  # (B, N, C_in)
+            encoder_hidden_states=cond["prompt_embeds"].to(dtype),  # (B, L, D_joint)
+            pooled_projections=cond["pooled"].to(dtype),  # (B, D_pool)
+            timestep=t.to(dtype),  # (B,) in [0, 1]; Flux scales by 1000 inside
+            img_ids=self.img_ids.to(dtype),
+            txt_ids=self.txt_ids.to(dtype),
+            guidance=guidance,
+            return_dict=False,
+        )[0]
+        return out  # (B, N, C_out)
+
+
+TINY_FLUX_CONFIG = dict(
+    patch_size=1,
+    in_channels=16,
+    num_layers=1,
+    num_single_layers=1,
+    attention_head_dim=16,
+    num_attention_heads=2,
+    joint_attention_dim=32,
+    pooled_projection_dim=32,
+    guidance_embeds=False,
+    axes_dims_rope=(4, 6, 6),
+)
+
+
+class TinyFlux(torch.nn.Module):
+    """`tiny-flux`: a FluxTransformer2DModel from a small config with seeded random weights (no download).
+
+    For tests and the gradient probe: prompts map to seeded random embeddings (a hash of the text), latents
+    are an 8×8 grid of 16-channel tokens. ``decode`` maps the first 3 channels to a grey-ish uint8 image
+    (there is no VAE); it exists so the reward plumbing can run end to end.
+    """
+
+    name = "tiny-flux"
+
+    def __init__(self, seed: int = 0, dtype: torch.dtype = torch.float32, grid: tuple[int, int] = (8, 8)):
+        super().__init__()
+        torch.manual_seed(seed)
+        transformer = FluxTransformer2DModel(**TINY_FLUX_CONFIG).to(dtype)
+        self.text_len = 4
+        self.velocity = FluxVelocity(transformer, grid=grid, text_len=self.text_len)
+        self.latent_shape = self.velocity.latent_shape
+        self.dtype = dtype
+
+    def forward(self, z: torch.Tensor, t: torch.Tensor, cond: Cond) -> torch.Tensor:
+        return self.velocity(z, t, cond)
+
+    def encode_prompts(self, prompts: Sequence[str]) -> Cond:
+        embeds, pooled = [], []
+        for p in prompts:
+            g = torch.Generator().manual_seed(sum(ord(c) * (i + 1) for i, c in enumerate(p)) % (2**31))
+            embeds.append(torch.randn(self.text_len, 32, generator=g, dtype=self.dtype))
+            pooled.append(torch.randn(32, generator=g, dtype=self.dtype))
+        return {"prompt_embeds": torch.stack(embeds), "pooled": torch.stack(pooled)}  # (B, L, 32), (B, 32)
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        h, w = self.velocity.grid
+        rgb = latents[..., :3].reshape(latents.shape[0], h, w, 3).float()  # (B, h, w, 3)
+        return ((rgb.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.velocity.transformer.parameters() if p.requires_grad]

@@ -1,0 +1,98 @@
+"""One registry for reward models: (images, prompts) → scores, and weighted sums of several.
+
+A reward is any object with ``__call__(images, prompts) -> scores`` where
+
+    images  : (B, H, W, 3) uint8 tensor on the CPU (what ``Backbone.decode`` returns)
+    prompts : list of B strings
+    scores  : (B,) float32 tensor, higher is better
+
+Factories are registered by name with :func:`register_reward`; :func:`check_reward` validates a name and its
+options (optional dependency installed, weight files present) *before* any training starts, and
+:func:`build_reward` constructs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+
+class Reward(Protocol):
+    def __call__(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor: ...
+
+
+class RewardConfigError(ValueError):
+    """A reward name, option, missing dependency or missing weight file; the message is one line."""
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    factory: Callable[..., Reward]
+    check: Callable[..., None] | None = None  # raises RewardConfigError; must not load weights
+    help: str = ""
+
+
+_REGISTRY: dict[str, RewardSpec] = {}
+
+
+def register_reward(
+    name: str, *, check: Callable[..., None] | None = None, help: str = ""
+) -> Callable[[Callable[..., Reward]], Callable[..., Reward]]:
+    """Decorator: register ``factory(**options) -> Reward`` under ``name``."""
+
+    def deco(factory: Callable[..., Reward]) -> Callable[..., Reward]:
+        _REGISTRY[name] = RewardSpec(factory=factory, check=check, help=help)
+        return factory
+
+    return deco
+
+
+def _load_builtin_rewards() -> None:
+    # Importing the modules registers their rewards; kept lazy so that importing the registry is cheap.
+    import importlib
+
+    for mod in ("simple", "shapes", "clip_based", "hps"):
+        try:
+            importlib.import_module(f"jagg_engine.rewards.{mod}")
+        except ModuleNotFoundError as exc:  # a reward module not written yet, never an optional dependency
+            if exc.name != f"jagg_engine.rewards.{mod}":
+                raise
+
+
+def available_rewards() -> list[str]:
+    _load_builtin_rewards()
+    return sorted(_REGISTRY)
+
+
+def check_reward(name: str, **options: Any) -> None:
+    """Validate a reward name and its options without loading any model; raises RewardConfigError."""
+    _load_builtin_rewards()
+    if name not in _REGISTRY:
+        raise RewardConfigError(f"reward: unknown reward {name!r}; allowed: {', '.join(sorted(_REGISTRY))}")
+    spec = _REGISTRY[name]
+    if spec.check is not None:
+        spec.check(**options)
+
+
+def build_reward(name: str, **options: Any) -> Reward:
+    check_reward(name, **options)
+    return _REGISTRY[name].factory(**options)
+
+
+class WeightedReward:
+    """Σ_k w_k · reward_k(images, prompts); also returns each component for logging."""
+
+    def __init__(self, weights: Mapping[str, float], options: Mapping[str, Mapping[str, Any]] | None = None):
+        if not weights:
+            raise RewardConfigError("reward: at least one reward is needed")
+        options = options or {}
+        self.weights = dict(weights)
+        self.rewards = {name: build_reward(name, **options.get(name, {})) for name in self.weights}
+
+    def __call__(self, images: torch.Tensor, prompts: Sequence[str]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        parts = {name: r(images, prompts).float().cpu() for name, r in self.rewards.items()}
+        total = sum(self.weights[name] * s for name, s in parts.items())
+        return total, parts
