@@ -1,0 +1,287 @@
+"""What the three diffusers adapters (flux, qwen-image, sd3) share: loading, freezing, LoRA, dtype, reference.
+
+A :class:`DiffusersBackbone` owns one diffusers pipeline. Its transformer is the trained module (registered as
+a submodule, so ``.parameters()`` and ``.to()`` see it); text encoders and the VAE stay on the pipeline object,
+frozen, in eval mode and outside the module tree. Subclasses implement ``velocity`` (the raw model call),
+``encode_prompts`` and ``_decode_latents``.
+
+Precision: on a GPU the weights load in bfloat16 and every forward runs under bf16 autocast; on the CPU
+everything is float32. LoRA weights are always float32 (they are what the optimizer steps).
+
+Reference policy (for the KL term): with LoRA it is the same transformer with the adapter disabled (peft's
+adapter layers switched off); with full fine-tuning (``lora_rank=0``) a frozen copy of the initial weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import BackboneConfigError
+from .base import Cond
+
+# Attention projections of the joint (text + image) transformer blocks; the module names are the same in
+# diffusers' Flux, SD3 and Qwen-Image transformers. The same set Flow-GRPO (Liu et al. 2025) trains.
+ATTENTION_PROJECTIONS: tuple[str, ...] = (
+    "attn.to_q",
+    "attn.to_k",
+    "attn.to_v",
+    "attn.to_out.0",
+    "attn.add_q_proj",
+    "attn.add_k_proj",
+    "attn.add_v_proj",
+    "attn.to_add_out",
+)
+
+_DTYPES = {
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+}
+_DTYPES.update({"fp32": torch.float32, "float32": torch.float32})
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``None`` → the current CUDA device when there is one, else the CPU."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """``None`` → bfloat16 on a GPU, float32 on the CPU; strings as 'bf16', 'fp16', 'fp32'."""
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise BackboneConfigError(f"dtype: unknown dtype {dtype!r}; allowed: {', '.join(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def _is_local(model_path: str) -> bool:
+    return Path(model_path).expanduser().exists() or model_path.startswith(("/", ".", "~"))
+
+
+def missing_pipeline_files(folder: Path) -> list[str]:
+    """Files a diffusers pipeline folder lacks: ``model_index.json`` and each component's subfolder."""
+    if not folder.is_dir():
+        return [f"the folder {folder}"]
+    index = folder / "model_index.json"
+    if not index.is_file():
+        return ["model_index.json"]
+    missing = []
+    for name, spec in json.loads(index.read_text()).items():
+        if name.startswith("_") or not isinstance(spec, list) or spec[0] is None:
+            continue
+        sub = folder / name
+        if not sub.is_dir() or not any(sub.iterdir()):
+            missing.append(f"{name}/")
+    return missing
+
+
+def _one_line(exc: BaseException, limit: int = 240) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def load_pipeline(
+    pipeline_cls: type, model_path: str, model_name: str, torch_dtype: torch.dtype, **kwargs: Any
+) -> Any:
+    """``pipeline_cls.from_pretrained(model_path, torch_dtype=...)``, every failure turned into one line.
+
+    A local folder is checked for missing files before loading; a hub id that cannot be fetched (offline,
+    gated, misspelt) reports the loader's reason. Either way the message says how to pass a local folder.
+    """
+    hint = f"download it and pass model_path=/path/to/folder (a diffusers {pipeline_cls.__name__} folder)"
+    if _is_local(model_path):
+        folder = Path(model_path).expanduser()
+        missing = missing_pipeline_files(folder)
+        if missing:
+            raise BackboneConfigError(f"{model_name}: missing {', '.join(missing)} in {model_path!r}; {hint}")
+    try:
+        with warnings.catch_warnings():  # newer diffusers renamed torch_dtype to dtype; older ones lack dtype
+            warnings.filterwarnings("ignore", message=".*torch_dtype.*", category=FutureWarning)
+            return pipeline_cls.from_pretrained(model_path, torch_dtype=torch_dtype, **kwargs)
+    except (OSError, ValueError, ImportError, KeyError, RuntimeError) as exc:
+        raise BackboneConfigError(
+            f"{model_name}: cannot load {model_path!r} (model_index.json and component weights): "
+            f"{_one_line(exc)}; {hint}"
+        ) from exc
+
+
+def freeze(*modules: torch.nn.Module | None) -> None:
+    """Eval mode and no gradients for the modules that are not trained (text encoders, VAE)."""
+    for m in modules:
+        if m is not None:
+            m.requires_grad_(False).eval()
+
+
+def add_lora(
+    transformer: torch.nn.Module,
+    rank: int,
+    alpha: float | None,
+    target_modules: Sequence[str],
+    dropout: float = 0.0,
+) -> list[torch.nn.Parameter]:
+    """Freeze ``transformer`` and add a peft LoRA adapter (B = 0 at init, so the policy starts at the base).
+
+    Returns the LoRA parameters, cast to float32. ``alpha`` defaults to ``rank`` (scale α/r = 1).
+    """
+    from peft import LoraConfig
+
+    transformer.requires_grad_(False)
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha if alpha is not None else rank,
+        lora_dropout=dropout,
+        target_modules=list(target_modules),
+        init_lora_weights=True,
+    )
+    try:
+        transformer.add_adapter(config)
+    except ValueError as exc:  # peft: no module matched target_modules
+        raise BackboneConfigError(f"lora_target_modules: {_one_line(exc)}") from exc
+    params = [p for n, p in transformer.named_parameters() if "lora_" in n]
+    for p in params:
+        p.data = p.data.float()
+        p.requires_grad_(True)
+    return params
+
+
+class DiffusersBackbone(torch.nn.Module):
+    """Shared machinery of the diffusers adapters; see the module docstring.
+
+    Args:
+        pipe: the loaded diffusers pipeline (its ``transformer`` is trained).
+        device, dtype: where and in which dtype the weights live.
+        lora_rank: 0 = full fine-tuning, else the LoRA rank.
+        lora_alpha: LoRA α (default = rank).
+        lora_target_modules: module-name suffixes that get LoRA (default: attention projections).
+        gradient_checkpointing: recompute transformer blocks in the backward pass.
+        reference_copy: with ``lora_rank=0``, keep a frozen copy of the initial transformer for
+            :meth:`reference` (doubles the transformer's memory); without it :meth:`reference` raises.
+    """
+
+    name = "diffusers"
+
+    def __init__(
+        self,
+        pipe: Any,
+        device: torch.device,
+        dtype: torch.dtype,
+        lora_rank: int = 32,
+        lora_alpha: float | None = None,
+        lora_target_modules: Sequence[str] = ATTENTION_PROJECTIONS,
+        gradient_checkpointing: bool = False,
+        reference_copy: bool = True,
+    ):
+        super().__init__()
+        if lora_rank < 0:
+            raise BackboneConfigError(f"lora_rank: must be >= 0 (0 = full fine-tuning), got {lora_rank}")
+        self.pipe = pipe
+        self.device_ = device
+        self.dtype = dtype
+        freeze(*(getattr(pipe, n, None) for n in ("text_encoder", "text_encoder_2", "text_encoder_3", "vae")))
+        for n in ("text_encoder", "text_encoder_2", "text_encoder_3", "vae"):
+            if getattr(pipe, n, None) is not None:
+                getattr(pipe, n).to(device)
+        self.transformer = pipe.transformer.to(device)
+        self.transformer.eval()  # no dropout: rollout and update must see the same function
+        self.lora_rank = lora_rank
+        self._reference_transformer: list[torch.nn.Module] = []  # a list keeps it out of the module tree
+        if lora_rank > 0:
+            self._trainable = add_lora(self.transformer, lora_rank, lora_alpha, lora_target_modules)
+        else:
+            self.transformer.requires_grad_(True)
+            self._trainable = list(self.transformer.parameters())
+            if reference_copy:
+                ref = copy.deepcopy(self.transformer).requires_grad_(False).eval()
+                self._reference_transformer.append(ref)
+        self._use_reference = False
+        if gradient_checkpointing:
+            self.enable_gradient_checkpointing()
+
+    # ---- the Backbone protocol -------------------------------------------------------------------------
+    def forward(self, z: torch.Tensor, t: torch.Tensor, cond: Cond) -> torch.Tensor:
+        """v̂(z, t, cond) of the policy (or of the reference inside :meth:`reference`); dtype of ``z``."""
+        with self.autocast():
+            v = self.velocity(self.active_transformer, z, t, cond)
+        return v.to(z.dtype)
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Final latents (B, *latent_shape) → uint8 images (B, H, W, 3) on the CPU."""
+        with torch.no_grad(), self.autocast():
+            image = self._decode_latents(latents.to(self.device_))  # (B, 3, H, W) in [-1, 1]
+        image = ((image.float() / 2 + 0.5).clamp(0, 1) * 255).round().to(torch.uint8)
+        return image.permute(0, 2, 3, 1).cpu()  # (B, H, W, 3)
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """The LoRA weights (or all transformer weights when ``lora_rank=0``)."""
+        return list(self._trainable)
+
+    # ---- training helpers -------------------------------------------------------------------------------
+    @property
+    def active_transformer(self) -> torch.nn.Module:
+        if self._use_reference and self._reference_transformer:
+            return self._reference_transformer[0]
+        return self.transformer
+
+    @contextlib.contextmanager
+    def reference(self) -> Iterator[DiffusersBackbone]:
+        """Within the block, calling the backbone gives the reference policy's velocity.
+
+        LoRA: the adapter is disabled (peft ``disable_adapters``) and re-enabled on exit. Full fine-tuning:
+        the frozen copy of the initial weights is used.
+        """
+        if self.lora_rank > 0:
+            self.transformer.disable_adapters()
+            try:
+                yield self
+            finally:
+                self.transformer.enable_adapters()
+            return
+        if not self._reference_transformer:
+            raise BackboneConfigError(
+                "reference: full fine-tuning without reference_copy has no reference policy"
+            )
+        self._use_reference = True
+        try:
+            yield self
+        finally:
+            self._use_reference = False
+
+    def enable_gradient_checkpointing(self) -> None:
+        """Recompute the transformer's blocks in the backward pass (memory for compute)."""
+        self.transformer.enable_gradient_checkpointing()
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """bf16 autocast on a GPU when the weights are bf16; nothing on the CPU."""
+        if self.device_.type == "cuda" and self.dtype != torch.float32:
+            return torch.autocast("cuda", dtype=self.dtype)
+        return contextlib.nullcontext()
+
+    # ---- per model ---------------------------------------------------------------------------------------
+    def velocity(
+        self, transformer: torch.nn.Module, z: torch.Tensor, t: torch.Tensor, cond: Cond
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+    def encode_prompts(self, prompts: Sequence[str]) -> Cond:
+        raise NotImplementedError
+
+    def _decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+def vae_decode(vae: torch.nn.Module, latents: torch.Tensor) -> torch.Tensor:
+    """``vae.decode`` → (B, 3, H, W) in [-1, 1], in the VAE's dtype."""
+    return vae.decode(latents.to(vae.dtype), return_dict=False)[0]
