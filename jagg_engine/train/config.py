@@ -1,0 +1,542 @@
+"""The one typed config tree of a training run: a flat dataclass, YAML + ``key=value`` overrides, one validator.
+
+Lifecycle::
+
+    cfg = load_config("configs/tiny-shapes-cpu.yaml", ["steps=3", "window=4"])   # parsed + validated
+    cfg.sampler_config(), cfg.update_config()                                      # engine objects
+    store.create_run(cfg.name, cfg.to_dict(), run_dir)                             # persisted as JSON
+    TrainConfig.from_dict(json.loads(run["config"]))                               # resume
+
+Every field carries a help string (``field(metadata={"help": ...})``); :func:`field_table` lists them for
+the CLI and the app. Values from YAML and from overrides go through the same typed parser, so ``lr=1e-4`` on
+the command line and ``lr: 1e-4`` in YAML (which PyYAML reads as a string) both become a float.
+
+All checks live in :meth:`TrainConfig.validate` and raise :class:`ConfigError` with a one-line message that
+names the field and the allowed values (diffusers: "concise error messages are preferred to silently
+correcting erroneous input"; TRL's ``_config_check``). ``validate(check_environment=False)`` runs only the
+checks that depend on the config alone (types, ranges, cross-field constraints, known names);
+the default also checks the machine: files exist and every reward's optional dependency and weights are
+present (:func:`jagg_engine.rewards.registry.check_reward`, which loads no model).
+
+``model_path``: ``None`` means the backbone's default. A path that exists is accepted. A string shaped like a
+Hugging Face hub id (``owner/name``, no leading ``/``, ``./``, ``../`` or ``~``, no file suffix, and whose
+first component is not an existing local folder) is accepted without a check — the backbone downloads it or
+fails with its own message. Anything else that does not exist is an error. This is what lets the shipped GPU
+configs name hub ids and still validate on a machine without the weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import os
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ALGORITHMS = ("flow-grpo", "dance", "cps")
+STRATEGIES = ("exact", "jagg", "endpoint")
+ENDPOINT_BACKWARDS = ("joint", "sequential")
+ADV_STDS = ("group", "global")
+PRECISIONS = ("fp32", "bf16")
+PROMPT_SUFFIXES = (".txt", ".jsonl")
+# Backbones whose vocabulary the procedural tiny-shapes prompts (prompts_file: null) fit; real text-to-image
+# models need a prompts file.
+PROCEDURAL_PROMPT_BACKBONES = ("tiny-shapes", "tiny-flux", "linear-toy")
+_WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".ckpt", ".bin", ".gguf")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class ConfigError(ValueError):
+    """A bad config value; the message is one line naming the field and what is allowed."""
+
+
+def _f(default: Any, help: str) -> Any:
+    """A dataclass field with a help string; mutable defaults are copied per instance."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: json.loads(json.dumps(d)), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class TrainConfig:
+    """One GRPO training run. Defaults are the tiny-shapes CPU setting that learned
+    (/work/shared/TINY-SHAPES-NOTES.md, "A GRPO setting that did learn")."""
+
+    # --- run ---
+    name: str = _f("tiny-shapes", "Run name shown in `jagg runs` and the app.")
+    seed: int = _f(0, "Seed for prompt sampling, initial noise and SDE noise.")
+    steps: int = _f(50, "Number of GRPO steps (one rollout + one optimizer step each).")
+    output_dir: str = _f("runs", "Runs root: holds jagg.db and one folder per run.")
+    processes: int = _f(1, "Number of training processes (GPUs); > 1 launches through accelerate.")
+
+    # --- model ---
+    backbone: str = _f("tiny-shapes", "Backbone name (jagg_engine.backbones.BACKBONES).")
+    model_path: str | None = _f(
+        None, "Local folder/file or hub id of the pretrained weights; null = the backbone's default."
+    )
+    backbone_options: dict[str, Any] = _f({}, "Extra keyword options passed to the backbone factory.")
+    lora_rank: int = _f(0, "LoRA rank; 0 = full fine-tune of all trainable weights.")
+    lora_alpha: float | None = _f(None, "LoRA alpha; null = lora_rank (scale 1).")
+    lora_targets: list[str] = _f([], "Module names LoRA wraps; empty = the backbone's default set.")
+    gradient_checkpointing: bool = _f(False, "Recompute activations in backward to save memory.")
+    precision: str = _f("fp32", "Compute precision: fp32 or bf16.")
+    fsdp: bool = _f(False, "Shard the model with FSDP across processes.")
+
+    # --- prompts and rewards ---
+    prompts_file: str | None = _f(
+        None,
+        "Training prompts: .txt (one a line) or .jsonl (objects with a 'prompt' key); "
+        "null = tiny-shapes procedural prompts.",
+    )
+    eval_prompts_file: str | None = _f(None, "Eval prompts (same formats); null = the training prompt source.")
+    eval_num_prompts: int = _f(90, "Number of eval prompts (the first N of the eval source).")
+    eval_seeds: list[int] = _f([0, 1], "Seeds of the eval images; each eval prompt is rendered once per seed.")
+    rewards: dict[str, float] = _f({"shapes-dense": 1.0}, "Reward name → weight; the reward is the weighted sum.")
+    reward_options: dict[str, dict[str, Any]] = _f({}, "Reward name → keyword options for that reward.")
+
+    # --- sampling (rollout) ---
+    algorithm: str = _f("flow-grpo", "SDE sampler: flow-grpo, dance or cps.")
+    sampling_steps: int = _f(12, "Number of denoising steps T of a rollout.")
+    eta: float = _f(0.7, "SDE noise level η (> 0; cps needs η <= 1).")
+    shift: float = _f(1.0, "Timestep shift of the flow schedule (1 = none; Flux/SD3 use 3).")
+    sde_window_start: int | None = _f(0, "First SDE (trained) step; null = 0.")
+    sde_window_end: int | None = _f(
+        8, "End (exclusive) of the SDE (trained) steps; null = sampling_steps. Steps outside run as ODE."
+    )
+    cfg_scale: float = _f(1.0, "Classifier-free guidance scale during rollouts (1 = no guidance).")
+    group_size: int = _f(8, "Samples per prompt (the GRPO group).")
+    prompts_per_step: int = _f(16, "Prompts per step; a step has group_size × prompts_per_step samples.")
+
+    # --- update ---
+    strategy: str = _f("jagg", "Backward per window: exact (every step), jagg (two endpoints), endpoint (ablation).")
+    window: int = _f(4, "JAGG window W: consecutive trained steps aggregated into one group.")
+    jagg_frac: float = _f(
+        1.0, "Fraction of the windows (high-noise first) that use the strategy; the rest use exact backward."
+    )
+    endpoint_backward: str = _f("joint", "JAGG endpoint backward: joint (one autograd call) or sequential.")
+    lr: float = _f(1e-4, "AdamW learning rate.")
+    weight_decay: float = _f(1e-4, "AdamW weight decay.")
+    grad_clip: float | None = _f(1.0, "Gradient-norm clip; null = no clipping.")
+    clip_range: float = _f(1e-3, "PPO ratio clip range ε.")
+    adv_clip: float | None = _f(5.0, "Clip advantages to ±adv_clip; null = no clipping.")
+    adv_std: str = _f("global", "Advantage std: per group, or of the group-centred rewards over the whole batch.")
+    beta: float = _f(0.0, "KL penalty weight against the reference model (0 = none).")
+
+    # --- logging and checkpoints (0 = never) ---
+    sample_every: int = _f(10, "Save training sample images every N steps.")
+    eval_every: int = _f(10, "Run the deterministic (ODE) eval every N steps.")
+    checkpoint_every: int = _f(25, "Save a resumable checkpoint every N steps (and at the end).")
+    probe_every: int = _f(0, "Measure JAGG-vs-exact gradient fidelity every N steps.")
+
+    # ------------------------------------------------------------------ building
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        """Build from a mapping (YAML document, stored config JSON); types parsed, not validated."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"config: must be a mapping of field names to values, got {type(data).__name__}")
+        hints = _hints()
+        values = {}
+        for key, raw in data.items():
+            key = str(key)
+            _check_known(key)
+            values[key] = _coerce(key, hints[key], raw)
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
+
+    def apply_overrides(self, overrides: list[str]) -> TrainConfig:
+        """A copy with ``key=value`` overrides applied (scalars parsed by type, lists/dicts as YAML)."""
+        hints = _hints()
+        values = {}
+        for item in overrides:
+            key, sep, text = item.partition("=")
+            key = key.strip()
+            if not sep or not key:
+                raise ConfigError(f"override {item!r}: must look like name=value")
+            _check_known(key)
+            values[key] = _coerce(key, hints[key], _parse_text(key, hints[key], text))
+        return dataclasses.replace(self, **values)
+
+    # ------------------------------------------------------------------ derived values
+    def sde_window(self) -> tuple[int, int]:
+        """The trained/SDE steps as a half-open range [start, end) of the sampling steps."""
+        start = 0 if self.sde_window_start is None else self.sde_window_start
+        end = self.sampling_steps if self.sde_window_end is None else self.sde_window_end
+        return start, end
+
+    @property
+    def num_trained_steps(self) -> int:
+        start, end = self.sde_window()
+        return end - start
+
+    @property
+    def num_windows(self) -> int:
+        """Windows of W trained steps; a remainder shorter than W is the last, partial window."""
+        return math.ceil(self.num_trained_steps / self.window)
+
+    def sampler_config(self) -> Any:
+        from jagg_engine.sde import SamplerConfig  # lazy: the engine module is owned elsewhere
+
+        all_steps = self.sde_window_start is None and self.sde_window_end is None
+        return SamplerConfig(
+            kind=self.algorithm,
+            num_steps=self.sampling_steps,
+            eta=self.eta,
+            shift=self.shift,
+            sde_window=None if all_steps else self.sde_window(),
+        )
+
+    def update_config(self) -> Any:
+        from jagg_engine.jagg import UpdateConfig  # lazy: the engine module is owned elsewhere
+
+        return UpdateConfig(
+            strategy=self.strategy,
+            window=self.window,
+            jagg_frac=self.jagg_frac,
+            endpoint_backward=self.endpoint_backward,
+            clip_range=self.clip_range,
+            beta=self.beta,
+        )
+
+    # ------------------------------------------------------------------ validation
+    def validate(self, check_environment: bool = True) -> TrainConfig:
+        """Raise ConfigError (one line) on the first bad field; return self.
+
+        ``check_environment=False`` skips what depends on this machine: file existence and the reward
+        registry's dependency/weight checks. Reward *names* are always checked.
+        """
+        from jagg_engine.backbones import BACKBONES
+        from jagg_engine.rewards.registry import RewardConfigError, available_rewards, check_reward
+
+        _nonempty_str("name", self.name)
+        _nonempty_str("output_dir", self.output_dir)
+        _int_at_least("seed", self.seed, 0)
+        _int_at_least("steps", self.steps, 1)
+        _int_at_least("processes", self.processes, 1)
+        _one_of("backbone", self.backbone, tuple(BACKBONES))
+
+        _int_at_least("lora_rank", self.lora_rank, 0)
+        if self.lora_alpha is not None:
+            _positive("lora_alpha", self.lora_alpha)
+        if self.lora_targets and self.lora_rank == 0:
+            raise ConfigError("lora_targets: only used with LoRA; set lora_rank > 0 or leave lora_targets empty")
+        _one_of("precision", self.precision, PRECISIONS)
+
+        for key in ("prompts_file", "eval_prompts_file"):
+            path = getattr(self, key)
+            if path is not None and not str(path).endswith(PROMPT_SUFFIXES):
+                raise ConfigError(f"{key}: must be a .txt or .jsonl file, got {path!r}")
+        if self.prompts_file is None and self.backbone not in PROCEDURAL_PROMPT_BACKBONES:
+            raise ConfigError(
+                f"prompts_file: required for backbone {self.backbone!r} (procedural prompts only suit "
+                f"{', '.join(PROCEDURAL_PROMPT_BACKBONES)})"
+            )
+        _int_at_least("eval_num_prompts", self.eval_num_prompts, 1)
+        if not self.eval_seeds:
+            raise ConfigError("eval_seeds: must be a non-empty list of integers, got []")
+        if len(set(self.eval_seeds)) != len(self.eval_seeds):
+            raise ConfigError(f"eval_seeds: must not repeat a seed, got {self.eval_seeds}")
+
+        if not self.rewards:
+            raise ConfigError("rewards: must name at least one reward, e.g. rewards={shapes-dense: 1.0}")
+        known = available_rewards()
+        for reward, weight in self.rewards.items():
+            if reward not in known:
+                raise ConfigError(f"rewards: unknown reward {reward!r}; allowed: {', '.join(known) or '(none)'}")
+            if not math.isfinite(weight):
+                raise ConfigError(f"rewards: weight of {reward!r} must be a finite number, got {weight}")
+        if all(w == 0 for w in self.rewards.values()):
+            raise ConfigError("rewards: at least one weight must be non-zero")
+        for reward in self.reward_options:
+            if reward not in self.rewards:
+                raise ConfigError(
+                    f"reward_options: {reward!r} is not in rewards; allowed: {', '.join(self.rewards)}"
+                )
+
+        _one_of("algorithm", self.algorithm, ALGORITHMS)
+        _int_at_least("sampling_steps", self.sampling_steps, 2)
+        _positive("eta", self.eta)
+        if self.algorithm == "cps" and self.eta > 1:
+            raise ConfigError(f"eta: cps needs 0 < eta <= 1, got {self.eta}")
+        _positive("shift", self.shift)
+        _positive("cfg_scale", self.cfg_scale)
+        start, end = self.sde_window()
+        if not 0 <= start < self.sampling_steps:
+            raise ConfigError(
+                f"sde_window_start: must be in 0..{self.sampling_steps - 1} (sampling_steps - 1), got {start}"
+            )
+        if not start < end <= self.sampling_steps:
+            raise ConfigError(
+                f"sde_window_end: must be in {start + 1}..{self.sampling_steps} "
+                f"(after sde_window_start, at most sampling_steps), got {end}"
+            )
+        _int_at_least("group_size", self.group_size, 2)
+        _int_at_least("prompts_per_step", self.prompts_per_step, 1)
+        if self.prompts_per_step % self.processes:
+            raise ConfigError(
+                f"prompts_per_step: must be a multiple of processes ({self.processes}), got {self.prompts_per_step}"
+            )
+
+        _one_of("strategy", self.strategy, STRATEGIES)
+        _int_at_least("window", self.window, 2)
+        if self.window > self.num_trained_steps:
+            raise ConfigError(
+                f"window: must be at most the number of trained steps "
+                f"({self.num_trained_steps} = sde_window_end - sde_window_start), got {self.window}"
+            )
+        if not 0.0 <= self.jagg_frac <= 1.0:
+            raise ConfigError(f"jagg_frac: must be a number in [0, 1], got {self.jagg_frac}")
+        _one_of("endpoint_backward", self.endpoint_backward, ENDPOINT_BACKWARDS)
+        _positive("lr", self.lr)
+        _at_least("weight_decay", self.weight_decay, 0.0)
+        if self.grad_clip is not None:
+            _positive("grad_clip", self.grad_clip)
+        _positive("clip_range", self.clip_range)
+        if self.adv_clip is not None:
+            _positive("adv_clip", self.adv_clip)
+        _one_of("adv_std", self.adv_std, ADV_STDS)
+        _at_least("beta", self.beta, 0.0)
+
+        for key in ("sample_every", "eval_every", "checkpoint_every", "probe_every"):
+            _int_at_least(key, getattr(self, key), 0)
+        if self.probe_every and self.strategy == "exact":
+            raise ConfigError("probe_every: probes compare JAGG with exact; needs strategy jagg or endpoint")
+
+        if check_environment:
+            for key in ("prompts_file", "eval_prompts_file"):
+                path = getattr(self, key)
+                if path is not None:
+                    prompts = read_prompts(path, field_name=key)
+                    if key == "eval_prompts_file" and len(prompts) < self.eval_num_prompts:
+                        raise ConfigError(
+                            f"eval_num_prompts: must be at most the {len(prompts)} prompts in "
+                            f"{path}, got {self.eval_num_prompts}"
+                        )
+            if self.model_path is not None and model_path_kind(self.model_path) == "missing":
+                raise ConfigError(f"model_path: no such file or folder: {self.model_path}")
+            for reward in self.rewards:
+                try:
+                    check_reward(reward, **self.reward_options.get(reward, {}))
+                except RewardConfigError as exc:
+                    raise ConfigError(f"rewards: {_one_line(str(exc))}") from None
+        return self
+
+
+# ---------------------------------------------------------------------- loading
+
+
+def load_config(path: str | None, overrides: list[str], check_environment: bool = True) -> TrainConfig:
+    """Defaults ← YAML file (if any) ← ``key=value`` overrides, then validated."""
+    cfg = TrainConfig()
+    if path is not None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"config file: cannot read {path}: {exc.strerror}") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file: {path} is not valid YAML: {_one_line(str(exc))}") from None
+        cfg = TrainConfig.from_dict(data or {})
+    return cfg.apply_overrides(overrides).validate(check_environment=check_environment)
+
+
+def read_prompts(path: str | os.PathLike[str], field_name: str = "prompts_file") -> list[str]:
+    """Prompts from a .txt (one a line, blank lines skipped) or .jsonl file (objects with a "prompt" key)."""
+    p = Path(path)
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise ConfigError(f"{field_name}: no such file: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{field_name}: cannot read {path}: {_one_line(str(exc))}") from None
+    prompts = []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if p.suffix == ".jsonl":
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                raise ConfigError(f"{field_name}: {path} line {lineno} is not JSON") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
+                raise ConfigError(f"{field_name}: {path} line {lineno} needs a string 'prompt' key")
+            prompts.append(obj["prompt"])
+        else:
+            prompts.append(line.strip())
+    if not prompts:
+        raise ConfigError(f"{field_name}: {path} holds no prompts")
+    return prompts
+
+
+def model_path_kind(path: str) -> str:
+    """"local" (exists), "hub" (looks like a hub id ``owner/name``) or "missing" — see the module docstring."""
+    if Path(path).expanduser().exists():
+        return "local"
+    looks_local = (
+        path.startswith(("/", "./", "../", "~", "."))
+        or path.endswith(_WEIGHT_SUFFIXES)
+        or not _HUB_ID.match(path)
+        or Path(path.split("/")[0]).is_dir()
+    )
+    return "missing" if looks_local else "hub"
+
+
+def field_table() -> list[dict[str, Any]]:
+    """One row per field: name, type, default, help (for `jagg train --help` and the app's form)."""
+    defaults = TrainConfig().to_dict()
+    hints = _hints()
+    return [
+        {"name": f.name, "type": _type_name(hints[f.name]), "default": defaults[f.name], "help": f.metadata["help"]}
+        for f in dataclasses.fields(TrainConfig)
+    ]
+
+
+# ---------------------------------------------------------------------- typed parsing
+
+_FIELD_NAMES = tuple(f.name for f in dataclasses.fields(TrainConfig))
+
+
+def _hints() -> dict[str, Any]:
+    return typing.get_type_hints(TrainConfig)
+
+
+def _check_known(key: str) -> None:
+    if key not in _FIELD_NAMES:
+        close = difflib.get_close_matches(key, _FIELD_NAMES, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else "; run `jagg train --help` for the list"
+        raise ConfigError(f"unknown field {key!r}{hint}")
+
+
+def _split_optional(tp: Any) -> tuple[Any, bool]:
+    args = typing.get_args(tp)
+    if (typing.get_origin(tp) in (typing.Union, types.UnionType)) and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        return rest[0], True
+    return tp, False
+
+
+def _type_name(tp: Any) -> str:
+    base, optional = _split_optional(tp)
+    name = getattr(base, "__name__", str(base)) if typing.get_origin(base) is None else str(base)
+    return name + (" | None" if optional else "")
+
+
+def _parse_text(key: str, tp: Any, text: str) -> Any:
+    """An override's text → a Python value, before type coercion."""
+    base, optional = _split_optional(tp)
+    if optional and text.strip().lower() in ("null", "none", "~"):
+        return None
+    if base is str:
+        return text
+    if typing.get_origin(base) in (list, dict):
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise ConfigError(f"{key}: {_expected(base)} written in YAML, got {text!r}") from None
+    return text.strip()
+
+
+def _expected(tp: Any) -> str:
+    base, _ = _split_optional(tp)
+    origin = typing.get_origin(base)
+    if origin is list:
+        return "must be a list"
+    if origin is dict:
+        return "must be a mapping"
+    return f"must be {'an' if base is int else 'a'} {_type_name(base)}"
+
+
+def _coerce(key: str, tp: Any, value: Any) -> Any:
+    """Parse ``value`` (from YAML, JSON or an override) as ``tp``; raise a one-line ConfigError."""
+    base, optional = _split_optional(tp)
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"{key}: must not be null")
+    where = f"{key}: {_expected(tp)}{' or null' if optional else ''}, got {value!r}"
+    origin = typing.get_origin(base)
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(where)
+        (item,) = typing.get_args(base)
+        return [_coerce(f"{key}[{i}]", item, v) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(where)
+        _, vtype = typing.get_args(base)
+        return {str(k): _coerce(f"{key}.{k}", vtype, v) for k, v in value.items()}
+    if base is Any:
+        return value
+    if base is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "yes", "on", "1", "false", "no", "off", "0"):
+            return value.lower() in ("true", "yes", "on", "1")
+        raise ConfigError(f"{key}: must be true or false, got {value!r}")
+    if base is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str) and re.fullmatch(r"[+-]?\d+", value.strip()):
+            return int(value)
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(where)
+    if base is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(where)
+    if base is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(where)
+    raise ConfigError(f"{key}: unsupported field type {tp}")  # a new field type needs a branch here
+
+
+# ---------------------------------------------------------------------- range checks
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}: must be one of {', '.join(allowed)}, got {value!r}")
+
+
+def _int_at_least(key: str, value: int, low: int) -> None:
+    if value < low:
+        raise ConfigError(f"{key}: must be an integer >= {low}, got {value}")
+
+
+def _at_least(key: str, value: float, low: float) -> None:
+    if not (math.isfinite(value) and value >= low):
+        raise ConfigError(f"{key}: must be a number >= {low:g}, got {value}")
+
+
+def _positive(key: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{key}: must be a number > 0, got {value}")
+
+
+def _nonempty_str(key: str, value: str) -> None:
+    if not value.strip():
+        raise ConfigError(f"{key}: must be a non-empty string")
