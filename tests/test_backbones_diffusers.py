@@ -202,9 +202,10 @@ def check_backbone(model, image_side: int) -> None:
     # gradients reach the LoRA weights only
     model.zero_grad(set_to_none=True)
     model(z, t, cond).square().mean().backward()
-    grads = [p.grad for p in params]
-    assert all(g is not None and torch.isfinite(g).all() for g in grads)
-    assert any(g.abs().sum() > 0 for g in grads)
+    # (a last block's text-stream output projection may not reach the image tokens: no grad there)
+    grads = [p.grad for p in params if p.grad is not None]
+    assert all(torch.isfinite(g).all() for g in grads)
+    assert sum(bool(g.abs().sum() > 0) for g in grads) >= len(params) // 2
     model.zero_grad(set_to_none=True)
 
 
@@ -247,3 +248,174 @@ def test_incomplete_folder_names_missing_files(flux_dir: str, tmp_path) -> None:
     with pytest.raises(BackboneConfigError, match=r"missing text_encoder_2/, vae/") as info:
         build_backbone("flux", model_path=str(broken))
     assert "\n" not in str(info.value)
+
+
+# ---- sd3 ------------------------------------------------------------------------------------------------------
+def save_tiny_sd3(folder: str) -> None:
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+
+    torch.manual_seed(4)
+    transformer = SD3Transformer2DModel(
+        sample_size=4,
+        patch_size=1,
+        in_channels=4,
+        num_layers=1,
+        attention_head_dim=8,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        caption_projection_dim=16,
+        pooled_projection_dim=32,
+        out_channels=4,
+        pos_embed_max_size=8,
+    )
+    pipe = StableDiffusion3Pipeline(
+        transformer=transformer,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+        vae=tiny_vae(4),
+        text_encoder=tiny_clip_text(True, seed=5),
+        tokenizer=clip_tokenizer(),
+        text_encoder_2=tiny_clip_text(True, seed=6),
+        tokenizer_2=clip_tokenizer(),
+        text_encoder_3=tiny_t5(32),
+        tokenizer_3=t5_tokenizer(),
+    )
+    pipe.save_pretrained(folder)
+
+
+SD3_OPTIONS = dict(resolution=8, max_sequence_length=6, lora_rank=4)  # (4, 4, 4) latents
+
+
+@pytest.fixture(scope="module")
+def sd3_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    folder = str(tmp_path_factory.mktemp("tiny-sd3-pipe"))
+    save_tiny_sd3(folder)
+    return folder
+
+
+def test_sd3_end_to_end(sd3_dir: str) -> None:
+    model = build_backbone("sd3", model_path=sd3_dir, **SD3_OPTIONS)
+    assert model.latent_shape == (4, 4, 4)
+    cond = model.encode_prompts(PROMPTS)
+    assert cond["prompt_embeds"].shape == (2, 8 + 6, 32) and cond["pooled"].shape == (
+        2,
+        32,
+    )  # CLIP + T5 tokens
+    check_backbone(model, image_side=8)
+
+
+def test_sd3_cfg_combines_cond_and_uncond(sd3_dir: str) -> None:
+    scale = 4.0
+    guided = build_backbone("sd3", model_path=sd3_dir, **SD3_OPTIONS, cfg_scale=scale)
+    cond = guided.encode_prompts(PROMPTS)
+    assert set(cond) == {"prompt_embeds", "pooled", "negative_prompt_embeds", "negative_pooled"}
+    z, t = torch.randn(2, *guided.latent_shape), torch.tensor([0.7, 0.2])
+    v = guided(z, t, cond)
+    # by hand: two plain calls of the same transformer with cfg off
+    guided.cfg_scale = 1.0
+    v_c = guided(z, t, {"prompt_embeds": cond["prompt_embeds"], "pooled": cond["pooled"]})
+    v_u = guided(z, t, {"prompt_embeds": cond["negative_prompt_embeds"], "pooled": cond["negative_pooled"]})
+    torch.testing.assert_close(v, v_u + scale * (v_c - v_u), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(v, v_c)
+
+
+def test_sd3_timestep_scale(sd3_dir: str) -> None:
+    """The adapter feeds σ·1000 to the transformer, as the SD3 pipeline's scheduler timesteps are."""
+    model = build_backbone("sd3", model_path=sd3_dir, **SD3_OPTIONS)
+    cond = model.encode_prompts(PROMPTS[:1])
+    z, t = torch.randn(1, *model.latent_shape), torch.tensor([0.3])
+    direct = model.transformer(
+        hidden_states=z,
+        timestep=torch.tensor([300.0]),
+        encoder_hidden_states=cond["prompt_embeds"],
+        pooled_projections=cond["pooled"],
+        return_dict=False,
+    )[0]
+    torch.testing.assert_close(model(z, t, cond), direct)
+
+
+# ---- qwen-image -------------------------------------------------------------------------------------------------
+def save_tiny_qwen_image(folder: str) -> None:
+    from diffusers import (
+        AutoencoderKLQwenImage,
+        FlowMatchEulerDiscreteScheduler,
+        QwenImagePipeline,
+        QwenImageTransformer2DModel,
+    )
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    torch.manual_seed(7)
+    text = dict(
+        vocab_size=260, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2
+    )
+    text.update(num_key_value_heads=1, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]})
+    vision = dict(
+        depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32, patch_size=2
+    )
+    vision.update(spatial_merge_size=1, temporal_patch_size=1, window_size=4, fullatt_block_indexes=[0])
+    cfg = Qwen2_5_VLConfig(
+        text_config=text, vision_config=vision, vocab_size=260, bos_token_id=256, eos_token_id=256
+    )
+    encoder = Qwen2_5_VLForConditionalGeneration(cfg).eval()
+    vae = AutoencoderKLQwenImage(
+        base_dim=8,
+        z_dim=4,
+        dim_mult=[1, 2],
+        num_res_blocks=1,
+        temperal_downsample=[False],
+        latents_mean=[0.1, -0.2, 0.0, 0.3],
+        latents_std=[1.5, 0.5, 1.0, 2.0],
+    )  # vae_scale_factor 2
+    transformer = QwenImageTransformer2DModel(
+        patch_size=2,
+        in_channels=16,
+        out_channels=4,
+        num_layers=1,
+        attention_head_dim=8,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        axes_dims_rope=(2, 2, 4),
+    )
+    pipe = QwenImagePipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(),
+        vae=vae,
+        text_encoder=encoder,
+        tokenizer=qwen_tokenizer(),
+        transformer=transformer,
+    )
+    pipe.save_pretrained(folder)
+
+
+QWEN_OPTIONS = dict(resolution=8, lora_rank=4)  # 2×2 tokens of 16 channels
+
+
+@pytest.fixture(scope="module")
+def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    folder = str(tmp_path_factory.mktemp("tiny-qwen-image-pipe"))
+    save_tiny_qwen_image(folder)
+    return folder
+
+
+def test_qwen_image_end_to_end(qwen_dir: str) -> None:
+    model = build_backbone("qwen-image", model_path=qwen_dir, **QWEN_OPTIONS)
+    assert model.latent_shape == (4, 16)
+    cond = model.encode_prompts(PROMPTS)
+    embeds, mask = cond["prompt_embeds"], cond["prompt_embeds_mask"]
+    assert embeds.shape[:2] == mask.shape and embeds.shape[0] == 2 and mask.dtype == torch.long
+    assert mask[0].sum() < mask[1].sum() == mask.shape[1]  # the shorter prompt is padded
+    check_backbone(model, image_side=8)
+
+
+def test_qwen_image_text_mask_and_fixed_padding(qwen_dir: str) -> None:
+    model = build_backbone("qwen-image", model_path=qwen_dir, **QWEN_OPTIONS, text_pad_to=40)
+    a, b = model.encode_prompts(PROMPTS[:1]), model.encode_prompts(PROMPTS[1:])
+    assert a["prompt_embeds"].shape == b["prompt_embeds"].shape == (1, 40, 32)
+    both = model.encode_prompts(PROMPTS)
+    torch.testing.assert_close(
+        both["prompt_embeds_mask"], torch.cat([a["prompt_embeds_mask"], b["prompt_embeds_mask"]])
+    )
+    z, t = torch.randn(1, *model.latent_shape), torch.tensor([0.6])
+    v = model(z, t, a)
+    # padded positions are masked out: changing the embeddings there does not change the velocity
+    garbage = {k: val.clone() for k, val in a.items()}
+    garbage["prompt_embeds"][a["prompt_embeds_mask"] == 0] = 5.0
+    torch.testing.assert_close(model(z, t, garbage), v)
