@@ -96,10 +96,16 @@ class TrainConfig:
         "Training prompts: .txt (one a line) or .jsonl (objects with a 'prompt' key); "
         "null = tiny-shapes procedural prompts.",
     )
-    eval_prompts_file: str | None = _f(None, "Eval prompts (same formats); null = the training prompt source.")
+    eval_prompts_file: str | None = _f(
+        None, "Eval prompts (same formats); null = the training prompt source."
+    )
     eval_num_prompts: int = _f(90, "Number of eval prompts (the first N of the eval source).")
-    eval_seeds: list[int] = _f([0, 1], "Seeds of the eval images; each eval prompt is rendered once per seed.")
-    rewards: dict[str, float] = _f({"shapes-dense": 1.0}, "Reward name → weight; the reward is the weighted sum.")
+    eval_seeds: list[int] = _f(
+        [0, 1], "Seeds of the eval images; each eval prompt is rendered once per seed."
+    )
+    rewards: dict[str, float] = _f(
+        {"shapes-dense": 1.0}, "Reward name → weight; the reward is the weighted sum."
+    )
     reward_options: dict[str, dict[str, Any]] = _f({}, "Reward name → keyword options for that reward.")
 
     # --- sampling (rollout) ---
@@ -116,7 +122,9 @@ class TrainConfig:
     prompts_per_step: int = _f(16, "Prompts per step; a step has group_size × prompts_per_step samples.")
 
     # --- update ---
-    strategy: str = _f("jagg", "Backward per window: exact (every step), jagg (two endpoints), endpoint (ablation).")
+    strategy: str = _f(
+        "jagg", "Backward per window: exact (every step), jagg (two endpoints), endpoint (ablation)."
+    )
     window: int = _f(4, "JAGG window W: consecutive trained steps aggregated into one group.")
     jagg_frac: float = _f(
         1.0, "Fraction of the windows (high-noise first) that use the strategy; the rest use exact backward."
@@ -127,7 +135,9 @@ class TrainConfig:
     grad_clip: float | None = _f(1.0, "Gradient-norm clip; null = no clipping.")
     clip_range: float = _f(1e-3, "PPO ratio clip range ε.")
     adv_clip: float | None = _f(5.0, "Clip advantages to ±adv_clip; null = no clipping.")
-    adv_std: str = _f("global", "Advantage std: per group, or of the group-centred rewards over the whole batch.")
+    adv_std: str = _f(
+        "global", "Advantage std: per group, or of the group-centred rewards over the whole batch."
+    )
     beta: float = _f(0.0, "KL penalty weight against the reference model (0 = none).")
 
     # --- logging and checkpoints (0 = never) ---
@@ -141,7 +151,9 @@ class TrainConfig:
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         """Build from a mapping (YAML document, stored config JSON); types parsed, not validated."""
         if not isinstance(data, dict):
-            raise ConfigError(f"config: must be a mapping of field names to values, got {type(data).__name__}")
+            raise ConfigError(
+                f"config: must be a mapping of field names to values, got {type(data).__name__}"
+            )
         hints = _hints()
         values = {}
         for key, raw in data.items():
@@ -171,9 +183,14 @@ class TrainConfig:
 
     # ------------------------------------------------------------------ derived values
     def sde_window(self) -> tuple[int, int]:
-        """The trained/SDE steps as a half-open range [start, end) of the sampling steps."""
+        """The trained/SDE steps as a half-open range [start, end) of the sampling steps.
+
+        As in SamplerConfig.sde_steps, cps never samples the last step (σ_next = 0 has zero variance), so
+        with sde_window_end null its window ends at sampling_steps − 1.
+        """
         start = 0 if self.sde_window_start is None else self.sde_window_start
-        end = self.sampling_steps if self.sde_window_end is None else self.sde_window_end
+        last = self.sampling_steps - 1 if self.algorithm == "cps" else self.sampling_steps
+        end = last if self.sde_window_end is None else self.sde_window_end
         return start, end
 
     @property
@@ -183,7 +200,8 @@ class TrainConfig:
 
     @property
     def num_windows(self) -> int:
-        """Windows of W trained steps; a remainder shorter than W is the last, partial window."""
+        """Windows of W trained steps; a remainder shorter than W is the last, partial window (the engine
+        treats a one-step group as exact)."""
         return math.ceil(self.num_trained_steps / self.window)
 
     def sampler_config(self) -> Any:
@@ -231,7 +249,9 @@ class TrainConfig:
         if self.lora_alpha is not None:
             _positive("lora_alpha", self.lora_alpha)
         if self.lora_targets and self.lora_rank == 0:
-            raise ConfigError("lora_targets: only used with LoRA; set lora_rank > 0 or leave lora_targets empty")
+            raise ConfigError(
+                "lora_targets: only used with LoRA; set lora_rank > 0 or leave lora_targets empty"
+            )
         _one_of("precision", self.precision, PRECISIONS)
 
         for key in ("prompts_file", "eval_prompts_file"):
@@ -254,7 +274,9 @@ class TrainConfig:
         known = available_rewards()
         for reward, weight in self.rewards.items():
             if reward not in known:
-                raise ConfigError(f"rewards: unknown reward {reward!r}; allowed: {', '.join(known) or '(none)'}")
+                raise ConfigError(
+                    f"rewards: unknown reward {reward!r}; allowed: {', '.join(known) or '(none)'}"
+                )
             if not math.isfinite(weight):
                 raise ConfigError(f"rewards: weight of {reward!r} must be a finite number, got {weight}")
         if all(w == 0 for w in self.rewards.values()):
@@ -277,10 +299,15 @@ class TrainConfig:
             raise ConfigError(
                 f"sde_window_start: must be in 0..{self.sampling_steps - 1} (sampling_steps - 1), got {start}"
             )
-        if not start < end <= self.sampling_steps:
+        last = self.sampling_steps - 1 if self.algorithm == "cps" else self.sampling_steps
+        if not start < end <= last:
+            limit = (
+                "sampling_steps - 1 for cps, whose last step has zero variance"
+                if self.algorithm == "cps"
+                else ("sampling_steps")
+            )
             raise ConfigError(
-                f"sde_window_end: must be in {start + 1}..{self.sampling_steps} "
-                f"(after sde_window_start, at most sampling_steps), got {end}"
+                f"sde_window_end: must be in {start + 1}..{last} (after sde_window_start, at most {limit}), got {end}"
             )
         _int_at_least("group_size", self.group_size, 2)
         _int_at_least("prompts_per_step", self.prompts_per_step, 1)
@@ -382,7 +409,7 @@ def read_prompts(path: str | os.PathLike[str], field_name: str = "prompts_file")
 
 
 def model_path_kind(path: str) -> str:
-    """"local" (exists), "hub" (looks like a hub id ``owner/name``) or "missing" — see the module docstring."""
+    """ "local" (exists), "hub" (looks like a hub id ``owner/name``) or "missing" — see the module docstring."""
     if Path(path).expanduser().exists():
         return "local"
     looks_local = (
@@ -399,7 +426,12 @@ def field_table() -> list[dict[str, Any]]:
     defaults = TrainConfig().to_dict()
     hints = _hints()
     return [
-        {"name": f.name, "type": _type_name(hints[f.name]), "default": defaults[f.name], "help": f.metadata["help"]}
+        {
+            "name": f.name,
+            "type": _type_name(hints[f.name]),
+            "default": defaults[f.name],
+            "help": f.metadata["help"],
+        }
         for f in dataclasses.fields(TrainConfig)
     ]
 
