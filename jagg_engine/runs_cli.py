@@ -1,0 +1,116 @@
+"""`jagg runs` (a table of the run history) and `jagg export RUN_ID` (CSV + JSON of one run).
+
+Both read ``<runs_dir>/jagg.db`` (runs_dir default ``runs``) and never create it. jagg_engine/cli.py adds
+these subcommands with the ``add_*_arguments`` functions and dispatches to ``run_runs`` / ``run_export``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .store import DB_NAME, StoreError, open_store
+
+COLUMNS = (
+    "id",
+    "name",
+    "status",
+    "backbone",
+    "W",
+    "jagg_frac",
+    "strategy",
+    "last step",
+    "final reward",
+    "duration",
+)
+
+
+def add_runs_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runs-dir", default="runs", help="runs root holding jagg.db (default: runs)")
+
+
+def add_export_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_id", type=int, metavar="RUN_ID", help="id shown by `jagg runs`")
+    parser.add_argument("--runs-dir", default="runs", help="runs root holding jagg.db (default: runs)")
+    parser.add_argument("--out", default=".", help="folder for the CSV and JSON files (default: .)")
+
+
+def run_runs(args: argparse.Namespace) -> int:
+    db = Path(args.runs_dir) / DB_NAME
+    if not db.exists():
+        print(f"no runs yet ({db} does not exist)")
+        return 0
+    with open_store(args.runs_dir) as store:
+        store.check_liveness()
+        runs = store.list_runs()
+    if not runs:
+        print(f"no runs yet in {db}")
+        return 0
+    print(format_table([run_row(run) for run in runs]))
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    db = Path(args.runs_dir) / DB_NAME
+    if not db.exists():
+        print(f"jagg export: no run database at {db}", file=sys.stderr)
+        return 2
+    with open_store(args.runs_dir) as store:
+        try:
+            csv_path, json_path = store.export_run(args.run_id, args.out)
+        except StoreError:
+            print(f"jagg export: no run with id {args.run_id} in {db}", file=sys.stderr)
+            return 2
+    print(csv_path)
+    print(json_path)
+    return 0
+
+
+def run_row(run: dict[str, Any], now: float | None = None) -> dict[str, str]:
+    """One run (as from RunStore.list_runs) → the table's cells, as strings."""
+    cfg = run["config"]
+    started, finished = run["started_at"], run["finished_at"]
+    if started is None:
+        duration = ""
+    else:
+        end = finished if finished is not None else (now or time.time())
+        duration = format_duration(end - started) + ("" if finished is not None else " …")
+    reward = run.get("final_reward")
+    reward_cell = "" if reward is None else f"{reward:.4f}"
+    if reward is not None and (run.get("final_reward_key") or "").startswith("eval/"):
+        reward_cell += " (eval)"
+    return {
+        "id": str(run["id"]),
+        "name": run["name"],
+        "status": run["status"]
+        + (" (cancel requested)" if run["cancel_requested"] and run["status"] == "running" else ""),
+        "backbone": str(cfg.get("backbone", "")),
+        "W": str(cfg.get("window", "")),
+        "jagg_frac": "" if cfg.get("jagg_frac") is None else f"{cfg['jagg_frac']:g}",
+        "strategy": str(cfg.get("strategy", "")),
+        "last step": "" if run["last_step"] is None else str(run["last_step"]),
+        "final reward": reward_cell,
+        "duration": duration,
+    }
+
+
+def format_table(rows: list[dict[str, str]]) -> str:
+    widths = {c: max([len(c), *(len(r[c]) for r in rows)]) for c in COLUMNS}
+    lines = ["  ".join(c.ljust(widths[c]) for c in COLUMNS).rstrip()]
+    lines.append("  ".join("-" * widths[c] for c in COLUMNS))
+    lines += ["  ".join(r[c].ljust(widths[c]) for c in COLUMNS).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def format_duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    if minutes:
+        return f"{minutes}m {secs:02d}s"
+    return f"{secs}s"

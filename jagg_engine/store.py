@@ -1,0 +1,572 @@
+"""The run store: SQLite history of runs, per-step metrics, gradient-fidelity probes and sample images.
+
+One database per runs root (``<runs_dir>/jagg.db``), opened in WAL mode with a busy timeout, so the trainer
+(writer) and the app / ``jagg runs`` (readers) can use it at the same time. Tables are created once
+(:meth:`RunStore.ensure_schema`, idempotent); every query is parameterized; every write is one short
+transaction.
+
+Only the main process of a run writes (rank 0 under accelerate). The store does not know about ranks: the
+trainer must simply not call it on the other ranks.
+
+Tables
+------
+runs     id, name, config (JSON of TrainConfig.to_dict()), status, pid, created_at, started_at, finished_at
+         (Unix seconds), error, run_dir, cancel_requested (0/1), last_step, paired_run_id
+metrics  (run_id, step, key) → value — long format, primary key (run_id, step, key): logging a step twice
+         (a resumed run replaying steps after its last checkpoint) overwrites, never duplicates
+probes   (run_id, step, batch, group_index, method) → t_start, t_end, cosine, rel_error
+samples  (run_id, path) → step, kind (train | eval), prompt, seed, reward; path is relative to run_dir
+
+Metric keys are namespaced with "/" (cleanrl style):
+    reward/mean, reward/std, reward/<name>/mean   training rollouts (weighted total, then each component)
+    eval/reward/mean, eval/reward/<name>/mean     deterministic eval
+    loss/policy, loss/approx_kl, loss/clipfrac, loss/kl
+    grad/norm, lr
+    time/sampling, time/reward, time/update_forward, time/update_backward, time/update, time/step (seconds)
+    count/forward, count/backward                  transformer passes in the update phase
+:data:`FINAL_REWARD_KEYS` is the order in which a run's "final reward" is looked up.
+
+Status transitions (anything else raises :class:`StoreError`)::
+
+    queued  → running | failed | cancelled
+    running → finished | failed | cancelled
+    failed, cancelled → running | queued      (resume)
+    finished → (nothing)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import sqlite_utils
+
+STATUSES = ("queued", "running", "finished", "failed", "cancelled")
+ACTIVE_STATUSES = ("queued", "running")
+TRANSITIONS: dict[str, tuple[str, ...]] = {
+    "queued": ("running", "failed", "cancelled"),
+    "running": ("finished", "failed", "cancelled"),
+    "failed": ("running", "queued"),
+    "cancelled": ("running", "queued"),
+    "finished": (),
+}
+SAMPLE_KINDS = ("train", "eval")
+FINAL_REWARD_KEYS = ("eval/reward/mean", "reward/mean")
+DB_NAME = "jagg.db"
+LOG_NAME = "train.log"
+BUSY_TIMEOUT_S = 10.0
+LOG_TAIL_LINES = 20
+
+
+class StoreError(ValueError):
+    """A request the store refuses (unknown run, forbidden status change); the message is one line."""
+
+
+class RunStore:
+    """All reads and writes of the run history. Safe to share between threads (one lock per store)."""
+
+    def __init__(self, db_path: str | os.PathLike[str]):
+        self.path = Path(db_path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
+        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        self.db = sqlite_utils.Database(conn)
+        self.db.enable_wal()
+        self._lock = threading.RLock()
+        self.ensure_schema()
+
+    @property
+    def runs_root(self) -> Path:
+        return self.path.parent
+
+    def close(self) -> None:
+        self.db.conn.close()
+
+    def __enter__(self) -> RunStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ schema
+    def ensure_schema(self) -> None:
+        """Create the tables and indexes if they do not exist; safe to call any number of times."""
+        with self._lock, self.db.conn:
+            # Plain DDL for runs: AUTOINCREMENT so a deleted run's id (and so its folder name) is never reused,
+            # and a CHECK on the status values.
+            self.db.execute(
+                "CREATE TABLE IF NOT EXISTS runs ("
+                " id INTEGER PRIMARY KEY AUTOINCREMENT,"
+                " name TEXT NOT NULL,"
+                " config TEXT NOT NULL,"
+                f" status TEXT NOT NULL DEFAULT 'queued' CHECK (status IN ({', '.join(map(repr, STATUSES))})),"
+                " pid INTEGER,"
+                " created_at REAL NOT NULL,"
+                " started_at REAL,"
+                " finished_at REAL,"
+                " error TEXT,"
+                " run_dir TEXT,"
+                " cancel_requested INTEGER NOT NULL DEFAULT 0,"
+                " last_step INTEGER,"
+                " paired_run_id INTEGER)"
+            )
+            self.db["metrics"].create(
+                {"run_id": int, "step": int, "key": str, "value": float},
+                pk=("run_id", "step", "key"),
+                not_null={"run_id", "step", "key"},  # value NULL = NaN (SQLite stores NaN as NULL)
+                if_not_exists=True,
+            )
+            self.db["probes"].create(
+                {
+                    "run_id": int,
+                    "step": int,
+                    "batch": int,
+                    "group_index": int,
+                    "method": str,
+                    "t_start": float,
+                    "t_end": float,
+                    "cosine": float,
+                    "rel_error": float,
+                },
+                pk=("run_id", "step", "batch", "group_index", "method"),
+                not_null={"run_id", "step", "batch", "group_index", "method"},
+                if_not_exists=True,
+            )
+            self.db["samples"].create(
+                {
+                    "run_id": int,
+                    "path": str,
+                    "step": int,
+                    "kind": str,
+                    "prompt": str,
+                    "seed": int,
+                    "reward": float,
+                },
+                pk=("run_id", "path"),
+                not_null={"run_id", "path", "step", "kind"},
+                if_not_exists=True,
+            )
+            self.db.execute("CREATE INDEX IF NOT EXISTS runs_status ON runs (status)")
+            self.db.execute("CREATE INDEX IF NOT EXISTS samples_step ON samples (run_id, step)")
+
+    # ------------------------------------------------------------------ runs
+    def create_run(
+        self,
+        name: str,
+        config: Mapping[str, Any],
+        run_dir: str | os.PathLike[str] | None,
+        paired_run_id: int | None = None,
+    ) -> int:
+        """Insert a queued run and return its id. ``config`` is stored as JSON (TrainConfig.to_dict()),
+        ``run_dir`` as an absolute path (the log tail, sample paths and folder deletion depend on it)."""
+        if paired_run_id is not None:
+            self._require(paired_run_id)
+        with self._lock, self.db.conn:
+            cur = self.db.execute(
+                "INSERT INTO runs (name, config, status, created_at, run_dir, cancel_requested, paired_run_id)"
+                " VALUES (?, ?, 'queued', ?, ?, 0, ?)",
+                [name, json.dumps(dict(config)), time.time(), _abs_or_none(run_dir), paired_run_id],
+            )
+            return int(cur.lastrowid)
+
+    def set_run_dir(self, run_id: int, run_dir: str | os.PathLike[str]) -> None:
+        """Record the run folder (when it is named after the id, it is known only after create_run)."""
+        self._require(run_id)
+        with self._lock, self.db.conn:
+            self.db.execute("UPDATE runs SET run_dir = ? WHERE id = ?", [_abs_or_none(run_dir), run_id])
+
+    def set_paired(self, run_id: int, paired_run_id: int | None) -> None:
+        self._require(run_id)
+        if paired_run_id is not None:
+            self._require(paired_run_id)
+        with self._lock, self.db.conn:
+            self.db.execute("UPDATE runs SET paired_run_id = ? WHERE id = ?", [paired_run_id, run_id])
+
+    def set_status(self, run_id: int, status: str, error: str | None = None, pid: int | None = None) -> None:
+        """Move a run to ``status`` (see the transition table); sets times, pid, error and clears flags.
+
+        → running: started_at is kept from the first start; finished_at, error and cancel_requested are
+        cleared (a resume starts clean). → finished / failed / cancelled: finished_at = now, error stored.
+        """
+        if status not in STATUSES:
+            raise StoreError(f"status: must be one of {', '.join(STATUSES)}, got {status!r}")
+        now = time.time()
+        with self._lock, self.db.conn:
+            current = self._status(run_id)
+            if status not in TRANSITIONS[current]:
+                allowed = ", ".join(TRANSITIONS[current]) or "nothing"
+                raise StoreError(f"run {run_id}: cannot go from {current} to {status} (allowed: {allowed})")
+            if status == "running":
+                self.db.execute(
+                    "UPDATE runs SET status = ?, started_at = COALESCE(started_at, ?), finished_at = NULL,"
+                    " error = NULL, cancel_requested = 0, pid = COALESCE(?, pid) WHERE id = ?",
+                    [status, now, pid, run_id],
+                )
+            elif status == "queued":
+                self.db.execute(
+                    "UPDATE runs SET status = ?, finished_at = NULL, error = NULL, cancel_requested = 0,"
+                    " pid = ? WHERE id = ?",
+                    [status, pid, run_id],
+                )
+            else:
+                self.db.execute(
+                    "UPDATE runs SET status = ?, finished_at = ?, error = COALESCE(?, error),"
+                    " pid = COALESCE(?, pid) WHERE id = ?",
+                    [status, now, error, pid, run_id],
+                )
+
+    def set_pid(self, run_id: int, pid: int | None) -> None:
+        """Record the process that runs (or will run) this run, e.g. right after the app spawns it."""
+        self._require(run_id)
+        with self._lock, self.db.conn:
+            self.db.execute("UPDATE runs SET pid = ? WHERE id = ?", [pid, run_id])
+
+    def request_cancel(self, run_id: int) -> None:
+        """Ask a run to stop; the trainer polls :meth:`cancel_requested` between steps."""
+        self._require(run_id)
+        with self._lock, self.db.conn:
+            self.db.execute("UPDATE runs SET cancel_requested = 1 WHERE id = ?", [run_id])
+
+    def cancel_requested(self, run_id: int) -> bool:
+        with self._lock:
+            row = self.db.execute("SELECT cancel_requested FROM runs WHERE id = ?", [run_id]).fetchone()
+        if row is None:
+            raise StoreError(f"no run with id {run_id}")
+        return bool(row[0])
+
+    def get_run(self, run_id: int) -> dict[str, Any] | None:
+        """The run's row with ``config`` decoded to a dict, or None."""
+        with self._lock:
+            rows = list(self.db.query("SELECT * FROM runs WHERE id = ?", [run_id]))
+        return _decode_run(rows[0]) if rows else None
+
+    def list_runs(self) -> list[dict[str, Any]]:
+        """All runs, newest first, with ``config`` decoded and ``final_reward`` / ``final_reward_key`` added."""
+        with self._lock:
+            runs = [_decode_run(r) for r in self.db.query("SELECT * FROM runs ORDER BY id DESC")]
+            finals = self._final_rewards()
+        for run in runs:
+            key, value = finals.get(run["id"], (None, None))
+            run["final_reward_key"], run["final_reward"] = key, value
+        return runs
+
+    def last_values(self, run_id: int, keys: Iterable[str]) -> dict[str, tuple[int, float | None]]:
+        """For each key that was logged: (step, value) at the largest step."""
+        keys = list(keys)
+        if not keys:
+            return {}
+        marks = ", ".join("?" for _ in keys)
+        with self._lock:
+            rows = self.db.execute(
+                f"SELECT m.key, m.step, m.value FROM metrics m JOIN (SELECT key, MAX(step) AS step FROM metrics"
+                f" WHERE run_id = ? AND key IN ({marks}) GROUP BY key) last"
+                f" ON m.key = last.key AND m.step = last.step WHERE m.run_id = ?",
+                [run_id, *keys, run_id],
+            ).fetchall()
+        return {key: (step, value) for key, step, value in rows}
+
+    def delete_run(self, run_id: int, delete_files: bool = False) -> bool:
+        """Delete the run's rows; with ``delete_files`` also its folder, but only when that folder lies
+        strictly inside this store's runs root (never the root itself, never through a symlink).
+        Returns whether a folder was removed. An active run (queued/running with a live pid) is refused."""
+        run = self.get_run(run_id)
+        if run is None:
+            raise StoreError(f"no run with id {run_id}")
+        if run["status"] in ACTIVE_STATUSES and run["pid"] is not None and pid_alive(run["pid"]):
+            raise StoreError(f"run {run_id}: is {run['status']} (pid {run['pid']}); cancel it first")
+        with self._lock, self.db.conn:
+            for table in ("metrics", "probes", "samples"):
+                self.db.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+            self.db.execute("UPDATE runs SET paired_run_id = NULL WHERE paired_run_id = ?", [run_id])
+            self.db.execute("DELETE FROM runs WHERE id = ?", [run_id])
+        folder = self._owned_folder(run["run_dir"])
+        if delete_files and folder is not None:
+            shutil.rmtree(folder)
+            return True
+        return False
+
+    # ------------------------------------------------------------------ per-step logging
+    def log_step(self, run_id: int, step: int, metrics: Mapping[str, Any]) -> None:
+        """Write one step's metrics (key → number; tensors and numpy scalars are fine) in one transaction.
+
+        Upsert on (run_id, step, key); also raises runs.last_step to ``step``. NaN is stored as NULL.
+        """
+        rows = []
+        for key, value in metrics.items():
+            if not isinstance(key, str) or not key:
+                raise StoreError(f"metric keys must be non-empty strings, got {key!r}")
+            number = float(value)
+            rows.append((run_id, int(step), key, None if math.isnan(number) else number))
+        with self._lock, self.db.conn:
+            self._status(run_id)
+            self.db.conn.executemany(
+                "INSERT INTO metrics (run_id, step, key, value) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (run_id, step, key) DO UPDATE SET value = excluded.value",
+                rows,
+            )
+            self.db.execute(
+                "UPDATE runs SET last_step = MAX(COALESCE(last_step, ?), ?) WHERE id = ?",
+                [step, step, run_id],
+            )
+
+    def log_probes(self, run_id: int, step: int, probes: Iterable[Mapping[str, Any]]) -> None:
+        """Gradient-fidelity rows: each has group_index, t_start, t_end, cosine, rel_error and optionally
+        batch (default 0) and method ("jagg" by default, "endpoint" for the ablation). Upsert."""
+        rows = [
+            (
+                run_id,
+                int(step),
+                int(p.get("batch", 0)),
+                int(p["group_index"]),
+                str(p.get("method", "jagg")),
+                float(p["t_start"]),
+                float(p["t_end"]),
+                float(p["cosine"]),
+                float(p["rel_error"]),
+            )
+            for p in probes
+        ]
+        with self._lock, self.db.conn:
+            self._status(run_id)
+            self.db.conn.executemany(
+                "INSERT INTO probes (run_id, step, batch, group_index, method, t_start, t_end, cosine, rel_error)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (run_id, step, batch, group_index, method) DO UPDATE SET t_start = excluded.t_start,"
+                " t_end = excluded.t_end, cosine = excluded.cosine, rel_error = excluded.rel_error",
+                rows,
+            )
+
+    def log_samples(self, run_id: int, step: int, samples: Iterable[Mapping[str, Any]]) -> None:
+        """Sample images already written under run_dir: each has kind (train | eval), prompt, seed, reward
+        and path (relative to run_dir). Upsert on (run_id, path)."""
+        rows = []
+        for s in samples:
+            if s["kind"] not in SAMPLE_KINDS:
+                raise StoreError(f"sample kind: must be one of {', '.join(SAMPLE_KINDS)}, got {s['kind']!r}")
+            path = str(s["path"])
+            if Path(path).is_absolute() or ".." in Path(path).parts:
+                raise StoreError(f"sample path: must be relative to the run folder, got {path!r}")
+            seed = s.get("seed")
+            reward = s.get("reward")
+            rows.append(
+                (
+                    run_id,
+                    path,
+                    int(step),
+                    s["kind"],
+                    s.get("prompt"),
+                    None if seed is None else int(seed),
+                    None if reward is None else float(reward),
+                )
+            )
+        with self._lock, self.db.conn:
+            self._status(run_id)
+            self.db.conn.executemany(
+                "INSERT INTO samples (run_id, path, step, kind, prompt, seed, reward) VALUES (?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (run_id, path) DO UPDATE SET step = excluded.step, kind = excluded.kind,"
+                " prompt = excluded.prompt, seed = excluded.seed, reward = excluded.reward",
+                rows,
+            )
+
+    def truncate_after(self, run_id: int, step: int) -> None:
+        """Forget metrics, probes and samples logged after ``step`` and set last_step to it (or lower).
+
+        A resumed run calls this with its checkpoint's step, so rows of the steps it replays are written
+        fresh and nothing logged after the checkpoint by the crashed process survives.
+        """
+        with self._lock, self.db.conn:
+            self._status(run_id)
+            for table in ("metrics", "probes", "samples"):
+                self.db.execute(f"DELETE FROM {table} WHERE run_id = ? AND step > ?", [run_id, step])
+            self.db.execute(
+                "UPDATE runs SET last_step = (SELECT MAX(step) FROM metrics WHERE run_id = ?) WHERE id = ?",
+                [run_id, run_id],
+            )
+
+    # ------------------------------------------------------------------ reading
+    def metrics_frame(self, run_id: int) -> pd.DataFrame:
+        """Wide frame: one row per step (column ``step``, ascending), one column per metric key."""
+        with self._lock:
+            rows = self.db.execute(
+                "SELECT step, key, value FROM metrics WHERE run_id = ? ORDER BY step", [run_id]
+            ).fetchall()
+        if not rows:
+            return pd.DataFrame({"step": pd.Series([], dtype="int64")})
+        long = pd.DataFrame(rows, columns=["step", "key", "value"]).astype({"value": "float64"})
+        wide = long.pivot(index="step", columns="key", values="value").sort_index()
+        wide = wide.reindex(sorted(wide.columns), axis=1)
+        wide.columns.name = None
+        return wide.reset_index()
+
+    def probes(self, run_id: int) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(
+                self.db.query(
+                    "SELECT * FROM probes WHERE run_id = ? ORDER BY step, batch, method, group_index",
+                    [run_id],
+                )
+            )
+
+    def samples(self, run_id: int, kind: str | None = None) -> list[dict[str, Any]]:
+        sql = "SELECT * FROM samples WHERE run_id = ?" + (" AND kind = ?" if kind else "")
+        with self._lock:
+            return list(self.db.query(sql + " ORDER BY step, path", [run_id, kind] if kind else [run_id]))
+
+    def export_run(self, run_id: int, out_dir: str | os.PathLike[str]) -> tuple[Path, Path]:
+        """Write ``run-<id>-<name>.csv`` (the wide metrics frame) and ``run-<id>-<name>.json`` (the run
+        row with its config, every metric in long form, probes and samples). Returns (csv_path, json_path)."""
+        run = self.get_run(run_id)
+        if run is None:
+            raise StoreError(f"no run with id {run_id}")
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        stem = f"run-{run_id}-{_slug(run['name'])}"
+        csv_path, json_path = out / f"{stem}.csv", out / f"{stem}.json"
+        self.metrics_frame(run_id).to_csv(csv_path, index=False)
+        with self._lock:
+            metrics = list(
+                self.db.query(
+                    "SELECT step, key, value FROM metrics WHERE run_id = ? ORDER BY step, key", [run_id]
+                )
+            )
+        doc = {"run": run, "metrics": metrics, "probes": self.probes(run_id), "samples": self.samples(run_id)}
+        json_path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        return csv_path, json_path
+
+    # ------------------------------------------------------------------ liveness
+    def check_liveness(self) -> list[int]:
+        """Mark queued/running runs whose process is gone as failed, with the tail of run_dir/train.log.
+
+        Only runs with a recorded pid are checked (a queued run without one has not been launched). The
+        update is conditional on the status and pid read, so a run that finishes meanwhile keeps its
+        status. Returns the ids marked failed.
+        """
+        with self._lock:
+            rows = self.db.execute(
+                "SELECT id, pid, status, run_dir FROM runs WHERE status IN ('queued', 'running') AND pid IS NOT NULL"
+            ).fetchall()
+        failed = []
+        for run_id, pid, status, run_dir in rows:
+            if pid_alive(pid):
+                continue
+            error = f"process {pid} exited without reporting a final status"
+            tail = _log_tail(Path(run_dir) / LOG_NAME) if run_dir else ""
+            if tail:
+                error += f"; last lines of {LOG_NAME}:\n{tail}"
+            with self._lock, self.db.conn:
+                cur = self.db.execute(
+                    "UPDATE runs SET status = 'failed', finished_at = ?, error = ?"
+                    " WHERE id = ? AND status = ? AND pid = ?",
+                    [time.time(), error, run_id, status, pid],
+                )
+            if cur.rowcount:
+                failed.append(run_id)
+        return failed
+
+    # ------------------------------------------------------------------ helpers
+    def _status(self, run_id: int) -> str:
+        row = self.db.execute("SELECT status FROM runs WHERE id = ?", [run_id]).fetchone()
+        if row is None:
+            raise StoreError(f"no run with id {run_id}")
+        return row[0]
+
+    def _require(self, run_id: int) -> None:
+        with self._lock:
+            self._status(run_id)
+
+    def _final_rewards(self) -> dict[int, tuple[str, float | None]]:
+        """run_id → (key, value at its last step) for the first of FINAL_REWARD_KEYS each run logged."""
+        marks = ", ".join("?" for _ in FINAL_REWARD_KEYS)
+        rows = self.db.execute(
+            f"SELECT m.run_id, m.key, m.value FROM metrics m JOIN (SELECT run_id, key, MAX(step) AS step"
+            f" FROM metrics WHERE key IN ({marks}) GROUP BY run_id, key) last"
+            f" ON m.run_id = last.run_id AND m.key = last.key AND m.step = last.step",
+            list(FINAL_REWARD_KEYS),
+        ).fetchall()
+        found: dict[int, dict[str, float | None]] = {}
+        for run_id, key, value in rows:
+            found.setdefault(run_id, {})[key] = value
+        return {
+            run_id: next((k, values[k]) for k in FINAL_REWARD_KEYS if k in values)
+            for run_id, values in found.items()
+        }
+
+    def _owned_folder(self, run_dir: str | None) -> Path | None:
+        """run_dir if it is a real folder strictly inside the runs root, else None."""
+        if not run_dir:
+            return None
+        folder = Path(run_dir)
+        if not folder.is_absolute():
+            folder = Path.cwd() / folder
+        if folder.is_symlink() or not folder.is_dir():
+            return None
+        root = self.runs_root.resolve()
+        resolved = folder.resolve()
+        if resolved == root or not resolved.is_relative_to(root):
+            return None
+        return resolved
+
+
+def open_store(runs_dir: str | os.PathLike[str]) -> RunStore:
+    """The store of a runs root: ``<runs_dir>/jagg.db``."""
+    return RunStore(Path(runs_dir) / DB_NAME)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists and is not a zombie.
+
+    ``os.kill(pid, 0)``: ProcessLookupError → gone; PermissionError → exists (another user's process, so
+    alive). A zombie (exited, not yet reaped by its parent, e.g. an app that has not called wait) counts as
+    dead; it is detected from /proc on Linux. A reused pid cannot be told apart and counts as alive.
+    """
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc (macOS) or it vanished just now; os.kill said it existed
+    state = stat.rsplit(")", 1)[-1].split()[0]  # the command name in (...) may contain spaces
+    return state not in ("Z", "X")
+
+
+def _log_tail(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 16_384) -> str:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - max_bytes))
+            data = fh.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode("utf-8", errors="replace").splitlines()[-lines:])
+
+
+def _decode_run(row: dict[str, Any]) -> dict[str, Any]:
+    run = dict(row)
+    run["config"] = json.loads(run["config"]) if run.get("config") else {}
+    run["cancel_requested"] = bool(run["cancel_requested"])
+    return run
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "run"
+
+
+def _abs_or_none(value: str | os.PathLike[str] | None) -> str | None:
+    return None if value is None else str(Path(value).resolve())
