@@ -30,4 +30,13 @@ def build_backbone(name: str, **options: Any) -> Backbone:
     return getattr(importlib.import_module(module), factory)(**options)
 
 
-__all__ = ["BACKBONES", "Backbone", "BackboneConfigError", "Cond", "VelocityFn", "build_backbone", "cat_cond", "index_cond"]
+__all__ = [
+    "BACKBONES",
+    "Backbone",
+    "BackboneConfigError",
+    "Cond",
+    "VelocityFn",
+    "build_backbone",
+    "cat_cond",
+    "index_cond",
+]

@@ -96,7 +96,9 @@ class TinyFlux(torch.nn.Module):
     def __init__(self, seed: int = 0, dtype: torch.dtype = torch.float32, grid: tuple[int, int] = (8, 8)):
         super().__init__()
         torch.manual_seed(seed)
-        transformer = FluxTransformer2DModel(**TINY_FLUX_CONFIG).to(dtype)
+        transformer = FluxTransformer2DModel(**TINY_FLUX_CONFIG)
+        if dtype != torch.float32:
+            transformer = transformer.to(dtype)
         self.text_len = 4
         self.velocity = FluxVelocity(transformer, grid=grid, text_len=self.text_len)
         self.latent_shape = self.velocity.latent_shape

@@ -92,7 +92,9 @@ class WeightedReward:
         self.weights = dict(weights)
         self.rewards = {name: build_reward(name, **options.get(name, {})) for name in self.weights}
 
-    def __call__(self, images: torch.Tensor, prompts: Sequence[str]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def __call__(
+        self, images: torch.Tensor, prompts: Sequence[str]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         parts = {name: r(images, prompts).float().cpu() for name, r in self.rewards.items()}
         total = sum(self.weights[name] * s for name, s in parts.items())
         return total, parts

@@ -1,0 +1,353 @@
+"""JAGG — Jacobian-Aggregated Group Gradient — and the policy update that the trainer calls.
+
+Notation (PAPER.md, "Algorithm for one group of W consecutive timesteps"):
+    W                 window: number of consecutive trained steps in a group, t_0 > … > t_{W−1}
+    v̂_j               velocity prediction at group step j, (B, *S)
+    L_j               per-step loss: PPO-clipped objective through the SDE step's log-prob (+ β·KL), scaled
+                      by 1/K where K is the number of trained steps of the rollout
+    s_j = ∂L_j/∂v̂_j   upstream gradient of step j, (B, *S), obtained through a detached proxy of v̂_j
+    α_j               (t_0 − t_j) / (t_0 − t_{W−1})
+    s_base, s_corr    Σ_j (1 − α_j)·s_j  and  Σ_j α_j·s_j
+    J_j               ∂v̂_j/∂θ; the exact group gradient is G = Σ_j J_jᵀ s_j ≈ J_0ᵀ s_base + J_{W−1}ᵀ s_corr
+
+Strategies of one group (all accumulate into ``.grad`` of the model's parameters):
+    exact     per step: forward with grad, backward of L_j            → W forwards with grad, W backwards
+    jagg      (a) both endpoints in ONE batched grad forward, the W−2 inner steps under no_grad;
+              (b) s_j for all j; (c) α_j, s_base, s_corr; (d) ONE torch.autograd.backward over both endpoints
+              → 1 forward with grad (2B), W−2 no-grad forwards, 1 backward
+              ``endpoint_backward="sequential"``: endpoint 0 forward+backward with s_base, then endpoint W−1
+              with s_corr (s_base does not involve s_{W−1}, nor s_corr s_0, since α_0 = 0 and α_{W−1} = 1),
+              the same gradient with half the activation memory, at the price of two backward calls.
+    endpoint  the paper's ablation: G_end = J_0ᵀ s_0 + J_{W−1}ᵀ s_{W−1}, i.e. the loss of the two endpoint
+              steps alone (each still scaled by 1/K), the inner steps neither forwarded nor counted
+              → 1 forward with grad (2B), 1 backward
+A group of one step is always exact; a group of two is the same gradient under every strategy.
+
+Routing (jagg_frac = f): with G groups in denoising order (high noise first), the first ceil(f·G) groups use
+the chosen strategy (jagg or endpoint) and the rest use exact.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .backbones.base import VelocityFn, cat_cond
+from .grpo import PPOStats, gaussian_kl, ppo_clip_loss
+from .sde import SamplerConfig, Trajectory, compute_dtype
+
+STRATEGIES = ("exact", "jagg", "endpoint")
+ENDPOINT_BACKWARDS = ("joint", "sequential")
+
+
+@dataclass(frozen=True)
+class UpdateConfig:
+    """How the policy gradient of one rollout batch is computed.
+
+    strategy:          exact | jagg | endpoint (see the module docstring)
+    window:            W ≥ 2, trained steps per group
+    jagg_frac:         fraction of the groups (high noise first) that use the strategy; the rest are exact
+    endpoint_backward: joint (one backward over both endpoints) | sequential (half the activation memory)
+    clip_range:        PPO clip range ε
+    beta:              weight of the KL to the reference policy (0 = no reference forwards)
+    """
+
+    strategy: str = "jagg"
+    window: int = 4
+    jagg_frac: float = 1.0
+    endpoint_backward: str = "joint"
+    clip_range: float = 1e-3
+    beta: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy: must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
+        if isinstance(self.window, bool) or int(self.window) != self.window or self.window < 2:
+            raise ValueError(f"window: must be an integer >= 2, got {self.window}")
+        if not 0.0 <= self.jagg_frac <= 1.0:
+            raise ValueError(f"jagg_frac: must be in [0, 1], got {self.jagg_frac}")
+        if self.endpoint_backward not in ENDPOINT_BACKWARDS:
+            raise ValueError(
+                f"endpoint_backward: must be one of {', '.join(ENDPOINT_BACKWARDS)}, got {self.endpoint_backward!r}"
+            )
+        if not self.clip_range > 0:
+            raise ValueError(f"clip_range: must be > 0, got {self.clip_range}")
+        if self.beta < 0:
+            raise ValueError(f"beta: must be >= 0, got {self.beta}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Pure math: α_j, aggregation, grouping, routing
+
+
+def interpolation_weights(t: torch.Tensor) -> torch.Tensor:
+    """Phase 3 (timestep-weighted aggregation): α_j = (t_0 − t_j) / (t_0 − t_{W−1}).
+
+    Computed from the timesteps, not the index, so shifted schedules interpolate correctly.
+    Shape: t (W,) decreasing → α (W,), α_0 = 0, α_{W−1} = 1.
+    """
+    if t.numel() < 2:
+        raise ValueError("interpolation_weights: a group needs at least 2 timesteps")
+    return (t[0] - t) / (t[0] - t[-1])
+
+
+def aggregate_upstream(s: torch.Tensor, alpha: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Phase 3: s_base = Σ_j (1 − α_j)·s_j and s_corr = Σ_j α_j·s_j.
+
+    Shapes: s (W, B, *S), alpha (W,) → s_base, s_corr (B, *S).
+    """
+    a = alpha.to(s.dtype).reshape(-1, *([1] * (s.dim() - 1)))  # (W, 1, …, 1)
+    return ((1 - a) * s).sum(dim=0), (a * s).sum(dim=0)
+
+
+def make_groups(steps: list[int], window: int) -> list[list[int]]:
+    """Cut the trained steps (denoising order) into consecutive groups of ``window``; the last may be shorter."""
+    return [steps[i : i + window] for i in range(0, len(steps), window)]
+
+
+def num_routed_groups(n_groups: int, jagg_frac: float) -> int:
+    """ceil(jagg_frac · G), robust to float round-off (0.6 · 5 is 3.0000000000000004 in binary)."""
+    return min(n_groups, math.ceil(round(jagg_frac * n_groups, 9)))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The per-step objective and its upstream gradient
+
+
+@dataclass
+class UpdateCounts:
+    forward_grad: int = 0  # model calls with grad enabled (a batched endpoint call counts once)
+    forward_nograd: int = 0  # model calls under no_grad
+    backward: int = 0  # torch.autograd.backward calls through the model
+    ref_forward: int = 0  # reference-policy calls (β > 0)
+
+
+@dataclass
+class UpdateResult:
+    """What one policy update did: objective value and PPO metrics averaged over computed steps, counts, times."""
+
+    loss: float = 0.0
+    approx_kl: float = 0.0
+    clipfrac: float = 0.0
+    ratio_mean: float = 0.0
+    kl: float = 0.0
+    steps_computed: int = 0
+    counts: UpdateCounts = field(default_factory=UpdateCounts)
+    time_forward: float = 0.0
+    time_backward: float = 0.0
+    time_total: float = 0.0
+    group_kinds: list[str] = field(default_factory=list)
+
+    def metrics(self) -> dict[str, float]:
+        """Namespaced metrics for the run store."""
+        return {
+            "loss/policy": self.loss,
+            "loss/approx_kl": self.approx_kl,
+            "loss/clipfrac": self.clipfrac,
+            "loss/ratio_mean": self.ratio_mean,
+            "loss/kl_ref": self.kl,
+            "time/update_forward": self.time_forward,
+            "time/update_backward": self.time_backward,
+            "time/update": self.time_total,
+            "count/forward_grad": float(self.counts.forward_grad),
+            "count/forward_nograd": float(self.counts.forward_nograd),
+            "count/backward": float(self.counts.backward),
+            "count/ref_forward": float(self.counts.ref_forward),
+        }
+
+
+def _sync(t: torch.Tensor) -> None:
+    if t.is_cuda:
+        torch.cuda.synchronize(t.device)
+
+
+class _Update:
+    """State shared by the group routines of one policy update: the rollout, the objective and the book-keeping."""
+
+    def __init__(
+        self,
+        model: VelocityFn,
+        traj: Trajectory,
+        advantages: torch.Tensor,
+        update: UpdateConfig,
+        sampler: SamplerConfig,
+        ref_model: VelocityFn | None,
+    ):
+        self.model, self.traj, self.update, self.sampler, self.ref_model = (
+            model,
+            traj,
+            update,
+            sampler,
+            ref_model,
+        )
+        self.advantages = advantages
+        self.K = len(traj.sde_steps)  # number of trained steps: L = (1/K) Σ_j L_j
+        self.B = traj.batch_size
+        self.result = UpdateResult()
+        self._sums = torch.zeros(5, dtype=torch.float64)
+
+    # -- model calls, counted and timed
+    def t(self, j: int) -> torch.Tensor:
+        return self.traj.sigmas[j].expand(self.B)  # (B,)
+
+    def forward(self, steps: list[int], grad: bool) -> torch.Tensor:
+        """One model call on the latents of ``steps`` batched together. Returns (len(steps)·B, *S)."""
+        z = torch.cat([self.traj.latents[j] for j in steps])  # (n·B, *S)
+        t = torch.cat([self.t(j) for j in steps])  # (n·B,)
+        cond = self.traj.cond if len(steps) == 1 else cat_cond([self.traj.cond] * len(steps))
+        _sync(z)
+        t0 = time.perf_counter()
+        with torch.set_grad_enabled(grad):
+            v = self.model(z, t, cond)
+        _sync(z)
+        self.result.time_forward += time.perf_counter() - t0
+        if grad:
+            self.result.counts.forward_grad += 1
+        else:
+            self.result.counts.forward_nograd += 1
+        return v
+
+    def backward(self, outputs: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+        _sync(outputs[0])
+        t0 = time.perf_counter()
+        torch.autograd.backward(outputs, [g.to(o.dtype) for o, g in zip(outputs, grads)])
+        _sync(outputs[0])
+        self.result.time_backward += time.perf_counter() - t0
+        self.result.counts.backward += 1
+
+    # -- the objective
+    def step_loss(self, v: torch.Tensor, j: int) -> torch.Tensor:
+        """L_j / K: PPO-clipped loss of step j through the SDE log-prob of the stored z_{j+1} (+ β·KL)."""
+        traj = self.traj
+        out = self.sampler.step(v, traj.latents[j], j, traj.sigmas, prev_sample=traj.latents[j + 1])
+        loss, stats = ppo_clip_loss(out.log_prob, traj.log_probs[j], self.advantages, self.update.clip_range)
+        kl = loss.new_zeros(())
+        if self.update.beta > 0:
+            with torch.no_grad():
+                v_ref = self.ref_model(traj.latents[j], self.t(j), traj.cond)
+                self.result.counts.ref_forward += 1
+            ref = self.sampler.step(v_ref, traj.latents[j], j, traj.sigmas, prev_sample=traj.latents[j + 1])
+            kl = gaussian_kl(out.mean, ref.mean, out.std).mean()
+            loss = loss + self.update.beta * kl
+        self._record(stats, loss, kl)
+        return loss / self.K
+
+    def _record(self, stats: PPOStats, loss: torch.Tensor, kl: torch.Tensor) -> None:
+        vals = [loss.detach(), stats.approx_kl, stats.clipfrac, stats.ratio_mean, kl.detach()]
+        self._sums += torch.stack([x.double().cpu() for x in vals])
+        self.result.steps_computed += 1
+
+    def upstream(self, v: torch.Tensor, j: int) -> torch.Tensor:
+        """Phase 2: s_j = ∂L_j/∂v̂_j through a detached proxy — autograd only through the SDE step and PPO."""
+        proxy = v.detach().to(compute_dtype(v.dtype)).requires_grad_(True)
+        with torch.enable_grad():
+            (s,) = torch.autograd.grad(self.step_loss(proxy, j), proxy)
+        return s  # (B, *S)
+
+    def finish(self) -> UpdateResult:
+        n = max(self.result.steps_computed, 1)
+        loss, akl, cf, rm, kl = (self._sums / n).tolist()
+        r = self.result
+        r.loss, r.approx_kl, r.clipfrac, r.ratio_mean, r.kl = loss * n / self.K, akl, cf, rm, kl
+        return r
+
+    # -- group routines
+    def exact_group(self, steps: list[int]) -> None:
+        for j in steps:
+            v = self.forward([j], grad=True)
+            loss = self.step_loss(v, j)
+            self.backward([loss], [torch.ones_like(loss)])
+
+    def jagg_group(self, steps: list[int], sequential: bool) -> None:
+        first, last, inner = steps[0], steps[-1], steps[1:-1]
+        alpha = interpolation_weights(self.traj.sigmas[steps])  # (W,)
+        # Phases 1–2 for the inner steps: no-grad forwards, upstream gradients. (W−2, B, *S)
+        s_inner = [self.upstream(self.forward([j], grad=False), j) for j in inner]
+        a_inner = alpha[1:-1]
+        if sequential:
+            # s_base = s_0 + Σ_inner (1 − α_j) s_j, s_corr = Σ_inner α_j s_j + s_{W−1}  (α_0 = 0, α_{W−1} = 1)
+            for j, weights in ((first, 1 - a_inner), (last, a_inner)):
+                v = self.forward([j], grad=True)
+                s = self.upstream(v, j)
+                for w, s_j in zip(weights, s_inner):
+                    s = s + w * s_j
+                self.backward([v], [s])
+            return
+        v_ends = self.forward([first, last], grad=True)  # (2B, *S): phase 1, ONE batched grad forward
+        v_first, v_last = v_ends[: self.B], v_ends[self.B :]
+        s_all = torch.stack(
+            [self.upstream(v_first, first), *s_inner, self.upstream(v_last, last)]
+        )  # (W, B, *S)
+        s_base, s_corr = aggregate_upstream(s_all, alpha)  # phase 3
+        self.backward([v_first, v_last], [s_base, s_corr])  # phase 4: ONE joint backward
+
+    def endpoint_group(self, steps: list[int]) -> None:
+        first, last = steps[0], steps[-1]
+        v_ends = self.forward([first, last], grad=True)  # (2B, *S)
+        loss = self.step_loss(v_ends[: self.B], first) + self.step_loss(v_ends[self.B :], last)
+        self.backward([loss], [torch.ones_like(loss)])
+
+    def run_group(self, steps: list[int], kind: str) -> None:
+        if len(steps) == 1 or kind == "exact":
+            self.exact_group(steps)
+        elif kind == "jagg":
+            self.jagg_group(steps, sequential=self.update.endpoint_backward == "sequential")
+        else:
+            self.endpoint_group(steps)
+
+
+def group_plan(traj_steps: list[int], update: UpdateConfig) -> list[tuple[list[int], str]]:
+    """The groups of a rollout and the strategy each one uses after jagg_frac routing."""
+    groups = make_groups(traj_steps, update.window)
+    if update.strategy == "exact":
+        return [(g, "exact") for g in groups]
+    n = num_routed_groups(len(groups), update.jagg_frac)
+    return [(g, update.strategy if k < n and len(g) > 1 else "exact") for k, g in enumerate(groups)]
+
+
+def policy_update(
+    model: VelocityFn,
+    traj: Trajectory,
+    advantages: torch.Tensor,
+    update: UpdateConfig,
+    sampler: SamplerConfig,
+    ref_model: VelocityFn | None = None,
+) -> UpdateResult:
+    """Accumulate the policy gradient of one rollout batch into ``.grad`` (the caller zeroes and steps).
+
+    The objective is L = (1/K) Σ_{j ∈ trained steps} L_j with L_j the batch-mean PPO-clipped loss of step j
+    (+ β·KL to ``ref_model``). Each group of W trained steps is computed by the strategy its routing gives
+    (module docstring). Shapes: advantages (B,), traj as produced by :func:`jagg_engine.sde.rollout`.
+    """
+    if update.beta > 0 and ref_model is None:
+        raise ValueError("beta: a reference model is needed when beta > 0")
+    t0 = time.perf_counter()
+    state = _Update(model, traj, advantages, update, sampler, ref_model)
+    for steps, kind in group_plan(traj.sde_steps, update):
+        state.run_group(steps, kind)
+        state.result.group_kinds.append(kind if len(steps) > 1 else "exact")
+    result = state.finish()
+    result.time_total = time.perf_counter() - t0
+    return result
+
+
+def run_single_group(
+    model: VelocityFn,
+    traj: Trajectory,
+    advantages: torch.Tensor,
+    update: UpdateConfig,
+    sampler: SamplerConfig,
+    steps: list[int],
+    kind: str,
+    ref_model: VelocityFn | None = None,
+) -> UpdateResult:
+    """Accumulate the gradient of ONE group under strategy ``kind`` — the same routine the update uses.
+
+    Used by the gradient-fidelity probe to compare strategies group by group.
+    """
+    state = _Update(model, traj, advantages, update, sampler, ref_model)
+    state.run_group(steps, kind)
+    return state.finish()

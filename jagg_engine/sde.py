@@ -1,0 +1,294 @@
+"""Flow-matching schedules, SDE sampling steps with log-probabilities, and the rollout.
+
+Notation (flow matching, rectified flow):
+    σ ∈ [0, 1]        flow time; z_σ = (1 − σ)·x0 + σ·ε, so σ = 1 is pure noise and σ = 0 the image
+    v̂ = v_θ(z, σ)     the model's velocity prediction of ε − x0
+    j = 0 … T−1       denoising step index; step j takes z_j at σ_j to z_{j+1} at σ_{j+1} < σ_j
+    π_θ(z_{j+1}|z_j)  the Gaussian policy of one SDE step: N(μ_θ(z_j, v̂_j), std_j²·I)
+
+Each SDE step is a pure function of (v̂, z, σ, σ_next, η) and, optionally, the stored next sample
+``prev_sample`` (the name diffusers and ddpo-pytorch use), so the old log-prob of a stored z_{j+1} is
+recomputed exactly. All step arithmetic runs in float32 at least (float64 stays float64), whatever the
+model's dtype. Log-probs are averaged over the non-batch dimensions, as Flow-GRPO and DanceGRPO do.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from .backbones.base import Cond, VelocityFn
+
+SDE_KINDS = ("flow-grpo", "dance", "cps")
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype SDE/PPO math runs in: float32 for bf16/fp16/fp32 models, float64 for float64 ones."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def shift_sigmas(sigmas: torch.Tensor, shift: float) -> torch.Tensor:
+    """Time shift of SD3 / Flux: σ' = s·σ / (1 + (s − 1)·σ); shift > 1 spends more steps at high noise."""
+    return shift * sigmas / (1 + (shift - 1) * sigmas)
+
+
+def make_sigmas(num_steps: int, shift: float = 1.0, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Uniform σ from 1 to 0 in ``num_steps`` steps, then shifted. Shape (T + 1,), σ_0 = 1, σ_T = 0."""
+    if num_steps < 1:
+        raise ValueError(f"num_steps: must be a positive integer, got {num_steps}")
+    if shift <= 0:
+        raise ValueError(f"shift: must be > 0, got {shift}")
+    sigmas = torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float64)
+    return shift_sigmas(sigmas, shift).to(dtype)
+
+
+class StepOutput(NamedTuple):
+    prev_sample: torch.Tensor  # z_{j+1}, (B, ...)
+    log_prob: torch.Tensor  # log π(z_{j+1} | z_j) averaged over non-batch dims, (B,)
+    mean: torch.Tensor  # μ, (B, ...)
+    std: torch.Tensor  # std of the step's Gaussian, scalar tensor
+
+
+def _as(x: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return torch.as_tensor(x, dtype=like.dtype, device=like.device)
+
+
+def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """log N(x; mean, std²) per element, averaged over all non-batch dims. (B, ...) → (B,).
+
+    ``x`` is detached: the policy gradient flows only through the mean (Flow-GRPO, DanceGRPO).
+    """
+    logp = -((x.detach() - mean) ** 2) / (2 * std**2) - torch.log(std) - 0.5 * math.log(2 * math.pi)
+    return logp.flatten(1).mean(dim=1)
+
+
+def _finish(
+    mean: torch.Tensor,
+    std: torch.Tensor,
+    prev_sample: torch.Tensor | None,
+    noise: torch.Tensor | None,
+    generator: torch.Generator | None,
+) -> StepOutput:
+    if prev_sample is None:
+        if noise is None:
+            noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+        prev_sample = mean + std * noise.to(mean.dtype)
+    prev_sample = prev_sample.to(mean.dtype)
+    return StepOutput(prev_sample, gaussian_log_prob(prev_sample, mean, std), mean, std)
+
+
+def flow_grpo_step(
+    v: torch.Tensor,
+    z: torch.Tensor,
+    sigma: float | torch.Tensor,
+    sigma_next: float | torch.Tensor,
+    eta: float,
+    sigma_max: float | torch.Tensor | None = None,
+    prev_sample: torch.Tensor | None = None,
+    noise: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> StepOutput:
+    """Flow-GRPO "sde" step (Liu et al. 2025, eq. 9–10; reverse SDE of rectified flow).
+
+        std_t = η·sqrt(σ / (1 − σ))          (σ = 1 replaced by ``sigma_max`` in the denominator)
+        dt    = σ_next − σ  (< 0)
+        μ     = z·(1 + std_t²/(2σ)·dt) + v̂·(1 + std_t²·(1 − σ)/(2σ))·dt
+        z'    ~ N(μ, (std_t·sqrt(−dt))²)
+
+    Shapes: v, z (B, ...) → StepOutput with log_prob (B,).
+    """
+    dtype = compute_dtype(v.dtype)
+    v, z = v.to(dtype), z.to(dtype)
+    sigma, sigma_next = _as(sigma, z), _as(sigma_next, z)
+    denom_sigma = sigma if sigma_max is None or float(sigma) < 1.0 else _as(sigma_max, z)
+    std_t = eta * torch.sqrt(sigma / (1 - denom_sigma))
+    dt = sigma_next - sigma
+    mean = z * (1 + std_t**2 / (2 * sigma) * dt) + v * (1 + std_t**2 * (1 - sigma) / (2 * sigma)) * dt
+    return _finish(mean, std_t * torch.sqrt(-dt), prev_sample, noise, generator)
+
+
+def dance_step(
+    v: torch.Tensor,
+    z: torch.Tensor,
+    sigma: float | torch.Tensor,
+    sigma_next: float | torch.Tensor,
+    eta: float,
+    prev_sample: torch.Tensor | None = None,
+    noise: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> StepOutput:
+    """DanceGRPO step (Xue et al. 2025, the flow SDE of their `flux_step`).
+
+        Δσ     = σ − σ_next  (> 0)
+        x̂0     = z − σ·v̂
+        score  = −(z − (1 − σ)·x̂0) / σ²
+        μ      = z − Δσ·v̂ + (η²/2)·score·Δσ
+        std    = η·sqrt(Δσ)
+
+    Shapes: v, z (B, ...) → StepOutput with log_prob (B,).
+    """
+    dtype = compute_dtype(v.dtype)
+    v, z = v.to(dtype), z.to(dtype)
+    sigma, sigma_next = _as(sigma, z), _as(sigma_next, z)
+    dsigma = sigma - sigma_next
+    x0 = z - sigma * v
+    score = -(z - (1 - sigma) * x0) / sigma**2
+    mean = z - dsigma * v + 0.5 * eta**2 * score * dsigma
+    return _finish(mean, eta * torch.sqrt(dsigma), prev_sample, noise, generator)
+
+
+def cps_step(
+    v: torch.Tensor,
+    z: torch.Tensor,
+    sigma: float | torch.Tensor,
+    sigma_next: float | torch.Tensor,
+    eta: float,
+    prev_sample: torch.Tensor | None = None,
+    noise: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> StepOutput:
+    """Coefficients-preserving sampling (Flow-CPS, Wang & Yu 2025): the step keeps z' on the σ_next marginal.
+
+        std  = σ_next·sin(η·π/2)
+        x̂0   = z − σ·v̂          ε̂ = z + (1 − σ)·v̂
+        μ    = (1 − σ_next)·x̂0 + sqrt(σ_next² − std²)·ε̂
+
+    Undefined at σ_next = 0 (std = 0): the last step must be an ODE step (outside the SDE window).
+    Shapes: v, z (B, ...) → StepOutput with log_prob (B,).
+    """
+    dtype = compute_dtype(v.dtype)
+    v, z = v.to(dtype), z.to(dtype)
+    sigma, sigma_next = _as(sigma, z), _as(sigma_next, z)
+    if float(sigma_next) <= 0.0:
+        raise ValueError("cps: the final step (σ_next = 0) has zero variance; keep it outside the SDE window")
+    std = sigma_next * math.sin(eta * math.pi / 2)
+    x0 = z - sigma * v
+    eps = z + (1 - sigma) * v
+    mean = (1 - sigma_next) * x0 + torch.sqrt(sigma_next**2 - std**2) * eps
+    return _finish(mean, std, prev_sample, noise, generator)
+
+
+def ode_step(v: torch.Tensor, z: torch.Tensor, sigma: float | torch.Tensor, sigma_next: float | torch.Tensor):
+    """Deterministic Euler step of the flow ODE: z' = z + (σ_next − σ)·v̂. (B, ...) → (B, ...)."""
+    dtype = compute_dtype(v.dtype)
+    return z.to(dtype) + (_as(sigma_next, z.to(dtype)) - _as(sigma, z.to(dtype))) * v.to(dtype)
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """How a rollout is sampled, and so which steps are stochastic (and trained).
+
+    kind:       "flow-grpo" | "dance" | "cps" — the SDE whose Gaussian is the policy of one step.
+    num_steps:  T, denoising steps from σ = 1 to σ = 0.
+    eta:        noise level η of the SDE.
+    shift:      time shift of the schedule (1 = uniform).
+    sde_window: (start, end): steps start … end−1 are SDE steps (and the ones trained); the others are ODE
+                steps (Flow-GRPO-Fast). None = every step, except that CPS never samples the last step.
+    """
+
+    kind: str = "flow-grpo"
+    num_steps: int = 12
+    eta: float = 0.7
+    shift: float = 1.0
+    sde_window: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in SDE_KINDS:
+            raise ValueError(f"algorithm: must be one of {', '.join(SDE_KINDS)}, got {self.kind!r}")
+        if int(self.num_steps) != self.num_steps or self.num_steps < 1:
+            raise ValueError(f"steps: must be a positive integer, got {self.num_steps}")
+        if not self.eta > 0:
+            raise ValueError(f"eta: must be > 0, got {self.eta}")
+        if self.sde_window is not None:
+            start, end = self.sde_window
+            if not 0 <= start < end <= self.num_steps:
+                raise ValueError(
+                    f"sde_window: must satisfy 0 <= start < end <= {self.num_steps}, got {self.sde_window}"
+                )
+
+    def sigmas(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        return make_sigmas(self.num_steps, self.shift, dtype)
+
+    def sde_steps(self) -> list[int]:
+        """Indices of the stochastic (trained) steps, in denoising order."""
+        start, end = self.sde_window or (0, self.num_steps)
+        if self.kind == "cps":
+            end = min(end, self.num_steps - 1)
+        return list(range(start, end))
+
+    def step(self, v, z, j: int, sigmas: torch.Tensor, prev_sample=None, noise=None, generator=None):
+        """The SDE step j of this sampler (see :func:`flow_grpo_step` and friends). Returns StepOutput."""
+        s, s_next = sigmas[j], sigmas[j + 1]
+        if self.kind == "flow-grpo":
+            return flow_grpo_step(v, z, s, s_next, self.eta, sigmas[1], prev_sample, noise, generator)
+        if self.kind == "dance":
+            return dance_step(v, z, s, s_next, self.eta, prev_sample, noise, generator)
+        return cps_step(v, z, s, s_next, self.eta, prev_sample, noise, generator)
+
+
+@dataclass
+class Trajectory:
+    """A rollout batch. T steps, B samples, latent shape S.
+
+    latents:    (T + 1, B, *S)  z_0 (noise) … z_T (final sample), stored in the compute dtype
+    log_probs:  (T, B)          old log π(z_{j+1} | z_j) of SDE steps (0 for ODE steps)
+    sigmas:     (T + 1,)        σ_j
+    sde_steps:  the stochastic steps, in order (only these are trained)
+    cond:       batch-first conditioning pytree
+    velocities: (T, B, *S) or None — v̂_j as sampled (kept with ``store_velocities=True``)
+    """
+
+    latents: torch.Tensor
+    log_probs: torch.Tensor
+    sigmas: torch.Tensor
+    sde_steps: list[int]
+    cond: Cond
+    velocities: torch.Tensor | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return self.latents.shape[1]
+
+
+@torch.no_grad()
+def rollout(
+    model: VelocityFn,
+    cond: Cond,
+    noise: torch.Tensor,
+    sampler: SamplerConfig,
+    generator: torch.Generator | None = None,
+    store_velocities: bool = False,
+) -> Trajectory:
+    """Sample a batch from z_0 = ``noise`` (B, *S), recording latents and old log-probs.
+
+    SDE steps draw fresh noise from ``generator``; ODE steps (outside the SDE window) are deterministic.
+    """
+    dtype = compute_dtype(noise.dtype)
+    sigmas = sampler.sigmas(dtype).to(noise.device)
+    sde = set(sampler.sde_steps())
+    B = noise.shape[0]
+    z = noise.to(dtype)
+    latents, log_probs, velocities = [z], [], []
+    for j in range(sampler.num_steps):
+        t = sigmas[j].expand(B)
+        v = model(z, t, cond)
+        if store_velocities:
+            velocities.append(v.to(dtype))
+        if j in sde:
+            out = sampler.step(v, z, j, sigmas, generator=generator)
+            z, lp = out.prev_sample, out.log_prob
+        else:
+            z, lp = ode_step(v, z, sigmas[j], sigmas[j + 1]), torch.zeros(B, dtype=dtype, device=z.device)
+        latents.append(z)
+        log_probs.append(lp)
+    return Trajectory(
+        latents=torch.stack(latents),  # (T + 1, B, *S)
+        log_probs=torch.stack(log_probs),  # (T, B)
+        sigmas=sigmas,
+        sde_steps=sorted(sde),
+        cond=cond,
+        velocities=torch.stack(velocities) if store_velocities else None,
+    )
