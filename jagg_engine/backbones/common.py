@@ -259,6 +259,12 @@ class DiffusersBackbone(torch.nn.Module):
         finally:
             self._use_reference = False
 
+    @torch.no_grad()
+    def reference_velocity(self, z: torch.Tensor, t: torch.Tensor, cond: Cond) -> torch.Tensor:
+        """v̂_ref(z, t, cond) without gradients: the ``ref_model`` callable for ``jagg.policy_update``."""
+        with self.reference():
+            return self(z, t, cond)
+
     def enable_gradient_checkpointing(self) -> None:
         """Recompute the transformer's blocks in the backward pass (memory for compute)."""
         self.transformer.enable_gradient_checkpointing()
