@@ -161,7 +161,7 @@ def perturb_lora(model) -> None:
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in model.trainable_parameters():
-            p.add_(0.2 * torch.randn(p.shape, generator=g))
+            p.add_(0.2 * torch.randn(p.shape, generator=g).to(p))
 
 
 def check_backbone(model, image_side: int) -> None:
@@ -456,3 +456,27 @@ def test_rollout_and_policy_updates(name: str, request: pytest.FixtureRequest) -
     # JAGG approximates the exact gradient: same size, positively aligned
     cos = torch.nn.functional.cosine_similarity(grads["exact"], grads["jagg"], dim=0)
     assert grads["exact"].shape == grads["jagg"].shape and cos > 0
+
+
+def test_unreachable_hub_id_is_one_line() -> None:
+    # HF_HUB_OFFLINE=1 in tests: a hub id that is not cached cannot be fetched
+    with pytest.raises(BackboneConfigError) as info:
+        build_backbone("sd3", model_path="nobody/no-such-sd3-model")
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith("sd3: cannot load 'nobody/no-such-sd3-model'")
+    assert "model_path=/path/to/folder" in msg
+
+
+@pytest.mark.gpu
+def test_flux_bf16_autocast_on_gpu(flux_dir: str) -> None:
+    model = build_backbone("flux", model_path=flux_dir, **FLUX_OPTIONS, device="cuda")
+    assert model.transformer.dtype == torch.bfloat16 and model.pipe.text_encoder_2.dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 and p.is_cuda for p in model.trainable_parameters())
+    cond = model.encode_prompts(PROMPTS)
+    z, t = torch.randn(2, *model.latent_shape, device="cuda"), torch.tensor([0.9, 0.4], device="cuda")
+    v = model(z, t, cond)
+    assert v.dtype == torch.float32 and torch.isfinite(v).all()
+    perturb_lora(model)
+    model(z, t, cond).square().mean().backward()
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.trainable_parameters())
+    assert model.decode(z).shape == (2, 8, 8, 3)

@@ -104,6 +104,8 @@ def load_pipeline(
     hint = f"download it and pass model_path=/path/to/folder (a diffusers {pipeline_cls.__name__} folder)"
     if _is_local(model_path):
         folder = Path(model_path).expanduser()
+        if not folder.is_dir():
+            raise BackboneConfigError(f"{model_name}: folder {model_path!r} does not exist; {hint}")
         missing = missing_pipeline_files(folder)
         if missing:
             raise BackboneConfigError(f"{model_name}: missing {', '.join(missing)} in {model_path!r}; {hint}")
