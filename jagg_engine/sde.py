@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-from .backbones.base import Cond, VelocityFn
+from .backbones.base import Cond, VelocityFn, index_cond
 
 SDE_KINDS = ("flow-grpo", "dance", "cps")
 
@@ -252,6 +252,17 @@ class Trajectory:
     def batch_size(self) -> int:
         return self.latents.shape[1]
 
+    def select(self, index: slice | torch.Tensor) -> Trajectory:
+        """The sub-batch ``index`` of every per-sample tensor (latents, log-probs, cond, velocities)."""
+        return Trajectory(
+            latents=self.latents[:, index],
+            log_probs=self.log_probs[:, index],
+            sigmas=self.sigmas,
+            sde_steps=self.sde_steps,
+            cond=index_cond(self.cond, index),
+            velocities=None if self.velocities is None else self.velocities[:, index],
+        )
+
 
 @torch.no_grad()
 def rollout(
@@ -292,3 +303,18 @@ def rollout(
         cond=cond,
         velocities=torch.stack(velocities) if store_velocities else None,
     )
+
+
+@torch.no_grad()
+def ode_sample(model: VelocityFn, cond: Cond, noise: torch.Tensor, num_steps: int, shift: float = 1.0) -> torch.Tensor:
+    """Deterministic Euler sampling of the flow ODE from z_0 = ``noise`` (B, *S) → final z_T (B, *S).
+
+    Used for evaluation: fixed prompts and seeds give the same images for every run, so two runs can be
+    compared image by image.
+    """
+    dtype = compute_dtype(noise.dtype)
+    sigmas = make_sigmas(num_steps, shift, dtype).to(noise.device)
+    z = noise.to(dtype)
+    for j in range(num_steps):
+        z = ode_step(model(z, sigmas[j].expand(z.shape[0]), cond), z, sigmas[j], sigmas[j + 1])
+    return z

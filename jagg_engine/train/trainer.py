@@ -1,0 +1,397 @@
+"""The GRPO trainer: setup / rollout / score / update / log / save, each short, calling the engine's math.
+
+Run through ``jagg train`` (jagg_engine.train.launch), in one process or under ``accelerate launch``. Ranks:
+every rank samples its own share of the step's prompts (whole prompt groups stay on one rank), rewards are
+gathered so that advantages are normalised over the full batch exactly as in one process, each rank
+accumulates the policy gradient of its samples, and the gradients are averaged across ranks before the
+optimizer step. Only the main process writes (store, images, checkpoints, log).
+
+Step numbering: step 0 is the evaluation before training; step s = 1 … steps is one rollout batch and one
+optimizer step. A checkpoint taken after step s resumes at step s + 1; the prompts and noise of step s are
+drawn from generators seeded by (seed, s, rank), so a resumed run replays exactly the steps it missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from tqdm import tqdm
+
+from jagg_engine.backbones import build_backbone
+from jagg_engine.grpo import group_advantages
+from jagg_engine.jagg import policy_update
+from jagg_engine.probe import probe_groups
+from jagg_engine.rewards.registry import WeightedReward
+from jagg_engine.sde import Trajectory, ode_sample, rollout
+from jagg_engine.store import RunStore, open_store
+from jagg_engine.train.config import TrainConfig, read_prompts
+
+log = logging.getLogger("jagg.train")
+
+
+class TrainingError(RuntimeError):
+    """A run cannot go on (non-finite loss or reward, …); the message is stored as the run's error."""
+
+
+# ------------------------------------------------------------------------------------------------ setup
+
+
+def build_model(cfg: TrainConfig, device: torch.device) -> Any:
+    """The backbone of ``cfg`` with the options its factory takes."""
+    opts = dict(cfg.backbone_options)
+    if cfg.backbone == "tiny-shapes":
+        opts.setdefault("cfg_scale", cfg.cfg_scale)
+        if cfg.model_path:
+            opts.setdefault("weights_dir", cfg.model_path)
+    elif cfg.backbone in ("flux", "qwen-image", "sd3"):
+        opts.update(model_path=cfg.model_path, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
+                    gradient_checkpointing=cfg.gradient_checkpointing, reference_copy=cfg.beta > 0,
+                    device=str(device), dtype="bfloat16" if cfg.precision == "bf16" else "float32")
+        if cfg.lora_targets:
+            opts["lora_target_modules"] = list(cfg.lora_targets)
+        if cfg.backbone == "sd3":
+            opts.setdefault("cfg_scale", cfg.cfg_scale)
+    model = build_backbone(cfg.backbone, **opts)
+    if isinstance(model, torch.nn.Module):
+        model.to(device)
+    return model
+
+
+def prompt_source(cfg: TrainConfig, eval_set: bool = False) -> list[str]:
+    path = cfg.eval_prompts_file if eval_set and cfg.eval_prompts_file else cfg.prompts_file
+    if path:
+        return read_prompts(path)
+    if cfg.backbone == "tiny-shapes":
+        from jagg_engine.shapes_data import all_prompts
+
+        return all_prompts()
+    return [f"prompt {i}" for i in range(max(cfg.eval_num_prompts, cfg.prompts_per_step))]
+
+
+def step_generator(cfg: TrainConfig, step: int, rank: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """The generator of step ``step`` on ``rank``: the same after a resume as in an uninterrupted run."""
+    return torch.Generator(device=device).manual_seed((cfg.seed * 1_000_003 + step) * 1009 + rank)
+
+
+# ------------------------------------------------------------------------------------------------ trainer
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, run_id: int, runs_dir: str, resume: bool = False):
+        from accelerate import Accelerator
+
+        self.cfg, self.run_id, self.resume = cfg, run_id, resume
+        self.acc = Accelerator(cpu=not torch.cuda.is_available())
+        self.main = self.acc.is_main_process
+        self.world, self.rank = self.acc.num_processes, self.acc.process_index
+        self.store: RunStore | None = open_store(runs_dir) if self.main else None
+        run = open_store(runs_dir).get_run(run_id) if not self.main else self.store.get_run(run_id)
+        self.run_dir = Path(run["run_dir"])
+        self.stop_signal = False
+        torch.manual_seed(cfg.seed)
+        self.model = build_model(cfg, self.acc.device)
+        self.params = self.model.trainable_parameters()
+        if not self.params:
+            raise TrainingError("backbone: the model has no trainable parameters")
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.reward = WeightedReward(cfg.rewards, cfg.reward_options)
+        self.sampler, self.update = cfg.sampler_config(), cfg.update_config()
+        self.prompts = prompt_source(cfg)
+        self.eval_prompts = prompt_source(cfg, eval_set=True)[: cfg.eval_num_prompts]
+        self.start_step = 1
+
+    # -------------------------------------------------------------------------------- one step, in phases
+    def step_prompts(self, step: int) -> tuple[list[str], torch.Tensor]:
+        """This rank's prompts, each repeated group_size times, and their global group ids. (B,), B = P·G."""
+        rng = np.random.default_rng([self.cfg.seed, step])
+        idx = rng.integers(0, len(self.prompts), size=self.cfg.prompts_per_step)  # same on every rank
+        per_rank = self.cfg.prompts_per_step // self.world
+        mine = range(self.rank * per_rank, (self.rank + 1) * per_rank)
+        prompts = [self.prompts[idx[i]] for i in mine for _ in range(self.cfg.group_size)]
+        groups = torch.tensor([i for i in mine for _ in range(self.cfg.group_size)])
+        return prompts, groups
+
+    def sample(self, step: int, prompts: list[str]) -> Trajectory:
+        gen = step_generator(self.cfg, step, self.rank)
+        sde_gen = step_generator(self.cfg, step, self.rank, self.acc.device)
+        noise = torch.randn(len(prompts), *self.model.latent_shape, generator=gen, dtype=torch.float32)
+        with torch.no_grad():
+            cond = self.model.encode_prompts(prompts)
+        return rollout(self.model, cond, noise.to(self.acc.device, self.params[0].dtype), self.sampler, sde_gen)
+
+    def score(self, traj: Trajectory, prompts: list[str]) -> tuple[torch.Tensor, dict[str, torch.Tensor], Any]:
+        images = self.model.decode(traj.latents[-1])
+        total, parts = self.reward(images, prompts)
+        return total, parts, images
+
+    def advantages(self, rewards: torch.Tensor, groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Advantages of this rank's samples, normalised over the rewards of ALL ranks; and the gathered rewards."""
+        all_rewards = self.acc.gather(rewards.to(self.acc.device)).cpu()
+        all_groups = self.acc.gather(groups.to(self.acc.device)).cpu()
+        adv = group_advantages(all_rewards, all_groups, global_std=self.cfg.adv_std == "global",
+                               clip=self.cfg.adv_clip)
+        n = rewards.shape[0]
+        return adv[self.rank * n : (self.rank + 1) * n], all_rewards
+
+    def optimize(self) -> float:
+        if self.world > 1:
+            for p in self.params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                p.grad = self.acc.reduce(p.grad, reduction="mean")
+        clip = self.cfg.grad_clip if self.cfg.grad_clip else float("inf")
+        norm = float(torch.nn.utils.clip_grad_norm_(self.params, clip))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def ref_model(self):
+        """The reference policy for the KL term: the adapter disabled (LoRA) or the initial weights."""
+        if self.cfg.beta <= 0:
+            return None
+        reference = getattr(self.model, "reference_velocity", None)
+        if reference is None:
+            raise TrainingError(f"beta: backbone {self.cfg.backbone} has no reference policy; use beta=0")
+        return reference
+
+    def train_step(self, step: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        prompts, groups = self.step_prompts(step)
+        traj = self.sample(step, prompts)
+        t1 = time.perf_counter()
+        total, parts, images = self.score(traj, prompts)
+        adv, all_rewards = self.advantages(total, groups)
+        if not torch.isfinite(all_rewards).all():
+            raise TrainingError(f"reward: non-finite reward at step {step}")
+        t2 = time.perf_counter()
+        result = policy_update(self.model, traj, adv.to(self.acc.device), self.update, self.sampler,
+                               ref_model=self.ref_model())
+        if not math.isfinite(result.loss):
+            raise TrainingError(f"loss: non-finite policy loss at step {step}")
+        grad_norm = self.optimize()
+        t3 = time.perf_counter()
+        metrics = {
+            "reward/mean": float(all_rewards.mean()),
+            "reward/std": float(all_rewards.std(unbiased=False)),
+            **{f"reward/{k}/mean": float(v.mean()) for k, v in parts.items()},
+            **{f"reward/{k}/std": float(v.std(unbiased=False)) for k, v in parts.items()},
+            **result.metrics(),
+            "loss/kl": result.kl,
+            "grad/norm": grad_norm,
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "time/sampling": t1 - t0,
+            "time/reward": t2 - t1,
+            "time/step": t3 - t0,
+            "count/forward": float(result.counts.forward_grad + result.counts.forward_nograd),
+        }
+        if self.main and self.cfg.sample_every and step % self.cfg.sample_every == 0:
+            self.save_train_samples(step, prompts, images, total)
+        if self.cfg.probe_every and step % self.cfg.probe_every == 0:
+            self.probe(step, traj, adv)
+        return metrics
+
+    # -------------------------------------------------------------------------------- side effects (main only)
+    def save_images(self, folder: str, images: torch.Tensor, names: list[str]) -> list[str]:
+        out = self.run_dir / folder
+        out.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for img, name in zip(images, names):
+            Image.fromarray(img.numpy()).save(out / name)
+            paths.append(f"{folder}/{name}")
+        return paths
+
+    def save_train_samples(self, step: int, prompts: list[str], images: torch.Tensor, rewards: torch.Tensor) -> None:
+        G = self.cfg.group_size
+        idx = list(range(0, len(prompts), G))[:8]  # the first sample of up to 8 groups
+        paths = self.save_images(f"samples/train/step_{step:05d}", images[idx], [f"{i}.png" for i in idx])
+        self.store.log_samples(self.run_id, step, [
+            {"kind": "train", "prompt": prompts[i], "seed": None, "reward": float(rewards[i]), "path": p}
+            for i, p in zip(idx, paths)])
+
+    @torch.no_grad()
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Deterministic ODE samples of the fixed eval prompts × seeds; images saved and logged (main only)."""
+        if not self.main:
+            return {}
+        prompts = [p for _ in self.cfg.eval_seeds for p in self.eval_prompts]
+        seeds = [s for s in self.cfg.eval_seeds for _ in self.eval_prompts]
+        noise = torch.stack([torch.randn(*self.model.latent_shape, generator=torch.Generator().manual_seed(
+            s * 100_003 + i)) for i, s in zip(list(range(len(self.eval_prompts))) * len(self.cfg.eval_seeds), seeds)])
+        dtype = self.params[0].dtype
+        images, totals, parts_all = [], [], []
+        for i in range(0, len(prompts), 64):
+            chunk = prompts[i : i + 64]
+            z = ode_sample(self.model, self.model.encode_prompts(chunk), noise[i : i + 64].to(self.acc.device, dtype),
+                           self.cfg.sampling_steps, self.cfg.shift)
+            img = self.model.decode(z)
+            total, parts = self.reward(img, chunk)
+            images.append(img)
+            totals.append(total)
+            parts_all.append(parts)
+        images, totals = torch.cat(images), torch.cat(totals)
+        names = [f"{i:03d}_seed{s}.png" for i, s in zip(range(len(prompts)), seeds)]
+        paths = self.save_images(f"samples/eval/step_{step:05d}", images, names)
+        self.store.log_samples(self.run_id, step, [
+            {"kind": "eval", "prompt": p, "seed": s, "reward": float(r), "path": path}
+            for p, s, r, path in zip(prompts, seeds, totals, paths)])
+        metrics = {"eval/reward/mean": float(totals.mean()), "eval/reward/std": float(totals.std(unbiased=False))}
+        for k in parts_all[0]:
+            metrics[f"eval/reward/{k}/mean"] = float(torch.cat([p[k] for p in parts_all]).mean())
+        return metrics
+
+    def probe(self, step: int, traj: Trajectory, adv: torch.Tensor) -> None:
+        """Gradient fidelity on (up to) the first 8 samples of this rollout; the same engine routines."""
+        n = min(8, traj.batch_size)
+        sub = traj.select(slice(0, n))
+        saved = [None if p.grad is None else p.grad.clone() for p in self.params]
+        rows, _ = probe_groups(self.model, self.params, sub, adv[:n].to(self.acc.device), self.update, self.sampler)
+        for p, g in zip(self.params, saved):
+            p.grad = g
+        if self.main:
+            self.store.log_probes(self.run_id, step, [
+                {"group_index": r.index, "t_start": r.t_start, "t_end": r.t_end, "cosine": r.cosine,
+                 "rel_error": r.rel_error} for r in rows])
+
+    # -------------------------------------------------------------------------------- checkpoints
+    def checkpoint_dir(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    def save_checkpoint(self, step: int) -> None:
+        if not self.main:
+            return
+        folder = self.checkpoint_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        state = {
+            "step": step,
+            "params": [p.detach().cpu() for p in self.params],
+            "optimizer": self.optimizer.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "numpy_rng": np.random.get_state(),
+        }
+        tmp = folder / f"step_{step:05d}.pt.tmp"
+        torch.save(state, tmp)
+        os.replace(tmp, folder / f"step_{step:05d}.pt")  # atomic: a kill never leaves a half checkpoint
+        for old in sorted(folder.glob("step_*.pt"))[:-2]:
+            old.unlink()
+        log.info("checkpoint saved at step %d", step)
+
+    def latest_checkpoint(self) -> Path | None:
+        found = sorted(self.checkpoint_dir().glob("step_*.pt"))
+        return found[-1] if found else None
+
+    def load_checkpoint(self) -> int:
+        path = self.latest_checkpoint()
+        if path is None:
+            return 0
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        with torch.no_grad():
+            for p, saved in zip(self.params, state["params"]):
+                p.copy_(saved.to(p.device, p.dtype))
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        np.random.set_state(state["numpy_rng"])
+        return int(state["step"])
+
+    # -------------------------------------------------------------------------------- the loop
+    def should_stop(self) -> bool:
+        from accelerate.utils import broadcast_object_list
+
+        flag = [bool(self.stop_signal or (self.main and self.store.cancel_requested(self.run_id)))]
+        if self.world > 1:
+            broadcast_object_list(flag, from_process=0)
+        return flag[0]
+
+    def run(self) -> str:
+        cfg = self.cfg
+        done = self.load_checkpoint() if self.resume else 0
+        if self.main:
+            self.store.set_status(self.run_id, "running", pid=os.getpid())
+            if self.resume:
+                self.store.truncate_after(self.run_id, done)
+                log.info("resuming after step %d", done)
+        if done == 0 and self.main:
+            self.store.log_step(self.run_id, 0, self.evaluate(0))
+        bar = tqdm(range(done + 1, cfg.steps + 1), desc=f"run {self.run_id}", disable=not self.main,
+                   initial=done, total=cfg.steps, unit="step", dynamic_ncols=True)
+        last = done
+        for step in bar:
+            if self.should_stop():
+                self.save_checkpoint(last)
+                return "cancelled"
+            metrics = self.train_step(step)
+            if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
+                metrics.update(self.evaluate(step))
+            if self.main:
+                self.store.log_step(self.run_id, step, metrics)
+                bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", update=f"{metrics['time/update']:.2f}s")
+                log.info("step %d reward %.4f loss %.3e update %.2fs", step, metrics["reward/mean"],
+                         metrics["loss/policy"], metrics["time/update"])
+            last = step
+            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step != cfg.steps:
+                self.save_checkpoint(step)
+        self.save_checkpoint(last)
+        return "finished"
+
+
+def _setup_logging(run_dir: Path, main: bool) -> None:
+    if not main:
+        logging.basicConfig(level=logging.WARNING)
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    handlers = [logging.FileHandler(run_dir / "train.log"), logging.StreamHandler(sys.stderr)]
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", handlers=handlers,
+                        force=True)
+
+
+def train(run_id: int, runs_dir: str, resume: bool = False) -> int:
+    """Train run ``run_id`` of the store in ``runs_dir`` (its config is read from the store). Exit code."""
+    store = open_store(runs_dir)
+    run = store.get_run(run_id)
+    cfg = TrainConfig.from_dict(run["config"]).validate()
+    main = int(os.environ.get("RANK", "0")) == 0
+    _setup_logging(Path(run["run_dir"]), main)
+    trainer = None
+    try:
+        trainer = Trainer(cfg, run_id, runs_dir, resume=resume)
+
+        def on_signal(signum, frame):  # cooperative: finish the step, save, mark cancelled
+            log.warning("signal %d: stopping after this step", signum)
+            trainer.stop_signal = True
+
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+        status = trainer.run()
+        if main:
+            store.set_status(run_id, status)
+            log.info("run %d %s", run_id, status)
+        return 0
+    except Exception as exc:  # the run fails, its history stays: rows already written are intact
+        log.error("run %d failed: %s\n%s", run_id, exc, traceback.format_exc())
+        if main:
+            store.set_status(run_id, "failed", error=f"{type(exc).__name__}: {exc}")
+        return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="GRPO trainer process (started by `jagg train`).")
+    parser.add_argument("--run-id", type=int, required=True)
+    parser.add_argument("--runs-dir", required=True)
+    parser.add_argument("--resume", action="store_true")
+    args = parser.parse_args(argv)
+    return train(args.run_id, args.runs_dir, args.resume)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
