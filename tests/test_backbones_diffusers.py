@@ -117,7 +117,7 @@ def tiny_vae(latent_channels: int, seed: int = 2):
     )  # vae_scale_factor 2
 
 
-# ---- tiny pipelines -----------------------------------------------------------------------------------------
+# ---- tiny pipelines ----------------------------------------------------------------------------------------
 def save_tiny_flux(folder: str) -> None:
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
 
@@ -156,7 +156,7 @@ def flux_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return folder
 
 
-# ---- shared checks -------------------------------------------------------------------------------------------
+# ---- shared checks -----------------------------------------------------------------------------------------
 def perturb_lora(model) -> None:
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -209,7 +209,7 @@ def check_backbone(model, image_side: int) -> None:
     model.zero_grad(set_to_none=True)
 
 
-# ---- flux ---------------------------------------------------------------------------------------------------
+# ---- flux --------------------------------------------------------------------------------------------------
 def test_flux_end_to_end(flux_dir: str) -> None:
     model = build_backbone("flux", model_path=flux_dir, **FLUX_OPTIONS)
     assert model.latent_shape == (4, 16)
@@ -250,7 +250,7 @@ def test_incomplete_folder_names_missing_files(flux_dir: str, tmp_path) -> None:
     assert "\n" not in str(info.value)
 
 
-# ---- sd3 ------------------------------------------------------------------------------------------------------
+# ---- sd3 ---------------------------------------------------------------------------------------------------
 def save_tiny_sd3(folder: str) -> None:
     from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
 
@@ -333,7 +333,7 @@ def test_sd3_timestep_scale(sd3_dir: str) -> None:
     torch.testing.assert_close(model(z, t, cond), direct)
 
 
-# ---- qwen-image -------------------------------------------------------------------------------------------------
+# ---- qwen-image --------------------------------------------------------------------------------------------
 def save_tiny_qwen_image(folder: str) -> None:
     from diffusers import (
         AutoencoderKLQwenImage,
@@ -421,7 +421,7 @@ def test_qwen_image_text_mask_and_fixed_padding(qwen_dir: str) -> None:
     torch.testing.assert_close(model(z, t, garbage), v)
 
 
-# ---- with the engine: SDE rollout, exact and JAGG policy updates ----------------------------------------------
+# ---- with the engine: SDE rollout, exact and JAGG policy updates -------------------------------------------
 @pytest.mark.parametrize("name", ["flux", "qwen-image", "sd3"])
 def test_rollout_and_policy_updates(name: str, request: pytest.FixtureRequest) -> None:
     from jagg_engine.jagg import UpdateConfig, policy_update
@@ -465,6 +465,8 @@ def test_unreachable_hub_id_is_one_line() -> None:
     msg = str(info.value)
     assert "\n" not in msg and msg.startswith("sd3: cannot load 'nobody/no-such-sd3-model'")
     assert "model_path=/path/to/folder" in msg
+    with pytest.raises(BackboneConfigError, match="black-forest-labs/FLUX.1-dev"):  # model_path=None: the default
+        build_backbone("flux", model_path=None)
 
 
 @pytest.mark.gpu

@@ -1,4 +1,4 @@
-"""Weight-free rewards by hand, and the CLIP-based and HPSv2 rewards end to end on tiny models built offline."""
+"""Weight-free rewards by hand; the CLIP-based and HPSv2 rewards end to end on tiny offline models."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def noise(size: int = 32, seed: int = 0) -> torch.Tensor:
     )
 
 
-# ---- weight-free -----------------------------------------------------------------------------------------------
+# ---- weight-free -------------------------------------------------------------------------------------------
 def test_registered() -> None:
     names = set(available_rewards())
     assert {"jpeg_compressibility", "jpeg_incompressibility", "brightness", "colorfulness"} <= names
@@ -77,7 +77,7 @@ def test_colorfulness() -> None:
     assert default.item() == pytest.approx((std + 0.3 * mean) / 100, rel=1e-5)
 
 
-# ---- tiny CLIP, tokenizer and processor, all offline ------------------------------------------------------------
+# ---- tiny CLIP, tokenizer and processor, all offline -------------------------------------------------------
 def clip_tokenizer(max_length: int = 8):
     from transformers import CLIPTokenizer
 
@@ -158,7 +158,7 @@ def test_clip_rewards_check_sources(clip_dir: str, tmp_path) -> None:
             check_reward(name, model="nobody/no-such-clip-model")
 
 
-# ---- HPSv2 through an open_clip-format checkpoint ---------------------------------------------------------------
+# ---- HPSv2 through an open_clip-format checkpoint ----------------------------------------------------------
 def test_open_clip_key_round_trip() -> None:
     from jagg_engine.rewards.hps import open_clip_to_transformers, transformers_to_open_clip
 

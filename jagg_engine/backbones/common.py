@@ -1,9 +1,9 @@
 """What the three diffusers adapters (flux, qwen-image, sd3) share: loading, freezing, LoRA, dtype, reference.
 
 A :class:`DiffusersBackbone` owns one diffusers pipeline. Its transformer is the trained module (registered as
-a submodule, so ``.parameters()`` and ``.to()`` see it); text encoders and the VAE stay on the pipeline object,
-frozen, in eval mode and outside the module tree. Subclasses implement ``velocity`` (the raw model call),
-``encode_prompts`` and ``_decode_latents``.
+a submodule, so ``.parameters()`` and ``.to()`` see it); text encoders and the VAE stay on the pipeline
+object, frozen, in eval mode and outside the module tree. Subclasses implement ``velocity`` (the raw model
+call), ``encode_prompts`` and ``_decode_latents``.
 
 Precision: on a GPU the weights load in bfloat16 and every forward runs under bf16 autocast; on the CPU
 everything is float32. LoRA weights are always float32 (they are what the optimizer steps).

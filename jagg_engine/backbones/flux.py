@@ -86,7 +86,7 @@ class FluxBackbone(DiffusersBackbone):
 
 
 def build(
-    model_path: str = DEFAULT_MODEL,
+    model_path: str | None = None,
     *,
     device: str | None = None,
     dtype: str | None = None,
@@ -99,12 +99,15 @@ def build(
     gradient_checkpointing: bool = False,
     reference_copy: bool = True,
 ) -> FluxBackbone:
-    """Load a FluxPipeline from ``model_path`` (local folder or hub id) and wrap it; see :class:`FluxBackbone`."""
+    """Load a FluxPipeline from ``model_path`` and wrap it.
+
+    ``model_path``: a local folder or a hub id; None = ``DEFAULT_MODEL``. Options: see the backbone class.
+    """
     from diffusers import FluxPipeline
 
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    pipe = load_pipeline(FluxPipeline, model_path, "flux", dt)
+    pipe = load_pipeline(FluxPipeline, model_path or DEFAULT_MODEL, "flux", dt)
     return FluxBackbone(
         pipe,
         resolution=resolution,

@@ -96,7 +96,7 @@ class QwenImageBackbone(DiffusersBackbone):
 
 
 def build(
-    model_path: str = DEFAULT_MODEL,
+    model_path: str | None = None,
     *,
     device: str | None = None,
     dtype: str | None = None,
@@ -109,12 +109,15 @@ def build(
     gradient_checkpointing: bool = False,
     reference_copy: bool = True,
 ) -> QwenImageBackbone:
-    """Load a QwenImagePipeline from ``model_path`` (local folder or hub id); see :class:`QwenImageBackbone`."""
+    """Load a QwenImagePipeline from ``model_path`` and wrap it.
+
+    ``model_path``: a local folder or a hub id; None = ``DEFAULT_MODEL``. Options: see the backbone class.
+    """
     from diffusers import QwenImagePipeline
 
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    pipe = load_pipeline(QwenImagePipeline, model_path, "qwen-image", dt)
+    pipe = load_pipeline(QwenImagePipeline, model_path or DEFAULT_MODEL, "qwen-image", dt)
     return QwenImageBackbone(
         pipe,
         resolution=resolution,

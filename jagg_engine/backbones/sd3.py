@@ -105,7 +105,7 @@ class SD3Backbone(DiffusersBackbone):
 
 
 def build(
-    model_path: str = DEFAULT_MODEL,
+    model_path: str | None = None,
     *,
     device: str | None = None,
     dtype: str | None = None,
@@ -119,12 +119,15 @@ def build(
     gradient_checkpointing: bool = False,
     reference_copy: bool = True,
 ) -> SD3Backbone:
-    """Load a StableDiffusion3Pipeline from ``model_path`` (local folder or hub id); see :class:`SD3Backbone`."""
+    """Load a StableDiffusion3Pipeline from ``model_path`` and wrap it.
+
+    ``model_path``: a local folder or a hub id; None = ``DEFAULT_MODEL``. Options: see the backbone class.
+    """
     from diffusers import StableDiffusion3Pipeline
 
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    pipe = load_pipeline(StableDiffusion3Pipeline, model_path, "sd3", dt)
+    pipe = load_pipeline(StableDiffusion3Pipeline, model_path or DEFAULT_MODEL, "sd3", dt)
     return SD3Backbone(
         pipe,
         resolution=resolution,

@@ -169,7 +169,7 @@ def pickscore(
 @register_reward(
     "clipscore",
     check=_check("clipscore", CLIPSCORE_MODEL, CLIPSCORE_MODEL),
-    help="100·max(cos(image, text), 0) with a CLIP model; options model, processor, device, batch_size, scale",
+    help="100·max(cos(image, text), 0) with a CLIP model; options model, processor, device, scale",
 )
 def clipscore(
     model: str = CLIPSCORE_MODEL,

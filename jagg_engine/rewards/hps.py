@@ -31,9 +31,9 @@ from .registry import RewardConfigError, register_reward
 DEFAULT_TOKENIZER = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)  # open_clip's OPENAI_DATASET_MEAN
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
-HINT = "download HPS_v2.1_compressed.pt (hub repo xswu/HPSv2) and pass checkpoint=/path/to/HPS_v2.1_compressed.pt"
+HINT = "download HPS_v2.1_compressed.pt (hub xswu/HPSv2); pass checkpoint=/path/to/HPS_v2.1_compressed.pt"
 
-# ---- open_clip ⇄ transformers CLIPModel keys ------------------------------------------------------------------
+# ---- open_clip ⇄ transformers CLIPModel keys ---------------------------------------------------------------
 _BLOCK = (
     ("ln_1", "layer_norm1"),
     ("ln_2", "layer_norm2"),
@@ -95,7 +95,7 @@ def _count_layers(keys: Sequence[str], pattern: str) -> int:
 
 
 def open_clip_to_transformers(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Rename an open_clip CLIP state dict to transformers CLIPModel keys (split qkv, transpose projections)."""
+    """Rename open_clip CLIP keys to transformers CLIPModel keys (split qkv, transpose projections)."""
     state = {k.removeprefix("module."): v for k, v in state.items()}
     n_vision = _count_layers(list(state), r"visual\.transformer\.resblocks\.(\d+)\.")
     n_text = _count_layers(list(state), r"transformer\.resblocks\.(\d+)\.")
@@ -233,7 +233,7 @@ class HPSv2:
         missing = [k for k in missing if not k.endswith("position_ids")]
         if missing or unexpected:
             raise ValueError(
-                f"hpsv2: checkpoint does not fit a CLIP ViT: missing {missing[:3]}, unexpected {unexpected[:3]}"
+                f"hpsv2: checkpoint is not a CLIP ViT: missing {missing[:3]}, unexpected {unexpected[:3]}"
             )
         self.model = model.to(self.device).eval().requires_grad_(False)
         self.image_size = config.vision_config.image_size
@@ -284,7 +284,7 @@ def check_hpsv2(
 @register_reward(
     "hpsv2",
     check=check_hpsv2,
-    help="HPSv2.1 cos(image, text) from a local open_clip checkpoint; options checkpoint (required), tokenizer",
+    help="HPSv2.1 cos(image, text), local open_clip checkpoint; options checkpoint (required), tokenizer",
 )
 def hpsv2(checkpoint: str, **options: object) -> HPSv2:
     return HPSv2(str(Path(checkpoint).expanduser()), **options)

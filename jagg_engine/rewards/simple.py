@@ -30,7 +30,7 @@ def _check_images(images: torch.Tensor) -> None:
 
 
 def jpeg_kilobytes(images: torch.Tensor, quality: int = 95) -> torch.Tensor:
-    """Size in kB (1000 bytes) of each image saved as JPEG at ``quality``. (B, H, W, 3) uint8 → (B,) float32."""
+    """Size in kB (1000 bytes) of each image as a JPEG at ``quality``. (B, H, W, 3) uint8 → (B,) float32."""
     _check_images(images)
     sizes = []
     for img in images.numpy():
