@@ -5,7 +5,7 @@
 Each (prompt i, seed s) pair gets its own noise from ``torch.Generator().manual_seed(s·100003 + i)``, so a
 sample does not depend on the batch size or on the other prompts. Sampling is the Euler ODE of the flow:
 σ_k from 1 to 0 (optionally time-shifted), z ← z + (σ_{k+1} − σ_k)·v̂(z, σ_k) (rectified flow,
-Liu et al. 2022). Printed: mean ± std of the reward over all samples (and, for the shapes rewards, of each
+Liu et al. 2022), with the engine's ``sde.make_sigmas`` and ``sde.ode_step``. Printed: mean ± std of the reward over all samples (and, for the shapes rewards, of each
 verifier check); written: ``grid.png`` (samples prompt-major, seeds side by side, upscaled) and
 ``summary.json``.
 """
@@ -17,8 +17,9 @@ import ast
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -26,6 +27,7 @@ from tqdm import tqdm
 
 from . import shapes_data
 from .backbones.base import Backbone, Cond
+from .sde import make_sigmas, ode_step
 
 DEFAULT_NUM_PROMPTS = 64
 
@@ -37,23 +39,16 @@ def default_prompts(n: int = DEFAULT_NUM_PROMPTS) -> list[str]:
     return [prompts[i] for i in sorted(order)]
 
 
-def time_grid(steps: int, shift: float = 1.0) -> torch.Tensor:
-    """σ_0 = 1 > σ_1 > … > σ_steps = 0, with the SD3/Flux time shift σ' = s·σ / (1 + (s − 1)·σ). (steps+1,)"""
-    sigma = torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64)
-    return (shift * sigma / (1 + (shift - 1) * sigma)).float()
-
-
 @torch.no_grad()
 def sample_ode(
     model: Backbone, cond: Cond, noise: torch.Tensor, steps: int, shift: float = 1.0
 ) -> torch.Tensor:
-    """Euler ODE from noise (B, *latent_shape) at σ = 1 to latents at σ = 0 (same shape)."""
-    sigmas = time_grid(steps, shift).to(noise.device)
+    """Euler ODE from noise (B, *latent_shape) at σ = 1 to latents at σ = 0 (same shape), on the engine's σ grid."""
+    sigmas = make_sigmas(steps, shift).tolist()
     z = noise
     for k in range(steps):
-        t = sigmas[k].expand(z.shape[0])  # (B,)
-        v = model(z, t, cond).to(z.dtype)
-        z = z + (sigmas[k + 1] - sigmas[k]) * v
+        t = torch.full((z.shape[0],), sigmas[k], device=z.device, dtype=noise.dtype)  # (B,)
+        z = ode_step(model(z, t, cond), z, sigmas[k], sigmas[k + 1]).to(noise.dtype)
     return z
 
 
@@ -76,6 +71,49 @@ def image_grid(images: np.ndarray, columns: int, scale: int, gap: int = 2) -> np
             gap + r * cell_h : gap + r * cell_h + h * scale, gap + c * cell_w : gap + c * cell_w + w * scale
         ] = big[i]
     return grid
+
+
+class EvalResult(NamedTuple):
+    """Samples and scores, prompt-major: sample k is prompt k // seeds with seed k % seeds."""
+
+    images: np.ndarray  # (P·S, H, W, 3) uint8
+    scores: torch.Tensor  # (P·S,) float32
+    components: dict[str, torch.Tensor] | None  # colour / position / shape, each (P·S,), for shapes rewards
+    seconds: float
+
+
+def sample_and_score(
+    model: Backbone,
+    reward: Callable[[torch.Tensor, list[str]], torch.Tensor],
+    prompts: Sequence[str],
+    seeds: int,
+    steps: int,
+    shift: float = 1.0,
+    batch_size: int = 64,
+    device: str | torch.device = "cpu",
+    components: bool = False,
+    progress: bool = True,
+) -> EvalResult:
+    """Deterministic ODE samples of every (prompt, seed) pair, scored by ``reward``."""
+    pairs = [(i, s) for i in range(len(prompts)) for s in range(seeds)]  # prompt-major
+    images, scores, parts = [], [], []
+    start = time.time()
+    for b0 in tqdm(range(0, len(pairs), batch_size), desc="eval", unit="batch", disable=not progress):
+        chunk = pairs[b0 : b0 + batch_size]
+        batch_prompts = [prompts[i] for i, _ in chunk]
+        noise = torch.stack([sample_noise(model.latent_shape, i, s) for i, s in chunk]).to(device)
+        with torch.no_grad():
+            cond = model.encode_prompts(batch_prompts)
+            imgs = model.decode(sample_ode(model, cond, noise, steps, shift)).cpu()  # (b, H, W, 3) uint8
+        scores.append(reward(imgs, batch_prompts).float().cpu())
+        if components:
+            from .rewards.shapes import component_scores
+
+            checks = component_scores(imgs, batch_prompts)
+            parts.append({k: checks[k] for k in ("colour", "position", "shape")})
+        images.append(imgs.numpy())
+    per = {k: torch.cat([c[k] for c in parts]) for k in parts[0]} if parts else None
+    return EvalResult(np.concatenate(images), torch.cat(scores), per, time.time() - start)
 
 
 def _parse_options(items: Sequence[str]) -> dict[str, object]:
@@ -166,30 +204,23 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(model, torch.nn.Module):
         model.to(device).eval()
 
-    pairs = [(i, s) for i in range(len(prompts)) for s in range(args.seeds)]  # prompt-major
-    images, scores, components = [], [], []
-    start = time.time()
     try:
-        for b0 in tqdm(range(0, len(pairs), args.batch_size), desc="eval", unit="batch"):
-            chunk = pairs[b0 : b0 + args.batch_size]
-            batch_prompts = [prompts[i] for i, _ in chunk]
-            noise = torch.stack([sample_noise(model.latent_shape, i, s) for i, s in chunk]).to(device)
-            with torch.no_grad():
-                cond = model.encode_prompts(batch_prompts)
-                latents = sample_ode(model, cond, noise, args.steps, args.shift)
-                imgs = model.decode(latents).cpu()  # (b, H, W, 3) uint8
-            scores.append(reward(imgs, batch_prompts).float().cpu())
-            if args.reward.startswith("shapes"):
-                from .rewards.shapes import component_scores
-
-                parts = component_scores(imgs, batch_prompts)
-                components.append({k: parts[k] for k in ("colour", "position", "shape")})
-            images.append(imgs.numpy())
+        result = sample_and_score(
+            model,
+            reward,
+            prompts,
+            args.seeds,
+            args.steps,
+            args.shift,
+            args.batch_size,
+            device,
+            components=args.reward.startswith("shapes"),
+        )
     except ValueError as exc:  # e.g. a prompt word outside a closed vocabulary
         return _fail(str(exc).splitlines()[0])
-    elapsed = time.time() - start
-
-    score = torch.cat(scores)  # (P·S,)
+    pairs = [(i, s) for i in range(len(prompts)) for s in range(args.seeds)]  # prompt-major
+    elapsed = result.seconds
+    score = result.scores  # (P·S,)
     summary: dict[str, object] = {
         "backbone": args.backbone,
         "reward": args.reward,
@@ -205,8 +236,8 @@ def run(args: argparse.Namespace) -> int:
     lines = [
         f"{args.reward}: {summary['mean']:.3f} ± {summary['std']:.3f} ({len(score)} samples, {elapsed:.0f} s)"
     ]
-    if components:
-        per = {k: torch.cat([c[k] for c in components]) for k in components[0]}
+    if result.components is not None:
+        per = result.components
         summary["components"] = {
             k: {"mean": v.mean().item(), "std": v.std(unbiased=False).item()} for k, v in per.items()
         }
@@ -227,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    all_images = np.concatenate(images)  # (P·S, H, W, 3)
+    all_images = result.images  # (P·S, H, W, 3)
     columns = args.seeds * max(1, 16 // args.seeds)
     scale = max(1, 128 // all_images.shape[1])
     Image.fromarray(image_grid(all_images, columns, scale)).save(out / "grid.png")

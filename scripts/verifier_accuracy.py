@@ -47,6 +47,16 @@ def _quantiles(feats: dict[str, np.ndarray], prompts: list[str]) -> None:
                 print(f"  asked {shape:8s} {key:4s} q5/25/50/75/95 = {q.tolist()}")
 
 
+def _fill_sweep(feats: dict[str, np.ndarray], prompts: list[str]) -> None:
+    """Share of square / circle prompts whose blob the rule calls right, for several FILL_SQUARE values."""
+    asked = np.array([p.split()[1] for p in prompts])
+    round_blob = feats["top"] >= verifier.TOP_TRIANGLE  # nan compares False: no blob
+    for thr in (0.84, 0.86, 0.87, 0.88, 0.90, 0.92):
+        sq = (round_blob & (feats["fill"] >= thr))[asked == "square"].mean()
+        ci = (round_blob & (feats["fill"] < thr))[asked == "circle"].mean()
+        print(f"  FILL_SQUARE {thr:.2f}: squares called square {sq:.2f}, circles called circle {ci:.2f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--images", type=int, default=3000, help="held-out clean images (and noise images / 4)")
@@ -75,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         with torch.no_grad():
             out = model.decode(sample_ode(model, model.encode_prompts(asked), noise, steps=20))
         _report(f"tiny-shapes samples ({len(asked)})", out, asked)
-        _quantiles(verifier.blob_features(out, asked), asked)
+        feats = verifier.blob_features(out, asked)
+        _quantiles(feats, asked)
+        _fill_sweep(feats, asked)
     print(f"verifier accuracy on clean held-out images: {clean:.2%}")
     return 0 if clean >= 0.95 else 1
 
