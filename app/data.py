@@ -1,0 +1,512 @@
+"""Pure read-side functions of the app: run store → DataFrame, plotly figure, gallery items, text.
+
+Nothing here launches, cancels or writes anything; every function takes a :class:`RunStore` (or rows and
+frames read from one) and returns a value the UI shows. ``app/ui.py`` wires them to gr.Blocks; tests call
+them directly on a temporary store filled with synthetic rows.
+
+Metric keys are the store's (``reward/mean``, ``time/update`` …, see :mod:`jagg_engine.store`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from jagg_engine.store import RunStore
+
+# Step-time phases, in the order they are stacked (bottom → top), with their labels.
+TIME_PHASES = (
+    ("time/sampling", "sampling"),
+    ("time/reward", "reward"),
+    ("time/update_forward", "update forward"),
+    ("time/update_backward", "update backward"),
+)
+R_CPU = 1.8  # forward+backward / forward cost measured on the 2-core CPU (PAPER.md, cost model)
+R_GPU = 3.0  # the theoretical ratio on GPUs
+_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
+
+
+# ---------------------------------------------------------------------------------------------- cost model
+
+
+def predicted_speedup(
+    window: int, r: float, jagg_frac: float, strategy: str = "jagg", trained_steps: int | None = None
+) -> float:
+    """Cost-model speedup of the update phase over exact backward (PAPER.md, "Cost model").
+
+    One forward = 1 unit, forward+backward = r units. Per group of W steps exact costs W·r and JAGG
+    (W − 2) + 2·r, so with routing fraction f: W·r / (f·(W − 2 + 2r) + (1 − f)·W·r). Delegates to
+    ``jagg_engine.bench.cost_model_speedup`` (which also knows the engine's group plan of ``trained_steps``),
+    so the app and `jagg bench` print the same number; the fallback is the continuous formula.
+    """
+    if strategy == "exact":
+        return 1.0
+    shared = _shared_cost_model()
+    if shared is not None:
+        return float(shared(window, r, jagg_frac, strategy=strategy, trained_steps=trained_steps))
+    exact = window * r
+    group = 2 * r if strategy == "endpoint" else window - 2 + 2 * r
+    return exact / (jagg_frac * group + (1 - jagg_frac) * exact)
+
+
+def config_speedup(config: Mapping[str, Any], r: float) -> float | None:
+    """The prediction for a stored run config (its W, jagg_frac, strategy and trained-step count)."""
+    try:
+        start = config.get("sde_window_start") or 0
+        end = config.get("sde_window_end")
+        if end is None:
+            end = config["sampling_steps"] - (1 if config.get("algorithm") == "cps" else 0)
+        return predicted_speedup(
+            int(config["window"]), r, float(config["jagg_frac"]), config.get("strategy", "jagg"), end - start
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _shared_cost_model() -> Any:
+    try:
+        from jagg_engine.bench import cost_model_speedup
+    except ImportError:  # the bench module is optional at this layer
+        return None
+    return cost_model_speedup
+
+
+def default_r(has_gpu: bool) -> float:
+    return R_GPU if has_gpu else R_CPU
+
+
+# ---------------------------------------------------------------------------------------------- run tables
+
+
+def run_label(run: Mapping[str, Any]) -> str:
+    """``#12 tiny-shapes (jagg, running)`` — the name a dropdown shows for a run."""
+    strategy = run.get("config", {}).get("strategy", "?")
+    return f"#{run['id']} {run['name']} ({strategy}, {run['status']})"
+
+
+def run_duration(run: Mapping[str, Any], now: float | None = None) -> float | None:
+    """Wall seconds from start to finish (to now for a live run); None if it never started."""
+    start = run.get("started_at")
+    if start is None:
+        return None
+    end = run.get("finished_at") or (now if now is not None else time.time())
+    return max(0.0, float(end) - float(start))
+
+
+def history_frame(store: RunStore) -> pd.DataFrame:
+    """Every run, newest first: id, name, status, backbone, W, jagg_frac, strategy, step, final reward,
+    duration (s), paired run and error."""
+    rows = []
+    for run in store.list_runs():
+        cfg = run["config"]
+        duration = run_duration(run)
+        final = run.get("final_reward")
+        rows.append(
+            {
+                "id": run["id"],
+                "name": run["name"],
+                "status": run["status"],
+                "backbone": cfg.get("backbone"),
+                "W": cfg.get("window"),
+                "jagg_frac": cfg.get("jagg_frac"),
+                "strategy": cfg.get("strategy"),
+                "step": f"{run.get('last_step') if run.get('last_step') is not None else '-'}/{cfg.get('steps')}",
+                "final reward": None if final is None else round(float(final), 4),
+                "duration (s)": None if duration is None else round(duration, 1),
+                "paired": run.get("paired_run_id"),
+                "error": (run.get("error") or "").splitlines()[0] if run.get("error") else "",
+            }
+        )
+    columns = [
+        "id", "name", "status", "backbone", "W", "jagg_frac", "strategy", "step",
+        "final reward", "duration (s)", "paired", "error",
+    ]  # fmt: skip
+    return pd.DataFrame(rows, columns=columns)
+
+
+def progress(run: Mapping[str, Any]) -> tuple[int, int]:
+    """(steps done, steps planned). last_step is the index of the last logged step (0-based)."""
+    steps = int(run.get("config", {}).get("steps") or 0)
+    last = run.get("last_step")
+    done = 0 if last is None else min(steps, int(last) + 1)
+    if run.get("status") == "finished":
+        done = steps
+    return done, steps
+
+
+def progress_markdown(run: Mapping[str, Any]) -> str:
+    """A text progress bar: ``step 3/10 ███░░░░░░░ 30 % · running``."""
+    done, steps = progress(run)
+    frac = done / steps if steps else 0.0
+    bar = "█" * round(20 * frac) + "░" * (20 - round(20 * frac))
+    text = f"**Run #{run['id']} {run['name']}** — step {done}/{steps} `{bar}` {100 * frac:.0f} % · **{run['status']}**"
+    if run.get("error"):
+        text += f"\n\n```\n{run['error']}\n```"
+    return text
+
+
+# ---------------------------------------------------------------------------------------------- figures
+
+
+def _empty(title: str, note: str = "no data yet") -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(
+        title=title,
+        annotations=[
+            {"text": note, "showarrow": False, "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5}
+        ],
+        height=320,
+        margin={"l": 50, "r": 20, "t": 50, "b": 40},
+    )
+    return fig
+
+
+def reward_names(frame: pd.DataFrame) -> list[str]:
+    """Reward series in a metrics frame: "total" (reward/mean) then each component reward/<name>/mean."""
+    names = ["total"] if "reward/mean" in frame.columns else []
+    for col in frame.columns:
+        parts = col.split("/")
+        if len(parts) == 3 and parts[0] == "reward" and parts[2] == "mean":
+            names.append(parts[1])
+    return names
+
+
+def reward_figure(frames: Mapping[str, pd.DataFrame], title: str = "Reward") -> go.Figure:
+    """Training reward per step, mean line ± std band, for each run (label → metrics frame) and each reward
+    it logged; the deterministic eval reward (eval/reward/mean) as markers.
+
+    A band uses reward/std (total) or reward/<name>/std (component) when logged. Trace names are
+    ``<label> · <reward>``, ``<label> · <reward> ± std`` and ``<label> · eval``.
+    """
+    fig = go.Figure()
+    for i, (label, frame) in enumerate(frames.items()):
+        color = _COLORS[i % len(_COLORS)]
+        for j, name in enumerate(reward_names(frame)):
+            mean_key = "reward/mean" if name == "total" else f"reward/{name}/mean"
+            std_key = "reward/std" if name == "total" else f"reward/{name}/std"
+            rows = frame[["step", mean_key] + ([std_key] if std_key in frame.columns else [])].dropna(
+                subset=[mean_key]
+            )
+            if rows.empty:
+                continue
+            dash = "solid" if j == 0 else ("dot", "dash", "dashdot")[(j - 1) % 3]
+            prefix = f"{label} · " if label else ""
+            if std_key in rows.columns:
+                std = rows[std_key].fillna(0.0)
+                x = list(rows["step"]) + list(rows["step"][::-1])
+                y = list(rows[mean_key] + std) + list((rows[mean_key] - std)[::-1])
+                fig.add_trace(
+                    go.Scatter(
+                        x=x, y=y, fill="toself", fillcolor=_rgba(color, 0.15), line={"width": 0},
+                        hoverinfo="skip", name=f"{prefix}{name} ± std", showlegend=False,
+                    )
+                )  # fmt: skip
+            fig.add_trace(
+                go.Scatter(
+                    x=rows["step"], y=rows[mean_key], mode="lines+markers", name=f"{prefix}{name}",
+                    line={"color": color, "dash": dash},
+                )
+            )  # fmt: skip
+        if "eval/reward/mean" in frame.columns:
+            rows = frame[["step", "eval/reward/mean"]].dropna()
+            if not rows.empty:
+                fig.add_trace(
+                    go.Scatter(
+                        x=rows["step"], y=rows["eval/reward/mean"], mode="markers",
+                        marker={"symbol": "diamond", "size": 9, "color": color},
+                        name=f"{label + ' · ' if label else ''}eval",
+                    )
+                )  # fmt: skip
+    if not fig.data:
+        return _empty(title)
+    fig.update_layout(
+        title=title, xaxis_title="step", yaxis_title="reward", height=360,
+        margin={"l": 50, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h", "y": -0.2},
+    )  # fmt: skip
+    return fig
+
+
+def time_breakdown_figure(frame: pd.DataFrame, title: str = "Step time") -> go.Figure:
+    """Stacked bars per step: sampling / reward / update forward / update backward (seconds)."""
+    fig = go.Figure()
+    for key, label in TIME_PHASES:
+        if key in frame.columns:
+            fig.add_trace(go.Bar(x=frame["step"], y=frame[key].fillna(0.0), name=label))
+    if not fig.data:
+        return _empty(title)
+    fig.update_layout(
+        barmode="stack", title=title, xaxis_title="step", yaxis_title="seconds", height=320,
+        margin={"l": 50, "r": 20, "t": 50, "b": 40},
+    )  # fmt: skip
+    return fig
+
+
+def pass_counts_figure(
+    frame: pd.DataFrame, title: str = "Transformer passes in the update phase"
+) -> go.Figure:
+    """count/forward and count/backward per step (JAGG: two backward passes per window)."""
+    fig = go.Figure()
+    for key, label in (("count/forward", "forward"), ("count/backward", "backward")):
+        if key in frame.columns:
+            fig.add_trace(go.Bar(x=frame["step"], y=frame[key], name=label))
+    if not fig.data:
+        return _empty(title)
+    fig.update_layout(
+        barmode="group", title=title, xaxis_title="step", yaxis_title="passes", height=300,
+        margin={"l": 50, "r": 20, "t": 50, "b": 40},
+    )  # fmt: skip
+    return fig
+
+
+def probe_figure(
+    probes: Sequence[Mapping[str, Any]], title: str = "Gradient cosine, JAGG vs exact"
+) -> go.Figure:
+    """Cosine per group index (high noise first), one line per probed step and method."""
+    if not probes:
+        return _empty(title, "no probes (set probe_every > 0)")
+    frame = pd.DataFrame(list(probes))
+    frame = frame.groupby(["method", "step", "group_index"], as_index=False)["cosine"].mean()
+    fig = go.Figure()
+    for (method, step), rows in frame.groupby(["method", "step"]):
+        rows = rows.sort_values("group_index")
+        fig.add_trace(
+            go.Scatter(
+                x=rows["group_index"], y=rows["cosine"], mode="lines+markers", name=f"{method} @ step {step}"
+            )
+        )
+    fig.update_layout(
+        title=title, xaxis_title="group (0 = highest noise)", yaxis_title="cosine", yaxis_range=[-1.05, 1.05],
+        height=300, margin={"l": 50, "r": 20, "t": 50, "b": 40},
+    )  # fmt: skip
+    return fig
+
+
+def _rgba(hex_color: str, alpha: float) -> str:
+    h = hex_color.lstrip("#")
+    r, g, b = (int(h[i : i + 2], 16) for i in (0, 2, 4))
+    return f"rgba({r},{g},{b},{alpha})"
+
+
+# ---------------------------------------------------------------------------------------------- speedup
+
+
+def update_time(frame: pd.DataFrame, skip_first: bool = True) -> float | None:
+    """Median update-phase seconds per step (time/update, else forward + backward); the first step is left
+    out when there are others (it pays one-off warm-up costs)."""
+    if "time/update" in frame.columns:
+        series = frame["time/update"]
+    elif {"time/update_forward", "time/update_backward"} <= set(frame.columns):
+        series = frame["time/update_forward"] + frame["time/update_backward"]
+    else:
+        return None
+    series = series.dropna()
+    if skip_first and len(series) > 1:
+        series = series.iloc[1:]
+    return None if series.empty else float(series.median())
+
+
+def paired_exact_run(store: RunStore, run: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The exact-backward run paired with ``run`` (linked either way by paired_run_id), if any."""
+    candidates = []
+    if run.get("paired_run_id") is not None:
+        other = store.get_run(run["paired_run_id"])
+        if other is not None:
+            candidates.append(other)
+    candidates += [r for r in store.list_runs() if r.get("paired_run_id") == run["id"]]
+    for other in candidates:
+        if other["config"].get("strategy") == "exact" and other["id"] != run["id"]:
+            return other
+    return None
+
+
+def speedup_frame(store: RunStore, run_id: int, r: float) -> pd.DataFrame:
+    """One-row table: update-phase seconds/step of this run and of its paired exact run, the measured
+    speedup (exact / this) and the cost-model prediction for this run's W, jagg_frac and ``r``."""
+    run = store.get_run(run_id)
+    if run is None:
+        return pd.DataFrame()
+    cfg = run["config"]
+    mine = update_time(store.metrics_frame(run_id))
+    exact = paired_exact_run(store, run) if cfg.get("strategy") != "exact" else None
+    exact_time = update_time(store.metrics_frame(exact["id"])) if exact else None
+    measured = exact_time / mine if exact_time and mine else None
+    predicted = config_speedup(cfg, r)
+    return pd.DataFrame(
+        [
+            {
+                "run": f"#{run_id} ({cfg.get('strategy')})",
+                "update s/step": _round(mine),
+                "paired exact run": f"#{exact['id']}" if exact else "-",
+                "exact update s/step": _round(exact_time),
+                "measured speedup": _round(measured, 3),
+                "predicted speedup": _round(predicted, 3),
+                "r": r,
+            }
+        ]
+    )
+
+
+def _round(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None or not math.isfinite(value) else round(value, digits)
+
+
+# ---------------------------------------------------------------------------------------------- compare
+
+
+def compare_frame(store: RunStore, run_ids: Iterable[int], r: float) -> pd.DataFrame:
+    """Per run: final reward, wall time, total and per-step update-phase time, speedup over the exact run
+    among the selection (else its paired exact run) and the cost-model prediction."""
+    runs = [run for run in (store.get_run(i) for i in run_ids) if run is not None]
+    finals = {r_["id"]: r_.get("final_reward") for r_ in store.list_runs()}
+    frames = {run["id"]: store.metrics_frame(run["id"]) for run in runs}
+    exact_in_selection = next((run for run in runs if run["config"].get("strategy") == "exact"), None)
+    rows = []
+    for run in runs:
+        cfg = run["config"]
+        frame = frames[run["id"]]
+        per_step = update_time(frame)
+        total = float(frame["time/update"].sum()) if "time/update" in frame.columns else None
+        exact = exact_in_selection or paired_exact_run(store, run)
+        if exact is not None and exact["id"] not in frames:
+            frames[exact["id"]] = store.metrics_frame(exact["id"])
+        exact_time = update_time(frames[exact["id"]]) if exact is not None else None
+        rows.append(
+            {
+                "run": run_label(run),
+                "final reward": _round(finals.get(run["id"])),
+                "wall time (s)": _round(run_duration(run), 1),
+                "update time (s)": _round(total, 2),
+                "update s/step": _round(per_step),
+                "speedup vs exact": _round(exact_time / per_step, 3) if exact_time and per_step else None,
+                "predicted": _round(config_speedup(cfg, r), 3),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def config_diff(configs: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
+    """Fields whose values differ between runs (label → config dict): one row per field, one column per run."""
+    labels = list(configs)
+    keys = sorted({k for cfg in configs.values() for k in cfg})
+    rows = []
+    for key in keys:
+        values = [configs[label].get(key) for label in labels]
+        if any(v != values[0] for v in values[1:]):
+            rows.append({"field": key, **{label: _show(v) for label, v in zip(labels, values)}})
+    return pd.DataFrame(rows, columns=["field", *labels])
+
+
+def _show(value: Any) -> str:
+    return "null" if value is None else str(value)
+
+
+# ---------------------------------------------------------------------------------------------- images
+
+
+def safe_image_path(
+    run_dir: str | os.PathLike[str] | None, rel: str, runs_root: str | os.PathLike[str]
+) -> str | None:
+    """The absolute path of a sample image if it resolves (symlinks followed) to an existing image file
+    inside ``runs_root``; None otherwise. The gallery shows nothing else."""
+    if not run_dir:
+        return None
+    root = Path(runs_root).resolve()
+    path = (Path(run_dir) / rel).resolve()
+    if not path.is_relative_to(root) or path == root:
+        return None
+    if path.suffix.lower() not in IMAGE_SUFFIXES or not path.is_file():
+        return None
+    return str(path)
+
+
+def _caption(sample: Mapping[str, Any], with_step: bool = True) -> str:
+    parts = [f"step {sample['step']}"] if with_step else []
+    parts.append(sample.get("prompt") or "")
+    if sample.get("seed") is not None:
+        parts.append(f"seed {sample['seed']}")
+    if sample.get("reward") is not None:
+        parts.append(f"reward {float(sample['reward']):.3f}")
+    return " · ".join(p for p in parts if p)
+
+
+def gallery_items(
+    store: RunStore, run_id: int, runs_root: str | os.PathLike[str], kind: str = "eval", limit: int = 48
+) -> list[tuple[str, str]]:
+    """(image path, caption) of the run's samples, newest step first, then by prompt and seed; captions
+    carry step, prompt, seed and reward. Paths outside the runs folder are dropped."""
+    run = store.get_run(run_id)
+    if run is None:
+        return []
+    samples = sorted(
+        store.samples(run_id, kind), key=lambda s: (-s["step"], s.get("prompt") or "", s.get("seed") or 0)
+    )
+    items = []
+    for s in samples:
+        path = safe_image_path(run["run_dir"], s["path"], runs_root)
+        if path is not None:
+            items.append((path, _caption(s)))
+        if len(items) >= limit:
+            break
+    return items
+
+
+def side_by_side(
+    store: RunStore, run_ids: Sequence[int], runs_root: str | os.PathLike[str], limit_pairs: int = 8
+) -> list[tuple[str, str]]:
+    """Eval images of the same prompt and seed from each run, at each run's last eval step, in rows of
+    len(run_ids): [run A (p0, s0), run B (p0, s0), run A (p1, s0), …]. Only prompt+seed pairs every run
+    has are shown."""
+    per_run: list[dict[tuple[str, int], tuple[str, str]]] = []
+    for run_id in run_ids:
+        run = store.get_run(run_id)
+        samples = store.samples(run_id, "eval") if run else []
+        if not samples:
+            return []
+        last = max(s["step"] for s in samples)
+        found = {}
+        for s in samples:
+            if s["step"] != last:
+                continue
+            path = safe_image_path(run["run_dir"], s["path"], runs_root)
+            if path is not None:
+                found[(s.get("prompt") or "", s.get("seed") or 0)] = (
+                    path,
+                    f"#{run_id} {run['config'].get('strategy')} · " + _caption(s),
+                )
+        per_run.append(found)
+    common = sorted(set.intersection(*(set(f) for f in per_run))) if per_run else []
+    items = []
+    for key in common[:limit_pairs]:
+        items += [found[key] for found in per_run]
+    return items
+
+
+# ---------------------------------------------------------------------------------------------- logs
+
+
+def log_tail(run_dir: str | os.PathLike[str] | None, lines: int = 40, max_bytes: int = 32_768) -> str:
+    """The last lines of the run's train.log, else of stdout.log (what the subprocess printed)."""
+    if not run_dir:
+        return ""
+    for name in ("train.log", "stdout.log"):
+        path = Path(run_dir) / name
+        try:
+            with path.open("rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                size = fh.tell()
+                fh.seek(max(0, size - max_bytes))
+                data = fh.read()
+        except OSError:
+            continue
+        text = data.decode("utf-8", errors="replace")
+        if text.strip():
+            return "\n".join(text.splitlines()[-lines:])
+    return ""

@@ -1,0 +1,264 @@
+"""Run lifecycle for the app: create, queue, launch as a subprocess, cancel, and re-attach after a restart.
+
+The database is the source of truth, so nothing here needs to survive the app process:
+
+* A run is created ``queued`` with its validated config (``store.create_run``) and its folder
+  ``<runs_dir>/run-<id>``; it has no pid until it is launched.
+* :meth:`RunManager.tick` (driven by the app's timer) marks dead runs failed (``check_liveness``), reaps
+  finished children, escalates overdue cancels, and starts queued runs without a pid, oldest first, while
+  fewer than ``max_concurrent`` runs are active. A restarted app reads the same rows and carries on.
+* A launched run is ``[python, -m, jagg_engine.cli, train, --run-id, ID, --runs-dir, DIR]`` in its own
+  session (so its own process group), stdout/stderr appended to ``<run_dir>/stdout.log``. It outlives the
+  app and browser reloads. The trainer sets running / finished / failed / cancelled itself.
+* Cancel is cooperative first (``store.request_cancel``; the trainer stops between steps, saves, marks
+  cancelled); a run still alive ``cancel_timeout`` seconds later has its process group sent SIGTERM, then
+  SIGKILL, and is marked cancelled.
+
+No torch here: this module only starts and watches processes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from jagg_engine.store import RunStore, StoreError, open_store, pid_alive
+
+CommandFactory = Callable[[int, Path], list[str]]
+KILL_GRACE_S = 5.0  # between SIGTERM and SIGKILL of an overdue run's process group
+
+
+def train_command(run_id: int, runs_dir: Path) -> list[str]:
+    """The trainer's command line for a run the app created (the trainer reads the config from the DB)."""
+    return [
+        sys.executable,
+        "-m",
+        "jagg_engine.cli",
+        "train",
+        "--run-id",
+        str(run_id),
+        "--runs-dir",
+        str(runs_dir),
+    ]
+
+
+class RunManager:
+    """Creates, starts, queues and cancels runs of one runs folder. Thread-safe; one per app process."""
+
+    def __init__(
+        self,
+        runs_dir: str | os.PathLike[str],
+        command: CommandFactory = train_command,
+        max_concurrent: int = 1,
+        cancel_timeout: float = 60.0,
+        env: Mapping[str, str] | None = None,
+    ):
+        self.runs_dir = Path(runs_dir).resolve()
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        self.store: RunStore = open_store(self.runs_dir)
+        self.command = command
+        self.max_concurrent = max_concurrent
+        self.cancel_timeout = cancel_timeout
+        self.env = dict(env) if env is not None else None
+        self._children: dict[int, subprocess.Popen] = {}  # run_id → process started by this app process
+        self._cancel_deadline: dict[int, float] = {}  # run_id → when to stop waiting for a cooperative stop
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------------ create / queue
+    def create(self, config: Mapping[str, Any], paired_run_id: int | None = None) -> int:
+        """Insert a queued run with a validated config (TrainConfig.to_dict()) and make its folder."""
+        config = dict(config)
+        with self._lock:
+            run_id = self.store.create_run(str(config.get("name", "run")), config, None, paired_run_id)
+            run_dir = self.runs_dir / f"run-{run_id:04d}"  # as `jagg train` names it
+            run_dir.mkdir(parents=True, exist_ok=True)
+            self.store.set_run_dir(run_id, run_dir)
+        return run_id
+
+    def create_pair(self, config: Mapping[str, Any]) -> tuple[int, int]:
+        """Two runs with the same config, prompts and seeds, exact then jagg, linked both ways by
+        paired_run_id. Queued in that order, so on one CPU the exact run trains first."""
+        base = dict(config)
+        name = str(base.get("name", "run"))
+        exact_id = self.create({**base, "strategy": "exact", "name": f"{name}-exact"})
+        jagg_id = self.create({**base, "strategy": "jagg", "name": f"{name}-jagg"}, paired_run_id=exact_id)
+        self.store.set_paired(exact_id, jagg_id)
+        return exact_id, jagg_id
+
+    def pending(self) -> list[dict[str, Any]]:
+        """Queued runs not yet launched (no pid), oldest first."""
+        runs = [r for r in self.store.list_runs() if r["status"] == "queued" and r["pid"] is None]
+        return sorted(runs, key=lambda r: r["id"])
+
+    def active(self) -> list[dict[str, Any]]:
+        """Launched runs whose process is alive (queued-with-pid or running)."""
+        return [
+            r
+            for r in self.store.list_runs()
+            if r["status"] in ("queued", "running") and r["pid"] is not None and pid_alive(r["pid"])
+        ]
+
+    # ------------------------------------------------------------------ launch
+    def start(self, run_id: int) -> int:
+        """Launch a queued run now (own process group, output appended to stdout.log); returns the pid."""
+        with self._lock:
+            run = self.store.get_run(run_id)
+            if run is None:
+                raise StoreError(f"no run with id {run_id}")
+            if run["status"] != "queued" or run["pid"] is not None:
+                raise StoreError(
+                    f"run {run_id}: is {run['status']} (pid {run['pid']}); only a queued run starts"
+                )
+            run_dir = Path(run["run_dir"])
+            run_dir.mkdir(parents=True, exist_ok=True)
+            with (run_dir / "stdout.log").open("ab") as log:
+                proc = subprocess.Popen(
+                    self.command(run_id, self.runs_dir),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # own session and process group: survives the app, killable as one
+                    cwd=os.getcwd(),
+                    env=self.env,
+                )
+            self._children[run_id] = proc
+            self.store.set_pid(run_id, proc.pid)
+            return proc.pid
+
+    def tick(self) -> list[int]:
+        """One pass of the queue runner; returns the ids started. Called by the app's timer."""
+        with self._lock:
+            self._reap()
+            self.store.check_liveness()
+            self._escalate_cancels()
+            started = []
+            room = self.max_concurrent - len(self.active())
+            for run in self.pending()[: max(0, room)]:
+                if run["cancel_requested"]:
+                    continue
+                self.start(run["id"])
+                started.append(run["id"])
+            return started
+
+    # ------------------------------------------------------------------ cancel
+    def cancel(self, run_id: int) -> str:
+        """Stop a run: a queued run not yet launched is marked cancelled at once; a launched one is asked to
+        stop (cooperative) and killed by :meth:`tick` if still alive after ``cancel_timeout`` seconds."""
+        with self._lock:
+            run = self.store.get_run(run_id)
+            if run is None:
+                raise StoreError(f"no run with id {run_id}")
+            if run["status"] not in ("queued", "running"):
+                return f"run {run_id} is already {run['status']}"
+            if run["pid"] is None:
+                self.store.set_status(run_id, "cancelled", error="cancelled before it started")
+                return f"run {run_id} cancelled (it had not started)"
+            self.store.request_cancel(run_id)
+            self._cancel_deadline[run_id] = time.time() + self.cancel_timeout
+            return f"run {run_id}: stop requested; killed if still running in {self.cancel_timeout:.0f} s"
+
+    def _escalate_cancels(self) -> None:
+        now = time.time()
+        for run in self.store.list_runs():
+            if (
+                run["status"] not in ("queued", "running")
+                or not run["cancel_requested"]
+                or run["pid"] is None
+            ):
+                self._cancel_deadline.pop(run["id"], None)
+                continue
+            # A cancel requested before an app restart gets a fresh deadline from now.
+            deadline = self._cancel_deadline.setdefault(run["id"], now + self.cancel_timeout)
+            if now >= deadline:
+                self.kill(run["id"])
+
+    def kill(self, run_id: int) -> None:
+        """SIGTERM the run's process group, SIGKILL it after a grace period, and mark the run cancelled."""
+        run = self.store.get_run(run_id)
+        if run is None or run["pid"] is None:
+            return
+        pid = int(run["pid"])
+        kill_group(pid)
+        self._reap()
+        self._cancel_deadline.pop(run_id, None)
+        run = self.store.get_run(run_id)
+        if run is not None and run["status"] in ("queued", "running"):
+            try:
+                self.store.set_status(
+                    run_id, "cancelled", error="killed: did not stop after the cancel request"
+                )
+            except StoreError:
+                pass  # the trainer reported a final status meanwhile
+
+    def _reap(self) -> None:
+        for run_id, proc in list(self._children.items()):
+            if proc.poll() is not None:
+                del self._children[run_id]
+
+    def shutdown(self) -> None:
+        """Forget the children (they keep running) and close the store."""
+        self._children.clear()
+        try:
+            self.store.close()
+        except Exception:  # already closed
+            pass
+
+
+def kill_group(pid: int, grace: float = KILL_GRACE_S) -> None:
+    """SIGTERM the process group led by ``pid`` (a session leader we started), then SIGKILL it after
+    ``grace`` seconds if any member is left."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return
+    deadline = time.time() + grace
+    while time.time() < deadline:
+        if not group_alive(pid):
+            return
+        _reap_pid(pid)
+        time.sleep(0.05)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return
+    for _ in range(100):
+        _reap_pid(pid)
+        if not group_alive(pid):
+            return
+        time.sleep(0.05)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process is in process group ``pgid``."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue
+        # fields after the command: state, ppid, pgrp, ...
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+def _reap_pid(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass

@@ -1,0 +1,502 @@
+"""The Gradio app: new run, live view, compare, history. ``build_app(runs_dir) -> gr.Blocks``.
+
+Only wiring lives here: reading the form into a :class:`TrainConfig` (validated by the config module,
+errors shown inline), calling :class:`app.runs.RunManager` for lifecycle, and :mod:`app.data` for every
+table and figure. Nothing is built at import time. Every event has an ``api_name`` so gradio_client (and
+scripts) can drive the app the same way the browser does.
+
+Space mode (a Hugging Face Space: ``SPACE_ID`` is set) offers tiny-shapes only, caps steps, runs one run at a
+time and accepts no filesystem path.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from app import data
+from app.runs import CommandFactory, RunManager, train_command
+from jagg_engine.store import StoreError
+from jagg_engine.train.config import ALGORITHMS, STRATEGIES, ConfigError, TrainConfig
+
+BACKBONE_CHOICES = ("tiny-shapes", "flux", "qwen-image", "sd3")
+SPACE_BACKBONES = ("tiny-shapes",)
+SPACE_MAX_STEPS = 30
+# Keys that name files or folders (or carry options that may): refused in space mode.
+PATH_KEYS = (
+    "model_path",
+    "prompts_file",
+    "eval_prompts_file",
+    "output_dir",
+    "backbone_options",
+    "reward_options",
+)
+TICK_S = 2.0
+
+
+def space_mode_from_env() -> bool:
+    """A Hugging Face Space sets SPACE_ID in the environment."""
+    return bool(os.environ.get("SPACE_ID"))
+
+
+def has_gpu() -> bool:
+    """An NVIDIA driver is present (decides the default r; the app itself never imports torch)."""
+    return Path("/proc/driver/nvidia/version").exists() or shutil.which("nvidia-smi") is not None
+
+
+# ---------------------------------------------------------------------------------------------- form → config
+
+
+def parse_rewards(text: str) -> dict[str, float]:
+    """``"shapes-dense: 1.0, pickscore: 0.5"`` (commas or new lines; a bare name weighs 1) → dict."""
+    rewards: dict[str, float] = {}
+    for item in text.replace("\n", ",").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, sep, weight = item.partition(":")
+        if not sep:
+            name, sep, weight = item.partition("=")
+        try:
+            rewards[name.strip()] = float(weight) if sep else 1.0
+        except ValueError:
+            raise ConfigError(
+                f"rewards: weight of {name.strip()!r} must be a number, got {weight.strip()!r}"
+            ) from None
+    return rewards
+
+
+def parse_overrides(text: str) -> list[str]:
+    """One ``key=value`` a line (or separated by spaces when no value holds a space)."""
+    items = []
+    for line in (text or "").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        items += line.split() if "=" in line and line.count("=") == len(line.split()) else [line]
+    return items
+
+
+def form_config(
+    runs_dir: str | os.PathLike[str],
+    name: str,
+    backbone: str,
+    model_path: str,
+    rewards: str,
+    algorithm: str,
+    window: float,
+    jagg_frac: float,
+    strategy: str,
+    steps: float,
+    group_size: float,
+    lr: float,
+    seed: float,
+    processes: float,
+    overrides: str,
+    space_mode: bool = False,
+) -> TrainConfig:
+    """The form's values → a validated TrainConfig; raises ConfigError with the one-line message."""
+    values: dict[str, Any] = {
+        "name": (name or "").strip() or backbone,
+        "backbone": backbone,
+        "model_path": (model_path or "").strip() or None,
+        "rewards": parse_rewards(rewards or ""),
+        "algorithm": algorithm,
+        "window": window,
+        "jagg_frac": jagg_frac,
+        "strategy": strategy,
+        "steps": steps,
+        "group_size": group_size,
+        "lr": lr,
+        "seed": seed,
+        "processes": processes,
+    }
+    for key, value in values.items():
+        if value is None and key not in ("model_path",):
+            raise ConfigError(f"{key}: must not be empty")
+    extra = parse_overrides(overrides)
+    if space_mode:
+        if backbone not in SPACE_BACKBONES:
+            raise ConfigError(
+                f"backbone: this Space offers only {', '.join(SPACE_BACKBONES)}, got {backbone!r}"
+            )
+        if values["model_path"] is not None:
+            raise ConfigError("model_path: this Space accepts no file or folder paths")
+        for item in extra:
+            key = item.partition("=")[0].strip()
+            if key in PATH_KEYS:
+                raise ConfigError(f"{key}: this Space accepts no file or folder paths")
+    cfg = TrainConfig.from_dict(values).apply_overrides(extra)
+    cfg = TrainConfig.from_dict({**cfg.to_dict(), "output_dir": str(Path(runs_dir).resolve())})
+    if space_mode:
+        if cfg.steps > SPACE_MAX_STEPS:
+            raise ConfigError(f"steps: this Space caps a run at {SPACE_MAX_STEPS} steps, got {cfg.steps}")
+        if cfg.processes != 1:
+            raise ConfigError(f"processes: this Space runs one process, got {cfg.processes}")
+    return cfg.validate(check_environment=True)
+
+
+def speedup_note(window: float | None, jagg_frac: float | None, strategy: str, r: float | None) -> str:
+    """The cost-model line shown under the form before launch."""
+    try:
+        w, f, r_ = int(window), float(jagg_frac), float(r)
+        if w < 2 or not 0 <= f <= 1 or r_ <= 0:
+            raise ValueError
+    except (TypeError, ValueError):
+        return "Predicted update-phase speedup: needs W ≥ 2, jagg_frac in [0, 1] and r > 0."
+    s = data.predicted_speedup(w, r_, f, "jagg" if strategy != "exact" else "exact")
+    if strategy == "exact":
+        return f"Predicted update-phase speedup: **1.00×** (strategy exact is the baseline; W·r = {w * r_:.1f} units per window)."
+    return (
+        f"Predicted update-phase speedup over exact: **{s:.2f}×** (cost model, W = {w}, jagg_frac = {f:g}, "
+        f"r = {r_:g}: exact {w * r_:.1f} units per window, {strategy} {w - 2 + 2 * r_:.1f})."
+    )
+
+
+# ---------------------------------------------------------------------------------------------- the app
+
+
+def build_app(
+    runs_dir: str | os.PathLike[str],
+    space_mode: bool | None = None,
+    *,
+    command: CommandFactory = train_command,
+    max_concurrent: int = 1,
+    cancel_timeout: float = 60.0,
+    r_default: float | None = None,
+    background_ticks: bool = True,
+) -> gr.Blocks:
+    """Build the Blocks of the app over ``runs_dir`` (created if missing; its jagg.db holds the history).
+
+    On build, runs left from an earlier app process are re-attached: dead ones are marked failed and queued
+    ones start. ``background_ticks`` also runs the queue every TICK_S seconds without a browser open (the
+    page's timer does the same while one is). ``demo.jagg_manager`` is the RunManager,
+    ``demo.jagg_runs_dir`` the resolved folder to pass as ``allowed_paths``.
+    """
+    space = space_mode_from_env() if space_mode is None else space_mode
+    root = Path(runs_dir).resolve()
+    manager = RunManager(root, command=command, max_concurrent=max_concurrent, cancel_timeout=cancel_timeout)
+    manager.tick()
+    r0 = r_default if r_default is not None else data.default_r(has_gpu())
+    defaults = TrainConfig()
+    backbones = SPACE_BACKBONES if space else BACKBONE_CHOICES
+    max_steps = SPACE_MAX_STEPS if space else None
+
+    # ------------------------------------------------------------------ handlers (plain functions)
+    def run_choices() -> list[tuple[str, int]]:
+        return [(data.run_label(r), r["id"]) for r in manager.store.list_runs()]
+
+    def default_run() -> int | None:
+        runs = manager.store.list_runs()
+        live = [r for r in runs if r["status"] in ("running", "queued")]
+        return (live[-1] if live else runs[0])["id"] if runs else None
+
+    def refuse_if_busy() -> None:
+        if space and (manager.active() or manager.pending()):
+            raise ConfigError("this Space trains one run at a time; wait for the current run or cancel it")
+
+    def launch(*form: Any) -> tuple[str, int | None, Any]:
+        try:
+            refuse_if_busy()
+            cfg = form_config(root, *form, space_mode=space)
+        except ConfigError as exc:
+            return f"❌ **Not launched.** {exc}", None, gr.skip()
+        run_id = manager.create(cfg.to_dict())
+        started = manager.tick()
+        where = "started" if run_id in started else "queued (starts when the current run finishes)"
+        return f"✅ Run #{run_id} {where}.", run_id, gr.update(choices=run_choices(), value=run_id)
+
+    def launch_pair(*form: Any) -> tuple[str, int | None, Any]:
+        try:
+            refuse_if_busy()
+            cfg = form_config(root, *form, space_mode=space)
+        except ConfigError as exc:
+            return f"❌ **Not launched.** {exc}", None, gr.skip()
+        exact_id, jagg_id = manager.create_pair(cfg.to_dict())
+        manager.tick()
+        return (
+            f"✅ Pair queued: exact #{exact_id}, then JAGG #{jagg_id} (same config, prompts and seeds; the second "
+            f"starts when the first finishes).",
+            jagg_id,
+            gr.update(choices=run_choices(), value=exact_id),
+        )
+
+    def predict(window: float, jagg_frac: float, strategy: str, r: float) -> str:
+        return speedup_note(window, jagg_frac, strategy, r)
+
+    def live_view(run_id: int | None, r: float) -> tuple[Any, ...]:
+        run = manager.store.get_run(int(run_id)) if run_id not in (None, "") else None
+        if run is None:
+            empty = data._empty("Reward", "pick a run")
+            return ("No run selected.", empty, empty, pd.DataFrame(), empty, empty, [], "")
+        frame = manager.store.metrics_frame(run["id"])
+        log = data.log_tail(run["run_dir"])
+        if run["status"] == "failed" and run.get("error") and not log:
+            log = run["error"]
+        return (
+            data.progress_markdown(run),
+            data.reward_figure({"": frame}, title=f"Reward — run #{run['id']}"),
+            data.time_breakdown_figure(frame),
+            data.speedup_frame(manager.store, run["id"], float(r or r0)),
+            data.pass_counts_figure(frame),
+            data.probe_figure(manager.store.probes(run["id"])),
+            data.gallery_items(manager.store, run["id"], root),
+            log,
+        )
+
+    def live_signature(run_id: int | None) -> tuple:
+        run = manager.store.get_run(int(run_id)) if run_id not in (None, "") else None
+        if run is None:
+            return (None,)
+        log = Path(run["run_dir"] or ".") / "train.log"
+        stdout = Path(run["run_dir"] or ".") / "stdout.log"
+        sizes = tuple(p.stat().st_size if p.exists() else -1 for p in (log, stdout))
+        return (run["id"], run["status"], run["last_step"], len(manager.store.samples(run["id"])), sizes)
+
+    def on_tick(run_id: int | None, r: float, seen: Any, list_seen: Any) -> tuple[Any, ...]:
+        manager.tick()
+        sig = live_signature(run_id)
+        runs_sig = tuple((x["id"], x["status"]) for x in manager.store.list_runs())
+        choices_update = (
+            gr.update(choices=run_choices()) if list(runs_sig) != list(list_seen or []) else gr.skip()
+        )
+        if list(sig) == list(seen or []):
+            return (*(gr.skip() for _ in range(8)), seen, choices_update, runs_sig)
+        return (*live_view(run_id, r), sig, choices_update, runs_sig)
+
+    def on_load(r: float) -> tuple[Any, ...]:
+        run_id = default_run()
+        return (gr.update(choices=run_choices(), value=run_id), *live_view(run_id, r))
+
+    def cancel(run_id: int | None) -> str:
+        if run_id in (None, ""):
+            return "No run selected."
+        try:
+            return manager.cancel(int(run_id))
+        except StoreError as exc:
+            return f"❌ {exc}"
+
+    def compare(run_ids: list[int] | None, r: float) -> tuple[Any, ...]:
+        ids = [int(i) for i in (run_ids or [])]
+        runs = [run for run in (manager.store.get_run(i) for i in ids) if run is not None]
+        if len(runs) < 2:
+            empty = data._empty("Reward", "pick two or more runs")
+            return empty, pd.DataFrame(), pd.DataFrame(), []
+        frames = {
+            f"#{run['id']} {run['config'].get('strategy')}": manager.store.metrics_frame(run["id"])
+            for run in runs
+        }
+        configs = {f"#{run['id']}": run["config"] for run in runs}
+        return (
+            data.reward_figure(frames, title="Reward"),
+            data.compare_frame(manager.store, ids, float(r or r0)),
+            data.config_diff(configs),
+            data.side_by_side(manager.store, ids, root),
+        )
+
+    def history() -> pd.DataFrame:
+        return data.history_frame(manager.store)
+
+    def delete(run_id: float | None, delete_files: bool) -> tuple[str, pd.DataFrame]:
+        if run_id is None:
+            return "Enter a run id.", history()
+        try:
+            removed = manager.store.delete_run(int(run_id), delete_files=bool(delete_files))
+        except StoreError as exc:
+            return f"❌ {exc}", history()
+        return f"Run #{int(run_id)} deleted{' with its folder' if removed else ''}.", history()
+
+    def export(run_id: float | None) -> tuple[str, list[str] | None]:
+        if run_id is None:
+            return "Enter a run id.", None
+        try:
+            csv_path, json_path = manager.store.export_run(int(run_id), root / "exports")
+        except StoreError as exc:
+            return f"❌ {exc}", None
+        return f"Exported run #{int(run_id)}.", [str(csv_path), str(json_path)]
+
+    # ------------------------------------------------------------------ layout
+    with gr.Blocks(title="JAGG Studio") as demo:
+        gr.Markdown(
+            "# JAGG Studio\nGRPO for flow-matching image transformers, with JAGG: two endpoint backward passes "
+            "per window of W denoising steps instead of W."
+            + (
+                f"\n\n*Space mode: tiny-shapes only, at most {SPACE_MAX_STEPS} steps, one run at a time.*"
+                if space
+                else ""
+            )
+        )
+        run_seen = gr.State(None)
+        list_seen = gr.State(None)
+        with gr.Tabs():
+            with gr.Tab("New run"):
+                with gr.Row():
+                    name = gr.Textbox(label="name", value=defaults.name, scale=2)
+                    backbone = gr.Dropdown(list(backbones), value="tiny-shapes", label="backbone")
+                    model_path = gr.Textbox(
+                        label="model path (local folder or hub id; empty = the backbone's default)",
+                        visible=not space,
+                        scale=2,
+                    )
+                with gr.Row():
+                    rewards = gr.Textbox(
+                        label="rewards (name: weight, …)",
+                        value=", ".join(f"{k}: {v:g}" for k, v in defaults.rewards.items()),
+                        info="shapes, shapes-dense, brightness, colorfulness, jpeg_compressibility, "
+                        "jpeg_incompressibility, pickscore, clipscore, hpsv2",
+                        scale=2,
+                    )
+                    algorithm = gr.Dropdown(list(ALGORITHMS), value=defaults.algorithm, label="algorithm")
+                    strategy = gr.Dropdown(list(STRATEGIES), value=defaults.strategy, label="strategy")
+                with gr.Row():
+                    window = gr.Number(value=defaults.window, precision=0, label="W (window)")
+                    jagg_frac = gr.Slider(0.0, 1.0, value=defaults.jagg_frac, step=0.05, label="jagg_frac")
+                    steps = gr.Number(
+                        value=min(defaults.steps, max_steps or defaults.steps), precision=0, label="steps"
+                    )
+                    group_size = gr.Number(value=defaults.group_size, precision=0, label="group size")
+                with gr.Row():
+                    lr = gr.Number(value=defaults.lr, label="lr")
+                    seed = gr.Number(value=defaults.seed, precision=0, label="seed")
+                    processes = gr.Number(value=1, precision=0, label="processes", interactive=not space)
+                    r_input = gr.Number(value=r0, label="r = cost of forward+backward / forward")
+                overrides = gr.Textbox(
+                    label="more settings (key=value, one a line)",
+                    placeholder="sampling_steps=6\nprompts_per_step=2\neval_every=5",
+                    lines=3,
+                )
+                prediction = gr.Markdown(
+                    speedup_note(defaults.window, defaults.jagg_frac, defaults.strategy, r0)
+                )
+                with gr.Row():
+                    launch_btn = gr.Button("Launch", variant="primary")
+                    pair_btn = gr.Button("Compare exact vs JAGG")
+                launch_msg = gr.Markdown()
+                launched_id = gr.Number(label="launched run id", precision=0, interactive=False)
+
+            with gr.Tab("Live"):
+                with gr.Row():
+                    live_run = gr.Dropdown(
+                        choices=run_choices(),
+                        value=default_run(),
+                        label="run",
+                        scale=4,
+                        allow_custom_value=True,
+                    )
+                    refresh_btn = gr.Button("Refresh", scale=1)
+                    cancel_btn = gr.Button("Cancel run", variant="stop", scale=1)
+                cancel_msg = gr.Markdown()
+                progress_md = gr.Markdown()
+                with gr.Row():
+                    reward_plot = gr.Plot(label="reward")
+                    time_plot = gr.Plot(label="step time")
+                speedup_table = gr.Dataframe(
+                    label="update-phase speedup: measured vs predicted", interactive=False
+                )
+                with gr.Row():
+                    counts_plot = gr.Plot(label="backward passes")
+                    probe_plot = gr.Plot(label="gradient cosine per group")
+                gallery = gr.Gallery(
+                    label="evaluation samples (fixed prompts and seeds)", columns=6, height="auto"
+                )
+                log_box = gr.Textbox(label="log", lines=12, max_lines=20, autoscroll=True)
+
+            with gr.Tab("Compare"):
+                with gr.Row():
+                    compare_runs = gr.Dropdown(
+                        choices=run_choices(), multiselect=True, label="runs (two or more)", scale=4
+                    )
+                    compare_btn = gr.Button("Compare", scale=1)
+                compare_plot = gr.Plot(label="reward")
+                compare_table = gr.Dataframe(label="summary", interactive=False)
+                diff_table = gr.Dataframe(label="config diff", interactive=False)
+                compare_gallery = gr.Gallery(
+                    label="same prompt and seed, side by side", columns=4, height="auto"
+                )
+
+            with gr.Tab("History"):
+                history_table = gr.Dataframe(value=history, label="runs", interactive=False)
+                with gr.Row():
+                    history_btn = gr.Button("Refresh")
+                    target = gr.Number(label="run id", precision=0)
+                    delete_files = gr.Checkbox(label="also delete its folder", value=False)
+                    delete_btn = gr.Button("Delete", variant="stop")
+                    export_btn = gr.Button("Export CSV + JSON")
+                history_msg = gr.Markdown()
+                export_files = gr.File(label="export", file_count="multiple")
+
+        # ------------------------------------------------------------------ events
+        form = [name, backbone, model_path, rewards, algorithm, window, jagg_frac, strategy, steps, group_size, lr,
+                seed, processes, overrides]  # fmt: skip
+        launch_btn.click(launch, form, [launch_msg, launched_id, live_run], api_name="launch_run")
+        pair_btn.click(launch_pair, form, [launch_msg, launched_id, live_run], api_name="compare_exact_jagg")
+        for component in (window, jagg_frac, strategy, r_input):
+            component.change(
+                predict, [window, jagg_frac, strategy, r_input], prediction, api_visibility="private"
+            )
+        predict_btn = gr.Button(visible=False)
+        predict_btn.click(
+            predict, [window, jagg_frac, strategy, r_input], prediction, api_name="predict_speedup"
+        )
+
+        live_outputs = [
+            progress_md,
+            reward_plot,
+            time_plot,
+            speedup_table,
+            counts_plot,
+            probe_plot,
+            gallery,
+            log_box,
+        ]
+        live_run.change(live_view, [live_run, r_input], live_outputs, api_name="live_view")
+        refresh_btn.click(live_view, [live_run, r_input], live_outputs, api_visibility="private")
+        cancel_btn.click(cancel, live_run, cancel_msg, api_name="cancel_run")
+        timer = gr.Timer(TICK_S)
+        timer.tick(
+            on_tick,
+            [live_run, r_input, run_seen, list_seen],
+            [*live_outputs, run_seen, live_run, list_seen],
+            api_visibility="private",
+            show_progress="hidden",
+        )
+        compare_btn.click(
+            compare, [compare_runs, r_input], [compare_plot, compare_table, diff_table, compare_gallery],
+            api_name="compare_runs",
+        )  # fmt: skip
+        compare_runs.focus(
+            lambda: gr.update(choices=run_choices()), None, compare_runs, api_visibility="private"
+        )
+        history_btn.click(history, None, history_table, api_name="history")
+        delete_btn.click(delete, [target, delete_files], [history_msg, history_table], api_name="delete_run")
+        export_btn.click(export, target, [history_msg, export_files], api_name="export_run")
+        demo.load(on_load, r_input, [live_run, *live_outputs], api_visibility="private")
+
+    demo.jagg_manager = manager  # type: ignore[attr-defined]
+    demo.jagg_runs_dir = root  # type: ignore[attr-defined]
+    if background_ticks:
+        _start_ticker(manager.tick)
+    return demo
+
+
+def _start_ticker(tick: Callable[[], Any], every: float = TICK_S) -> threading.Thread:
+    """Run the queue without a browser open (a finished run's paired successor still starts)."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(every):
+            try:
+                tick()
+            except Exception as exc:  # keep the ticker alive through a transient DB error
+                print(f"jagg app: queue tick failed: {exc}", flush=True)
+
+    thread = threading.Thread(target=loop, name="jagg-queue", daemon=True)
+    thread.start()
+    return thread

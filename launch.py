@@ -1,0 +1,72 @@
+"""Serve the JAGG Studio app: ``python launch.py [--host H] [--port P] [--auth user:pass] [--share] [--runs-dir D]``.
+
+Runs are subprocesses in their own process groups, recorded in <runs-dir>/jagg.db: they keep training when the
+browser or this server goes away, and a restarted server shows them again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sys
+
+# Before gradio is imported: no usage analytics, no hub look-ups.
+os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="launch.py", description="Serve the JAGG Studio app.")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, this machine only)"
+    )
+    p.add_argument("--port", type=int, default=7860, help="port (default 7860)")
+    p.add_argument("--auth", default=None, metavar="USER:PASS", help="require this login")
+    p.add_argument("--share", action="store_true", help="also open a public gradio.live tunnel")
+    p.add_argument("--runs-dir", default="runs", help="runs folder holding jagg.db and one folder per run")
+    args = p.parse_args(argv)
+    if args.auth is not None and ":" not in args.auth:
+        p.error("--auth: must look like user:password")
+    return args
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    auth = tuple(args.auth.split(":", 1)) if args.auth else None
+    if not auth and (not is_loopback(args.host) or args.share):
+        where = "a public share link" if args.share else f"{args.host}"
+        print(
+            f"WARNING: serving on {where} without --auth: anyone who can reach it can start, cancel and delete "
+            "runs on this machine. Add --auth user:password.",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    from app.ui import build_app
+
+    demo = build_app(args.runs_dir)
+    demo.queue(default_concurrency_limit=4)
+    demo.launch(
+        server_name=args.host,
+        server_port=args.port,
+        auth=auth,
+        share=args.share,
+        allowed_paths=[str(demo.jagg_runs_dir)],
+        footer_links=["api"],
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,207 @@
+"""app/data.py on a temporary store filled with synthetic rows: figures, speedup, config diff, images."""
+
+from __future__ import annotations
+
+import pytest
+from PIL import Image
+
+from app import data
+from jagg_engine.store import open_store
+from jagg_engine.train.config import TrainConfig
+
+
+def _config(**changes):
+    return {**TrainConfig().to_dict(), **changes}
+
+
+def _png(path, color):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (8, 8), color).save(path)
+
+
+@pytest.fixture
+def store(tmp_path):
+    """Two paired runs (exact, jagg) of 4 steps with every metric family, eval samples and probes."""
+    root = tmp_path / "runs"
+    s = open_store(root)
+    ids = {}
+    for strategy, update_s in (("exact", 2.0), ("jagg", 1.0)):
+        run_id = s.create_run(f"t-{strategy}", _config(strategy=strategy, steps=4), root / f"run-{strategy}")
+        ids[strategy] = run_id
+        s.set_status(run_id, "running", pid=None)
+        for step in range(4):
+            s.log_step(
+                run_id,
+                step,
+                {
+                    "reward/mean": 0.1 * step,
+                    "reward/std": 0.05,
+                    "reward/shapes-dense/mean": 0.1 * step,
+                    "time/sampling": 0.5,
+                    "time/reward": 0.1,
+                    "time/update_forward": update_s / 2,
+                    "time/update_backward": update_s / 2,
+                    # the first step pays warm-up; the median of the others is what counts
+                    "time/update": update_s * (5 if step == 0 else 1),
+                    "count/forward": 8,
+                    "count/backward": 8 if strategy == "exact" else 4,
+                },
+            )
+        for step in (0, 3):
+            s.log_step(run_id, step, {"eval/reward/mean": 0.2 + 0.1 * step})
+            rows = []
+            for seed in (0, 1):
+                rel = f"samples/eval/step{step}-p0-s{seed}.png"
+                _png(root / f"run-{strategy}" / rel, (255, 0, 0))
+                rows.append(
+                    {"kind": "eval", "prompt": "a red circle", "seed": seed, "reward": 0.5, "path": rel}
+                )
+            s.log_samples(run_id, step, rows)
+        s.set_status(run_id, "finished")
+    s.set_paired(ids["jagg"], ids["exact"])
+    s.log_probes(
+        ids["jagg"],
+        2,
+        [
+            {"group_index": g, "t_start": 1.0, "t_end": 0.5, "cosine": c, "rel_error": 0.1}
+            for g, c in enumerate((0.9, 0.6))
+        ],
+    )
+    yield s, ids, root
+    s.close()
+
+
+def test_reward_figure_has_mean_band_and_eval_per_reward(store):
+    s, ids, _ = store
+    fig = data.reward_figure({"jagg": s.metrics_frame(ids["jagg"])})
+    names = [t.name for t in fig.data]
+    assert names == ["jagg · total ± std", "jagg · total", "jagg · shapes-dense", "jagg · eval"]
+    band, mean = fig.data[0], fig.data[1]
+    assert band.fill == "toself"
+    # upper edge forward, lower edge backward: step 0 upper = 0 + 0.05, last point = lower at step 0
+    assert band.y[0] == pytest.approx(0.05) and band.y[-1] == pytest.approx(-0.05)
+    assert list(mean.y) == pytest.approx([0.0, 0.1, 0.2, 0.3])
+    assert list(fig.data[3].x) == [0, 3] and list(fig.data[3].y) == pytest.approx([0.2, 0.5])
+
+
+def test_reward_figure_overlays_runs(store):
+    s, ids, _ = store
+    fig = data.reward_figure({k: s.metrics_frame(v) for k, v in ids.items()})
+    assert {t.name for t in fig.data} >= {"exact · total", "jagg · total", "exact · eval", "jagg · eval"}
+    empty = data.reward_figure({"x": s.metrics_frame(9999)})
+    assert not empty.data and "no data" in empty.layout.annotations[0].text
+
+
+def test_time_breakdown_is_stacked_by_phase(store):
+    s, ids, _ = store
+    fig = data.time_breakdown_figure(s.metrics_frame(ids["exact"]))
+    assert fig.layout.barmode == "stack"
+    assert [t.name for t in fig.data] == ["sampling", "reward", "update forward", "update backward"]
+    assert list(fig.data[3].y) == pytest.approx([1.0] * 4)
+
+
+def test_pass_counts_and_probe_figures(store):
+    s, ids, _ = store
+    counts = data.pass_counts_figure(s.metrics_frame(ids["jagg"]))
+    assert [t.name for t in counts.data] == ["forward", "backward"]
+    assert list(counts.data[1].y) == [4, 4, 4, 4]
+    probes = data.probe_figure(s.probes(ids["jagg"]))
+    assert [t.name for t in probes.data] == ["jagg @ step 2"]
+    assert list(probes.data[0].y) == pytest.approx([0.9, 0.6])
+    assert not data.probe_figure([]).data
+
+
+def test_speedup_measured_against_the_paired_exact_run(store):
+    s, ids, _ = store
+    row = data.speedup_frame(s, ids["jagg"], r=1.8).iloc[0]
+    # medians without the warm-up step: exact 2.0 s, jagg 1.0 s
+    assert row["exact update s/step"] == pytest.approx(2.0)
+    assert row["update s/step"] == pytest.approx(1.0)
+    assert row["measured speedup"] == pytest.approx(2.0)
+    # defaults: 8 trained steps, W = 4, f = 1 → 2 groups of 4: 7.2 / 5.6
+    assert row["predicted speedup"] == pytest.approx(7.2 / 5.6, abs=1e-3)
+    assert row["paired exact run"] == f"#{ids['exact']}"
+    # the link works both ways: the exact run finds no exact partner and reports no measured speedup
+    assert data.speedup_frame(s, ids["exact"], r=1.8).iloc[0]["measured speedup"] is None
+
+
+def test_predicted_speedup_formula():
+    assert data.predicted_speedup(4, 1.8, 1.0) == pytest.approx(7.2 / 5.6)
+    assert data.predicted_speedup(4, 3.0, 0.5) == pytest.approx(12 / (0.5 * 8 + 0.5 * 12))
+    assert data.predicted_speedup(4, 3.0, 0.0) == pytest.approx(1.0)
+    assert data.predicted_speedup(4, 3.0, 1.0, strategy="exact") == 1.0
+
+
+def test_compare_frame_and_config_diff(store):
+    s, ids, _ = store
+    table = data.compare_frame(s, [ids["exact"], ids["jagg"]], r=1.8)
+    assert list(table["speedup vs exact"]) == pytest.approx([1.0, 2.0])
+    assert list(table["update time (s)"]) == pytest.approx([2.0 * 8, 1.0 * 8])
+    assert list(table["final reward"]) == pytest.approx([0.5, 0.5])
+    runs = {f"#{i}": s.get_run(i)["config"] for i in ids.values()}
+    diff = data.config_diff(runs)
+    assert list(diff["field"]) == ["strategy"]
+    assert list(diff.iloc[0][1:]) == ["exact", "jagg"]
+    assert data.config_diff({"a": {"x": 1}, "b": {"x": 1}}).empty
+
+
+def test_history_frame(store):
+    s, ids, _ = store
+    hist = data.history_frame(s)
+    assert list(hist["id"]) == [ids["jagg"], ids["exact"]]
+    first = hist.iloc[0]
+    assert (first["status"], first["backbone"], first["W"], first["strategy"]) == (
+        "finished",
+        "tiny-shapes",
+        4,
+        "jagg",
+    )
+    assert first["final reward"] == pytest.approx(0.5)
+    assert first["step"] == "3/4" and first["duration (s)"] >= 0
+
+
+def test_gallery_items_newest_first_with_captions(store):
+    s, ids, root = store
+    items = data.gallery_items(s, ids["jagg"], root)
+    assert len(items) == 4
+    path, caption = items[0]
+    assert "step3" in path and caption == "step 3 · a red circle · seed 0 · reward 0.500"
+
+
+def test_gallery_refuses_paths_outside_the_runs_folder(store, tmp_path):
+    s, ids, root = store
+    outside = tmp_path / "secret.png"
+    _png(outside, (0, 0, 0))
+    run_dir = root / "run-jagg"
+    (run_dir / "link.png").symlink_to(outside)
+    s.log_samples(ids["jagg"], 5, [{"kind": "eval", "prompt": "x", "seed": 0, "path": "link.png"}])
+    paths = [p for p, _ in data.gallery_items(s, ids["jagg"], root)]
+    assert all(str(root.resolve()) in p for p in paths) and not any(
+        "link" in p or "secret" in p for p in paths
+    )
+    assert data.safe_image_path(run_dir, "link.png", root) is None
+    assert data.safe_image_path(tmp_path, "secret.png", root) is None
+    assert data.safe_image_path(run_dir, "samples/eval/step0-p0-s0.png", root) is not None
+
+
+def test_side_by_side_pairs_same_prompt_and_seed(store):
+    s, ids, root = store
+    items = data.side_by_side(s, [ids["exact"], ids["jagg"]], root)
+    assert len(items) == 4
+    captions = [c for _, c in items]
+    assert captions[0].startswith(f"#{ids['exact']} exact") and captions[1].startswith(f"#{ids['jagg']} jagg")
+    assert "seed 0" in captions[0] and "seed 0" in captions[1] and "seed 1" in captions[2]
+    assert all("step 3" in c for c in captions)
+
+
+def test_progress_and_log_tail(store, tmp_path):
+    s, ids, _ = store
+    run = s.get_run(ids["jagg"])
+    assert data.progress(run) == (4, 4)
+    assert "100 %" in data.progress_markdown(run)
+    run_dir = tmp_path / "logs"
+    run_dir.mkdir()
+    (run_dir / "stdout.log").write_text("boot\n")
+    assert data.log_tail(run_dir) == "boot"
+    (run_dir / "train.log").write_text("\n".join(f"line {i}" for i in range(100)))
+    assert data.log_tail(run_dir, lines=2) == "line 98\nline 99"

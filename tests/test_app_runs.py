@@ -1,0 +1,190 @@
+"""app/runs.py with a fake trainer: launch in its own process group, cancel (cooperative and killed), queue
+order, pairs, and picking up after an app restart."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+import time
+
+import pytest
+
+from app.runs import RunManager, group_alive
+from jagg_engine.store import open_store, pid_alive
+from jagg_engine.train.config import TrainConfig
+
+# The trainer's contract with the app, in miniature: status running with its pid, one metrics row per step,
+# stop between steps when asked, final status. A run named "stubborn…" ignores the cancel request and
+# keeps a child process in its group (the app must kill both).
+FAKE_TRAINER = textwrap.dedent(
+    """
+    import argparse, os, subprocess, sys, time
+    from jagg_engine.store import open_store
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--run-id", type=int)
+    p.add_argument("--runs-dir")
+    a = p.parse_args()
+    store = open_store(a.runs_dir)
+    run = store.get_run(a.run_id)
+    store.set_status(a.run_id, "running", pid=os.getpid())
+    stubborn = run["name"].startswith("stubborn")
+    if stubborn:
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print("fake trainer", a.run_id, flush=True)
+    for step in range(run["config"]["steps"]):
+        if store.cancel_requested(a.run_id) and not stubborn:
+            store.set_status(a.run_id, "cancelled")
+            sys.exit(0)
+        store.log_step(a.run_id, step, {"reward/mean": step, "time/update": 0.1})
+        time.sleep(float(os.environ.get("FAKE_STEP_S", "0.1")))
+    store.set_status(a.run_id, "finished")
+    """
+)
+
+
+@pytest.fixture
+def manager_factory(tmp_path):
+    script = tmp_path / "fake_trainer.py"
+    script.write_text(FAKE_TRAINER)
+    made = []
+
+    def make(**kwargs):
+        env = {**os.environ, "FAKE_STEP_S": str(kwargs.pop("step_s", 0.1))}
+        m = RunManager(
+            tmp_path / "runs",
+            command=lambda run_id, runs_dir: [
+                sys.executable,
+                str(script),
+                "--run-id",
+                str(run_id),
+                "--runs-dir",
+                str(runs_dir),
+            ],
+            env=env,
+            **kwargs,
+        )
+        made.append(m)
+        return m
+
+    yield make
+    cleaner = RunManager(tmp_path / "runs")  # leave no fake trainer behind
+    for run in cleaner.store.list_runs():
+        if run["pid"] and pid_alive(run["pid"]) and run["status"] in ("queued", "running"):
+            cleaner.kill(run["id"])
+    for m in [*made, cleaner]:
+        m.shutdown()
+
+
+def _config(name="fake", steps=3):
+    return TrainConfig.from_dict({"name": name, "steps": steps}).to_dict()
+
+
+def _wait(predicate, timeout=30.0, manager=None):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if manager is not None:
+            manager.tick()
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_launch_runs_in_its_own_process_group_and_finishes(manager_factory):
+    m = manager_factory(step_s=0.5)
+    run_id = m.create(_config(steps=4))
+    run = m.store.get_run(run_id)
+    assert run["status"] == "queued" and run["pid"] is None and run["run_dir"].endswith(f"run-{run_id:04d}")
+    assert m.tick() == [run_id]
+    pid = m.store.get_run(run_id)["pid"]
+    assert os.getpgid(pid) == pid and os.getpgid(pid) != os.getpgid(0)
+    assert _wait(lambda: m.store.get_run(run_id)["status"] == "finished", manager=m)
+    assert m.store.metrics_frame(run_id)["reward/mean"].tolist() == [0, 1, 2, 3]
+    assert "fake trainer" in (m.runs_dir / f"run-{run_id:04d}" / "stdout.log").read_text()
+
+
+def test_cooperative_cancel(manager_factory):
+    m = manager_factory(step_s=0.5)
+    run_id = m.create(_config(steps=200))
+    m.tick()
+    assert _wait(lambda: m.store.get_run(run_id)["status"] == "running")
+    m.cancel(run_id)
+    assert _wait(lambda: m.store.get_run(run_id)["status"] == "cancelled", manager=m)
+    pid = m.store.get_run(run_id)["pid"]
+    assert _wait(lambda: not group_alive(pid), manager=m)
+
+
+def test_cancel_kills_the_process_group_after_the_timeout(manager_factory):
+    m = manager_factory(step_s=0.5, cancel_timeout=1.0)
+    run_id = m.create(_config(name="stubborn", steps=200))
+    m.tick()
+    assert _wait(lambda: m.store.get_run(run_id)["status"] == "running")
+    pid = m.store.get_run(run_id)["pid"]
+    assert _wait(lambda: len([p for p in os.listdir("/proc") if p.isdigit() and _pgid(p) == pid]) >= 2)
+    m.cancel(run_id)
+    time.sleep(0.3)
+    m.tick()
+    assert m.store.get_run(run_id)["status"] == "running", "killed before the timeout"
+    assert _wait(lambda: m.store.get_run(run_id)["status"] == "cancelled", timeout=15, manager=m)
+    assert not group_alive(pid), "a process of the run's group survived"
+    assert "killed" in m.store.get_run(run_id)["error"]
+
+
+def _pgid(pid: str) -> int | None:
+    try:
+        return os.getpgid(int(pid))
+    except OSError:
+        return None
+
+
+def test_queue_runs_one_at_a_time_in_order_and_pairs(manager_factory):
+    m = manager_factory(step_s=0.2)
+    first = m.create(_config(name="a", steps=2))
+    exact_id, jagg_id = m.create_pair(_config(name="b", steps=2))
+    exact, jagg = m.store.get_run(exact_id), m.store.get_run(jagg_id)
+    assert (exact["config"]["strategy"], jagg["config"]["strategy"]) == ("exact", "jagg")
+    assert exact["paired_run_id"] == jagg_id and jagg["paired_run_id"] == exact_id
+    same = {k: v for k, v in exact["config"].items() if k not in ("strategy", "name")}
+    assert same == {k: v for k, v in jagg["config"].items() if k not in ("strategy", "name")}
+
+    assert m.tick() == [first]
+    assert m.tick() == [], "a second run started while the first is active"
+    assert _wait(lambda: all(r["status"] == "finished" for r in m.store.list_runs()), manager=m)
+    runs = sorted(m.store.list_runs(), key=lambda r: r["started_at"])
+    assert [r["id"] for r in runs] == [first, exact_id, jagg_id]
+    for before, after in zip(runs, runs[1:]):
+        assert after["started_at"] >= before["finished_at"]
+
+
+def test_cancel_a_queued_run_that_has_not_started(manager_factory):
+    m = manager_factory(step_s=0.3)
+    running = m.create(_config(steps=5))
+    waiting = m.create(_config(steps=5))
+    m.tick()
+    assert "not started" in m.cancel(waiting)
+    assert m.store.get_run(waiting)["status"] == "cancelled"
+    assert _wait(lambda: m.store.get_run(running)["status"] == "finished", manager=m)
+    assert m.store.get_run(waiting)["pid"] is None
+
+
+def test_a_restarted_manager_reattaches(manager_factory, tmp_path):
+    m = manager_factory(step_s=0.3)
+    run_id = m.create(_config(steps=6))
+    queued = m.create(_config(steps=1))
+    m.tick()
+    assert _wait(lambda: m.store.get_run(run_id)["status"] == "running")
+    m.shutdown()  # the app goes away; the run keeps training
+
+    # a dead run left by a crashed trainer
+    store = open_store(tmp_path / "runs")
+    dead = store.create_run("dead", _config(), tmp_path / "runs" / "dead")
+    store.set_status(dead, "running", pid=2**22 + 12345)
+    store.close()
+
+    m2 = manager_factory(step_s=0.3)
+    assert m2.tick() == []  # the live run still counts as active
+    assert m2.store.get_run(dead)["status"] == "failed"
+    assert _wait(lambda: m2.store.get_run(run_id)["status"] == "finished", manager=m2)
+    assert _wait(lambda: m2.store.get_run(queued)["status"] == "finished", manager=m2)
