@@ -133,10 +133,11 @@ def history_frame(store: RunStore) -> pd.DataFrame:
 
 
 def progress(run: Mapping[str, Any]) -> tuple[int, int]:
-    """(steps done, steps planned). last_step is the index of the last logged step (0-based)."""
+    """(steps done, steps planned). Training steps are numbered from 1 (step 0 is the eval before
+    training), so last_step is the number of steps done."""
     steps = int(run.get("config", {}).get("steps") or 0)
     last = run.get("last_step")
-    done = 0 if last is None else min(steps, int(last) + 1)
+    done = 0 if last is None else min(steps, int(last))
     if run.get("status") == "finished":
         done = steps
     return done, steps

@@ -166,18 +166,23 @@ class RunManager:
 
     def _escalate_cancels(self) -> None:
         now = time.time()
+        live = set()
         for run in self.store.list_runs():
-            if (
-                run["status"] not in ("queued", "running")
-                or not run["cancel_requested"]
-                or run["pid"] is None
-            ):
-                self._cancel_deadline.pop(run["id"], None)
+            if run["status"] not in ("queued", "running") or run["pid"] is None:
                 continue
+            if run["id"] not in self._cancel_deadline and not run["cancel_requested"]:
+                continue
+            live.add(run["id"])
             # A cancel requested before an app restart gets a fresh deadline from now.
             deadline = self._cancel_deadline.setdefault(run["id"], now + self.cancel_timeout)
+            if not run["cancel_requested"]:
+                # The trainer clears the flag when it marks itself running; a cancel that came before
+                # that must be asked again.
+                self.store.request_cancel(run["id"])
             if now >= deadline:
                 self.kill(run["id"])
+        for run_id in set(self._cancel_deadline) - live:
+            del self._cancel_deadline[run_id]
 
     def kill(self, run_id: int) -> None:
         """SIGTERM the run's process group, SIGKILL it after a grace period, and mark the run cancelled."""

@@ -28,7 +28,8 @@ FAKE_TRAINER = textwrap.dedent(
     a = p.parse_args()
     store = open_store(a.runs_dir)
     run = store.get_run(a.run_id)
-    store.set_status(a.run_id, "running", pid=os.getpid())
+    time.sleep(float(os.environ.get("FAKE_START_S", "0")))  # loading a model
+    store.set_status(a.run_id, "running", pid=os.getpid())  # clears cancel_requested
     stubborn = run["name"].startswith("stubborn")
     if stubborn:
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
@@ -51,7 +52,11 @@ def manager_factory(tmp_path):
     made = []
 
     def make(**kwargs):
-        env = {**os.environ, "FAKE_STEP_S": str(kwargs.pop("step_s", 0.1))}
+        env = {
+            **os.environ,
+            "FAKE_STEP_S": str(kwargs.pop("step_s", 0.1)),
+            "FAKE_START_S": str(kwargs.pop("start_s", 0.0)),
+        }
         m = RunManager(
             tmp_path / "runs",
             command=lambda run_id, runs_dir: [
@@ -102,6 +107,7 @@ def test_launch_runs_in_its_own_process_group_and_finishes(manager_factory):
     assert os.getpgid(pid) == pid and os.getpgid(pid) != os.getpgid(0)
     assert _wait(lambda: m.store.get_run(run_id)["status"] == "finished", manager=m)
     assert m.store.metrics_frame(run_id)["reward/mean"].tolist() == [0, 1, 2, 3]
+    assert m.active() == [] and m.pending() == []
     assert "fake trainer" in (m.runs_dir / f"run-{run_id:04d}" / "stdout.log").read_text()
 
 
@@ -114,6 +120,16 @@ def test_cooperative_cancel(manager_factory):
     assert _wait(lambda: m.store.get_run(run_id)["status"] == "cancelled", manager=m)
     pid = m.store.get_run(run_id)["pid"]
     assert _wait(lambda: not group_alive(pid), manager=m)
+
+
+def test_cancel_before_the_trainer_marks_itself_running_is_not_lost(manager_factory):
+    m = manager_factory(step_s=0.5, start_s=1.5, cancel_timeout=60.0)
+    run_id = m.create(_config(steps=200))
+    m.tick()
+    m.cancel(run_id)  # the trainer is still "loading"; its switch to running clears the flag
+    assert _wait(lambda: m.store.get_run(run_id)["status"] == "cancelled", timeout=20, manager=m)
+    assert not (m.store.get_run(run_id)["error"] or "").startswith("killed"), "not a cooperative stop"
+    assert m.store.get_run(run_id)["last_step"] is not None and m.store.get_run(run_id)["last_step"] < 10
 
 
 def test_cancel_kills_the_process_group_after_the_timeout(manager_factory):
