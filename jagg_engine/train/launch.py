@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -28,16 +29,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", type=int, default=None, metavar="RUN_ID", help="resume a failed/cancelled run")
 
 
+def free_port() -> int:
+    """A free TCP port on the loopback interface for the processes' rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def accelerate_argv(processes: int, run_id: int, runs_dir: str, resume: bool) -> list[str]:
     """The ``accelerate launch`` command line for ``processes`` trainer processes on this machine."""
-    import torch
-
     argv = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(processes),
             "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
     if processes > 1:
         argv.append("--multi_gpu")  # also the multi-process switch on CPU (with ACCELERATE_USE_CPU)
-    if not torch.cuda.is_available():
-        argv += ["--main_process_port", "0"]
+    if processes > 1:
+        argv += ["--main_process_port", str(free_port())]  # two runs at once must not share a port
     argv += ["-m", "jagg_engine.train.trainer", "--run-id", str(run_id), "--runs-dir", runs_dir]
     return argv + (["--resume"] if resume else [])
 
