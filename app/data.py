@@ -238,6 +238,8 @@ def reward_figure(frames: Mapping[str, pd.DataFrame], title: str = "Reward") -> 
 def time_breakdown_figure(frame: pd.DataFrame, title: str = "Step time") -> go.Figure:
     """Stacked bars per step: sampling / reward / update forward / update backward (seconds)."""
     fig = go.Figure()
+    keys = [key for key, _ in TIME_PHASES if key in frame.columns]
+    frame = frame.dropna(subset=keys, how="all") if keys else frame  # step 0 is the eval alone
     for key, label in TIME_PHASES:
         if key in frame.columns:
             fig.add_trace(go.Bar(x=frame["step"], y=frame[key].fillna(0.0), name=label))
@@ -255,6 +257,8 @@ def pass_counts_figure(
 ) -> go.Figure:
     """count/forward and count/backward per step (JAGG: two backward passes per window)."""
     fig = go.Figure()
+    keys = [key for key in ("count/forward", "count/backward") if key in frame.columns]
+    frame = frame.dropna(subset=keys, how="all") if keys else frame
     for key, label in (("count/forward", "forward"), ("count/backward", "backward")):
         if key in frame.columns:
             fig.add_trace(go.Bar(x=frame["step"], y=frame[key], name=label))

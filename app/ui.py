@@ -26,7 +26,13 @@ from app.runs import CommandFactory, RunManager, train_command
 from jagg_engine.store import StoreError
 from jagg_engine.train.config import ALGORITHMS, STRATEGIES, ConfigError, TrainConfig
 
-BACKBONE_CHOICES = ("tiny-shapes", "flux", "qwen-image", "sd3")
+BACKBONE_CHOICES = (
+    "tiny-shapes",
+    "flux",
+    "qwen-image",
+    "sd3",
+    "tiny-flux",
+)  # tiny-flux: random weights, smoke tests
 SPACE_BACKBONES = ("tiny-shapes",)
 SPACE_MAX_STEPS = 30
 # Keys that name files or folders (or carry options that may): refused in space mode.
@@ -411,7 +417,11 @@ def build_app(
             with gr.Tab("Compare"):
                 with gr.Row():
                     compare_runs = gr.Dropdown(
-                        choices=run_choices(), multiselect=True, label="runs (two or more)", scale=4
+                        choices=run_choices(),
+                        multiselect=True,
+                        label="runs (two or more)",
+                        allow_custom_value=True,
+                        scale=4,
                     )
                     compare_btn = gr.Button("Compare", scale=1)
                 compare_plot = gr.Plot(label="reward")
@@ -422,7 +432,7 @@ def build_app(
                 )
 
             with gr.Tab("History"):
-                history_table = gr.Dataframe(value=history, label="runs", interactive=False)
+                history_table = gr.Dataframe(label="runs", interactive=False)
                 with gr.Row():
                     history_btn = gr.Button("Refresh")
                     target = gr.Number(label="run id", precision=0)
@@ -478,6 +488,7 @@ def build_app(
         delete_btn.click(delete, [target, delete_files], [history_msg, history_table], api_name="delete_run")
         export_btn.click(export, target, [history_msg, export_files], api_name="export_run")
         demo.load(on_load, r_input, [live_run, *live_outputs], api_visibility="private")
+        demo.load(history, None, history_table, api_visibility="private")
 
     demo.jagg_manager = manager  # type: ignore[attr-defined]
     demo.jagg_runs_dir = root  # type: ignore[attr-defined]

@@ -1,0 +1,288 @@
+"""The app end to end: `python launch.py` in a subprocess driven by gradio_client and by a headless Chromium,
+with the real trainer (`jagg train --run-id`) behind it.
+
+One app serves the module; the first test restarts it while a run trains. The tiny-shapes backbone is used
+when its pretrained weights are in assets/; until then the randomly initialised tiny-flux with the
+brightness reward stands in (same trainer, same metrics and samples).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jagg_engine.backbones.tiny_shapes import DEFAULT_WEIGHTS_DIR
+from jagg_engine.bench import cost_model_speedup
+from jagg_engine.store import open_store
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+ARTIFACTS = REPO / "test-artifacts"
+TINY_SHAPES_READY = (DEFAULT_WEIGHTS_DIR / "transformer" / "config.json").exists()
+BACKBONE, REWARDS = (
+    ("tiny-shapes", "shapes-dense: 1") if TINY_SHAPES_READY else ("tiny-flux", "brightness: 1")
+)
+# A run of a few seconds a step on 2 CPU cores: 2 prompts × 4 samples, 6 sampling steps (all trained, one
+# window of 4 plus a partial one), eval of 4 prompts × 1 seed at step 0 and every `eval_every` steps.
+SHORT = "prompts_per_step=2\nsampling_steps=6\nsde_window_end=null\neval_num_prompts=4\neval_seeds=[0]\nsample_every=0"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveApp:
+    """`python launch.py --port P --runs-dir D` as a child process (own session), restartable."""
+
+    def __init__(self, runs_dir: Path, tmp: Path):
+        self.runs_dir, self.tmp = runs_dir, tmp
+        self.proc: subprocess.Popen | None = None
+        self.url = ""
+
+    def start(self, timeout: float = 90.0) -> None:
+        port = _free_port()
+        self.url = f"http://127.0.0.1:{port}/"
+        env = {
+            **os.environ,
+            "GRADIO_ANALYTICS_ENABLED": "False",
+            "HF_HUB_OFFLINE": "1",
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "GRADIO_TEMP_DIR": str(self.tmp / "gradio"),
+        }
+        env.pop("SPACE_ID", None)
+        self.log = (self.tmp / f"app-{port}.log").open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(REPO / "launch.py"), "--port", str(port), "--runs-dir", str(self.runs_dir)],
+            cwd=REPO,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            assert self.proc.poll() is None, f"the app exited: {self.read_log()}"
+            try:
+                with urllib.request.urlopen(self.url, timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        raise AssertionError(f"the app did not answer in {timeout} s: {self.read_log()}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        self.proc = None
+
+    def read_log(self) -> str:
+        return "".join(p.read_text(errors="replace")[-3000:] for p in self.tmp.glob("app-*.log"))
+
+    def client(self):
+        from gradio_client import Client
+
+        return Client(self.url, verbose=False, download_files=str(self.tmp / "downloads"))
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("app-e2e")
+    live = LiveApp(tmp / "runs", tmp)
+    live.start()
+    yield live
+    live.stop()
+    from app.runs import RunManager
+
+    manager = RunManager(tmp / "runs")  # stop any trainer a failed test left behind
+    for run in manager.store.list_runs():
+        if run["status"] in ("queued", "running") and run["pid"]:
+            manager.kill(run["id"])
+    manager.shutdown()
+
+
+def _form(**changes):
+    form = {
+        "name": "e2e",
+        "backbone": BACKBONE,
+        "model_path": "",
+        "rewards": REWARDS,
+        "algorithm": "flow-grpo",
+        "window": 4,
+        "jagg_frac": 1.0,
+        "strategy": "jagg",
+        "steps": 3,
+        "group_size": 4,
+        "lr": 1e-4,
+        "seed": 0,
+        "processes": 1,
+        "overrides": SHORT + "\neval_every=3",
+    }
+    form.update(changes)
+    return list(form.values())
+
+
+def _array(value) -> list:
+    """A plotly JSON array: a list, or {"dtype", "bdata"} (base64 of the raw buffer)."""
+    if isinstance(value, dict):
+        return np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"]).tolist()
+    return list(value)
+
+
+def _history(client) -> dict[int, dict]:
+    table = client.predict(api_name="/history")
+    return {row[0]: dict(zip(table["headers"], row)) for row in table["data"]}
+
+
+def _wait_status(client, run_id: int, statuses: tuple[str, ...], timeout: float) -> dict:
+    deadline = time.time() + timeout
+    row: dict = {}
+    while time.time() < deadline:
+        row = _history(client).get(run_id, {})
+        if row.get("status") in statuses:
+            return row
+        time.sleep(1.0)
+    raise AssertionError(f"run {run_id} did not reach {statuses} in {timeout} s: {row}")
+
+
+def test_launch_restart_finish_and_cancel_through_the_api(app):
+    client = app.client()
+    message, run_id, _ = client.predict(*_form(window=1), api_name="/launch_run")
+    assert message.startswith("❌") and "window: must be an integer >= 2, got 1" in message
+    assert run_id is None and _history(client) == {}, "an invalid form launched something"
+
+    message, run_id, _ = client.predict(*_form(), api_name="/launch_run")
+    assert message.startswith("✅") and isinstance(run_id, int), message
+    _wait_status(client, run_id, ("running", "finished"), 120)
+
+    # Restart the app while the run trains: the run keeps going and the new app shows it.
+    with open_store(app.runs_dir) as store:
+        trainer_pid = store.get_run(run_id)["pid"]
+    app.stop()
+    app.start()
+    client = app.client()
+    row = _history(client)[run_id]
+    assert row["status"] in ("running", "finished"), row
+    progress_text = client.predict(run_id, 1.8, api_name="/live_view")[0]
+    assert f"Run #{run_id}" in progress_text
+    if row["status"] == "running":
+        assert os.getpgid(trainer_pid) == trainer_pid, "the trainer is not in its own process group"
+
+    row = _wait_status(client, run_id, ("finished", "failed"), 240)
+    assert row["status"] == "finished", f"{row}\n{app.read_log()}"
+    assert row["step"] == "3/3" and row["final reward"] is not None
+
+    progress_text, reward, times, speedup, counts, probes, gallery, log = client.predict(
+        run_id, 1.8, api_name="/live_view"
+    )
+    assert "3/3" in progress_text and "finished" in progress_text
+    traces = json.loads(reward["plot"])["data"]
+    names = [t["name"] for t in traces]
+    assert "total" in names and "eval" in names
+    total = next(t for t in traces if t["name"] == "total")
+    assert _array(total["x"]) == [1, 2, 3]
+    assert [t["name"] for t in json.loads(times["plot"])["data"]] == [
+        "sampling", "reward", "update forward", "update backward",
+    ]  # fmt: skip
+    # predicted for 6 trained steps, W = 4, r = 1.8: groups of 4 and 2 → 6r / ((2 + 2r) + 2r)
+    assert speedup["data"][0][-2] == pytest.approx(cost_model_speedup(4, 1.8, 1.0, trained_steps=6), abs=1e-3)
+    assert len(gallery) == 8  # 4 prompts × 1 seed at steps 0 and 3
+    first = gallery[0]
+    assert first["caption"].startswith("step 3 · ") and "reward" in first["caption"]
+    assert Path(first["image"]).stat().st_size > 0
+    assert "step 3" in log
+
+    # A second run, cancelled while it trains: cooperative stop, status cancelled.
+    _, second, _ = client.predict(*_form(name="to-cancel", steps=50), api_name="/launch_run")
+    deadline = time.time() + 120
+    while time.time() < deadline and not (_history(client)[second]["step"] or "").startswith(("1/", "2/")):
+        time.sleep(1.0)
+    answer = client.predict(second, api_name="/cancel_run")
+    assert "stop requested" in answer, answer
+    row = _wait_status(client, second, ("cancelled", "failed", "finished"), 90)
+    assert row["status"] == "cancelled", row
+
+    # Compare and export read the same history.
+    plot, table, diff, images = client.predict([run_id, second], 1.8, api_name="/compare_runs")
+    assert len(table["data"]) == 2
+    diff_fields = [r[0] for r in diff["data"]]
+    assert "name" in diff_fields and "steps" in diff_fields and "window" not in diff_fields
+    message, files = client.predict(run_id, api_name="/export_run")
+    assert sorted(Path(f).suffix for f in files) == [".csv", ".json"]
+
+
+def test_browser_launch_shows_reward_plot_and_samples(app):
+    if not Path("/usr/bin/chromium").exists() or not Path("/usr/bin/chromedriver").exists():
+        pytest.skip("needs Chromium: apt-get install -y chromium chromium-driver (and pip install selenium)")
+    pytest.importorskip("selenium", reason="pip install selenium")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for flag in (
+        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=1400,2400",
+        "--disable-dev-shm-usage",
+    ):  # fmt: skip
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    try:
+        driver.get(app.url)
+        wait = WebDriverWait(driver, 60)
+        wait.until(lambda d: d.find_elements(By.XPATH, "//button[normalize-space()='Launch']"))
+
+        def field(label: str):
+            return driver.find_element(
+                By.XPATH, f"//label[.//*[normalize-space()='{label}']]//*[self::input or self::textarea]"
+            )
+
+        for label, value in (("name", "browser"), ("steps", "2")):
+            box = field(label)
+            box.clear()
+            box.send_keys(value)
+        if BACKBONE != "tiny-shapes":  # no pretrained tiny-shapes weights yet: set the stand-in as overrides
+            extra = f"backbone={BACKBONE}\nrewards={{{REWARDS}}}\n"
+        else:
+            extra = ""
+        field("more settings (key=value, one a line)").send_keys(extra + SHORT + "\neval_every=2")
+        driver.find_element(By.XPATH, "//button[normalize-space()='Launch']").click()
+        wait.until(
+            lambda d: "Run #" in d.page_source and ("started" in d.page_source or "queued" in d.page_source)
+        )
+        assert "Not launched" not in driver.page_source
+        driver.find_element(By.XPATH, "//button[@role='tab' and normalize-space()='Live']").click()
+
+        # The timer refreshes the live view: the reward plot draws a line, the gallery shows eval images.
+        long_wait = WebDriverWait(driver, 240, poll_frequency=1.0)
+        long_wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot .scatterlayer .trace"))
+        long_wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "img[src*='_seed']"))
+        long_wait.until(lambda d: "2/2" in d.page_source and "finished" in d.page_source)
+        time.sleep(2.0)  # let the last refresh paint
+        ARTIFACTS.mkdir(exist_ok=True)
+        driver.save_screenshot(str(ARTIFACTS / "app-live.png"))
+        assert (ARTIFACTS / "app-live.png").stat().st_size > 10_000
+    finally:
+        driver.quit()
+        shutil.rmtree(app.tmp / "downloads", ignore_errors=True)
