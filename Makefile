@@ -1,0 +1,41 @@
+# Two commands do all the set-up on a fresh machine:
+#   make demo   the app on http://127.0.0.1:7860 with the embedded tiny-shapes model (CPU is enough)
+#   make test   ruff (check + format) and the whole test suite
+# GPU users: make demo TORCH="torch" (or any CUDA build) instead of the CPU wheel.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+BIN := $(VENV)/bin
+
+.PHONY: demo probe test lint browser clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $@
+
+demo: $(VENV)/.installed
+	$(BIN)/python launch.py
+
+probe: $(VENV)/.installed
+	$(BIN)/jagg probe --backbone tiny-flux --window 4 --steps 12
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# The browser test drives Debian's chromium through selenium; nothing is downloaded at test time.
+browser:
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	  else echo "note: install chromium and chromium-driver for the browser test"; fi; \
+	fi
+
+test: $(VENV)/.installed browser lint
+	HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 GRADIO_ANALYTICS_ENABLED=False $(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
