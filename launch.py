@@ -41,17 +41,23 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def exposure_warning(host: str, auth: tuple[str, str] | None, share: bool) -> str | None:
+    """The warning printed when the app is reachable from other machines without a login."""
+    if auth or (is_loopback(host) and not share):
+        return None
+    where = "a public share link" if share else f"{host} (not only this machine)"
+    return (
+        f"WARNING: serving on {where} without --auth: anyone who can reach it can start, cancel and "
+        "delete runs on this machine. Add --auth user:password."
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     auth = tuple(args.auth.split(":", 1)) if args.auth else None
-    if not auth and (not is_loopback(args.host) or args.share):
-        where = "a public share link" if args.share else f"{args.host}"
-        print(
-            f"WARNING: serving on {where} without --auth: anyone who can reach it can start, cancel and delete "
-            "runs on this machine. Add --auth user:password.",
-            file=sys.stderr,
-            flush=True,
-        )
+    warning = exposure_warning(args.host, auth, args.share)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
 
     from app.ui import build_app
 

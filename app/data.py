@@ -166,6 +166,8 @@ def _empty(title: str, note: str = "no data yet") -> go.Figure:
         ],
         height=320,
         margin={"l": 50, "r": 20, "t": 50, "b": 40},
+        xaxis={"visible": False},
+        yaxis={"visible": False},
     )
     return fig
 

@@ -25,7 +25,7 @@ import pytest
 
 from jagg_engine.backbones.tiny_shapes import DEFAULT_WEIGHTS_DIR
 from jagg_engine.bench import cost_model_speedup
-from jagg_engine.store import open_store
+from jagg_engine.store import open_store, pid_alive
 
 pytestmark = pytest.mark.slow
 
@@ -148,6 +148,15 @@ def _array(value) -> list:
     return list(value)
 
 
+def _wait(predicate, timeout: float) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.5)
+    return False
+
+
 def _history(client) -> dict[int, dict]:
     table = client.predict(api_name="/history")
     return {row[0]: dict(zip(table["headers"], row)) for row in table["data"]}
@@ -172,21 +181,6 @@ def test_launch_restart_finish_and_cancel_through_the_api(app):
 
     message, run_id, _ = client.predict(*_form(), api_name="/launch_run")
     assert message.startswith("✅") and isinstance(run_id, int), message
-    _wait_status(client, run_id, ("running", "finished"), 120)
-
-    # Restart the app while the run trains: the run keeps going and the new app shows it.
-    with open_store(app.runs_dir) as store:
-        trainer_pid = store.get_run(run_id)["pid"]
-    app.stop()
-    app.start()
-    client = app.client()
-    row = _history(client)[run_id]
-    assert row["status"] in ("running", "finished"), row
-    progress_text = client.predict(run_id, 1.8, api_name="/live_view")[0]
-    assert f"Run #{run_id}" in progress_text
-    if row["status"] == "running":
-        assert os.getpgid(trainer_pid) == trainer_pid, "the trainer is not in its own process group"
-
     row = _wait_status(client, run_id, ("finished", "failed"), 240)
     assert row["status"] == "finished", f"{row}\n{app.read_log()}"
     assert row["step"] == "3/3" and row["final reward"] is not None
@@ -211,15 +205,30 @@ def test_launch_restart_finish_and_cancel_through_the_api(app):
     assert Path(first["image"]).stat().st_size > 0
     assert "step 3" in log
 
-    # A second run, cancelled while it trains: cooperative stop, status cancelled.
+    # A second run; the app restarts while it trains, then it is cancelled from the new app.
     _, second, _ = client.predict(*_form(name="to-cancel", steps=50), api_name="/launch_run")
     deadline = time.time() + 120
     while time.time() < deadline and not (_history(client)[second]["step"] or "").startswith(("1/", "2/")):
         time.sleep(1.0)
+    with open_store(app.runs_dir) as store:
+        trainer_pid = store.get_run(second)["pid"]
+    app.stop()
+    assert pid_alive(trainer_pid), "the run died with the app"
+    assert os.getpgid(trainer_pid) == trainer_pid, "the trainer is not in its own process group"
+    app.start()
+    client = app.client()
+    history = _history(client)
+    assert history[run_id]["status"] == "finished" and history[second]["status"] == "running", history
+    progress_text = client.predict(second, 1.8, api_name="/live_view")[0]
+    assert (
+        f"Run #{second} to-cancel" in progress_text and "running" in progress_text and "/50" in progress_text
+    )
+
     answer = client.predict(second, api_name="/cancel_run")
     assert "stop requested" in answer, answer
     row = _wait_status(client, second, ("cancelled", "failed", "finished"), 90)
     assert row["status"] == "cancelled", row
+    assert _wait(lambda: not pid_alive(trainer_pid), 30), "the cancelled trainer is still alive"
 
     # Compare and export read the same history.
     plot, table, diff, images = client.predict([run_id, second], 1.8, api_name="/compare_runs")

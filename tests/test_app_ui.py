@@ -1,0 +1,136 @@
+"""app/ui.py's pure parts (form → config, space mode, cost-model note), the Blocks it builds, and launch.py's
+flags — without serving anything."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import pytest
+
+import launch
+from app import ui
+from jagg_engine.train.config import ConfigError
+
+FORM = {
+    "name": "t",
+    "backbone": "tiny-flux",
+    "model_path": "",
+    "rewards": "brightness: 1",
+    "algorithm": "flow-grpo",
+    "window": 4,
+    "jagg_frac": 0.5,
+    "strategy": "jagg",
+    "steps": 3,
+    "group_size": 4,
+    "lr": 1e-4,
+    "seed": 7,
+    "processes": 1,
+    "overrides": "sampling_steps=6\nsde_window_end=null",
+}
+
+
+def _cfg(tmp_path, space_mode=False, **changes):
+    return ui.form_config(tmp_path / "runs", *{**FORM, **changes}.values(), space_mode=space_mode)
+
+
+def test_form_values_become_a_validated_config(tmp_path):
+    cfg = _cfg(tmp_path)
+    assert (cfg.backbone, cfg.window, cfg.jagg_frac, cfg.steps, cfg.seed, cfg.sampling_steps) == (
+        "tiny-flux", 4, 0.5, 3, 7, 6,
+    )  # fmt: skip
+    assert cfg.rewards == {"brightness": 1.0}
+    assert cfg.output_dir == str((tmp_path / "runs").resolve())
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"window": 1}, "window: must be an integer >= 2, got 1"),
+        ({"jagg_frac": 1.5}, "jagg_frac: must be a number in [0, 1], got 1.5"),
+        ({"rewards": "nope: 1"}, "rewards: unknown reward 'nope'"),
+        ({"rewards": "brightness: lots"}, "rewards: weight of 'brightness' must be a number"),
+        ({"overrides": "sampling_stepz=6"}, "did you mean 'sampling_steps'"),
+        ({"model_path": "./no/such/folder"}, "model_path: no such file or folder"),
+        ({"steps": None}, "steps: must not be empty"),
+    ],
+)
+def test_invalid_form_values_give_the_config_error(tmp_path, changes, message):
+    with pytest.raises(ConfigError, match=None) as err:
+        _cfg(tmp_path, **changes)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_space_mode_refuses_paths_other_backbones_and_long_runs(tmp_path):
+    base = {"backbone": "tiny-shapes", "rewards": "shapes-dense: 1"}
+    with pytest.raises(ConfigError, match="backbone: this Space offers only tiny-shapes"):
+        _cfg(tmp_path, space_mode=True, backbone="flux")
+    with pytest.raises(ConfigError, match="model_path: this Space accepts no file or folder paths"):
+        _cfg(tmp_path, space_mode=True, model_path="/etc", **base)
+    with pytest.raises(ConfigError, match="prompts_file: this Space accepts no file"):
+        _cfg(tmp_path, space_mode=True, overrides="prompts_file=/etc/passwd.txt", **base)
+    with pytest.raises(ConfigError, match=f"steps: this Space caps a run at {ui.SPACE_MAX_STEPS} steps"):
+        _cfg(tmp_path, space_mode=True, steps=ui.SPACE_MAX_STEPS + 1, **base)
+    with pytest.raises(ConfigError, match="processes: this Space runs one process"):
+        _cfg(tmp_path, space_mode=True, processes=2, overrides="prompts_per_step=2", **base)
+
+
+def test_space_mode_comes_from_space_id(monkeypatch):
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    assert not ui.space_mode_from_env()
+    monkeypatch.setenv("SPACE_ID", "someone/jagg-studio")
+    assert ui.space_mode_from_env()
+
+
+def test_parse_helpers():
+    assert ui.parse_rewards("a: 1, b=0.5\nc") == {"a": 1.0, "b": 0.5, "c": 1.0}
+    assert ui.parse_overrides("x=1 y=2\n# note\nrewards={a: 1, b: 2}\n") == [
+        "x=1",
+        "y=2",
+        "rewards={a: 1, b: 2}",
+    ]
+
+
+def test_speedup_note_uses_the_cost_model():
+    assert "1.29×" in ui.speedup_note(4, 1.0, "jagg", 1.8)  # 7.2 / 5.6
+    assert "1.00×" in ui.speedup_note(4, 1.0, "exact", 1.8)
+    assert "needs W ≥ 2" in ui.speedup_note(1, 1.0, "jagg", 1.8)
+
+
+def test_build_app_wires_named_endpoints_and_builds_nothing_at_import(tmp_path):
+    sys.modules.pop("app.ui", None)
+    module = importlib.import_module("app.ui")
+    assert not any(type(v).__name__ == "Blocks" for v in vars(module).values())
+    demo = module.build_app(tmp_path / "runs", space_mode=True, background_ticks=False)
+    try:
+        names = {
+            d.get("api_name") for d in demo.config["dependencies"] if d.get("api_visibility") != "private"
+        }
+        assert {
+            "launch_run", "compare_exact_jagg", "predict_speedup", "live_view", "cancel_run",
+            "compare_runs", "history", "delete_run", "export_run",
+        } <= names  # fmt: skip
+        assert demo.jagg_runs_dir == (tmp_path / "runs").resolve()
+        assert (tmp_path / "runs" / "jagg.db").exists()
+    finally:
+        demo.jagg_manager.shutdown()
+
+
+def test_launch_flags_and_exposure_warning():
+    args = launch.parse_args([])
+    assert (args.host, args.port, args.auth, args.share, args.runs_dir) == (
+        "127.0.0.1",
+        7860,
+        None,
+        False,
+        "runs",
+    )
+    args = launch.parse_args(["--host", "0.0.0.0", "--port", "9000", "--auth", "u:p:q", "--share"])
+    assert (args.host, args.port, args.auth, args.share) == ("0.0.0.0", 9000, "u:p:q", True)
+    with pytest.raises(SystemExit):
+        launch.parse_args(["--auth", "nocolon"])
+    assert launch.exposure_warning("127.0.0.1", None, False) is None
+    assert launch.exposure_warning("localhost", None, False) is None
+    assert "without --auth" in launch.exposure_warning("0.0.0.0", None, False)
+    assert "share link" in launch.exposure_warning("127.0.0.1", None, True)
+    assert launch.exposure_warning("0.0.0.0", ("u", "p"), False) is None
