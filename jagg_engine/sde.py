@@ -306,7 +306,9 @@ def rollout(
 
 
 @torch.no_grad()
-def ode_sample(model: VelocityFn, cond: Cond, noise: torch.Tensor, num_steps: int, shift: float = 1.0) -> torch.Tensor:
+def ode_sample(
+    model: VelocityFn, cond: Cond, noise: torch.Tensor, num_steps: int, shift: float = 1.0
+) -> torch.Tensor:
     """Deterministic Euler sampling of the flow ODE from z_0 = ``noise`` (B, *S) → final z_T (B, *S).
 
     Used for evaluation: fixed prompts and seeds give the same images for every run, so two runs can be

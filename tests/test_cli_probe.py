@@ -51,12 +51,25 @@ def test_probe_table():
         (["--algorithm", "ddim"], "algorithm"),
     ],
 )
-def test_probe_bad_input_one_line_exit_2(args, field):
-    proc = jagg("probe", "--backbone", "linear-toy", *args)
+def test_probe_bad_input_one_line_exit_2(args, field, capsys):
+    from jagg_engine.cli import main
+
+    try:
+        code = main(["probe", "--backbone", "linear-toy", *args])
+    except SystemExit as exc:  # argparse-level errors exit from inside the parser
+        code = exc.code
+    out, err = capsys.readouterr()
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert field in lines[0] and lines[0].startswith("jagg probe: error:")
+    assert out == ""
+
+
+def test_probe_bad_input_through_the_entry_point_has_no_traceback():
+    proc = jagg("probe", "--window", "1")
     assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert field in lines[0] and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == "jagg probe: error: window: must be an integer >= 2, got 1"
     assert proc.stdout == ""
 
 

@@ -24,7 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", nargs="?", help="YAML config (see configs/); omitted = the tiny-shapes defaults")
     p.add_argument("overrides", nargs="*", help="key=value overrides of config fields, e.g. steps=3 window=4")
     p.add_argument("--processes", type=int, default=None, help="training processes (default: the config's)")
-    p.add_argument("--runs-dir", default=None, help="runs root holding jagg.db (default: the config's output_dir)")
+    p.add_argument(
+        "--runs-dir", default=None, help="runs root holding jagg.db (default: the config's output_dir)"
+    )
     p.add_argument("--run-id", type=int, default=None, help="train a queued run that already exists")
     p.add_argument("--resume", type=int, default=None, metavar="RUN_ID", help="resume a failed/cancelled run")
 
@@ -38,8 +40,19 @@ def free_port() -> int:
 
 def accelerate_argv(processes: int, run_id: int, runs_dir: str, resume: bool) -> list[str]:
     """The ``accelerate launch`` command line for ``processes`` trainer processes on this machine."""
-    argv = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(processes),
-            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    argv = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--num_processes",
+        str(processes),
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+    ]
     if processes > 1:
         argv.append("--multi_gpu")  # also the multi-process switch on CPU (with ACCELERATE_USE_CPU)
     if processes > 1:

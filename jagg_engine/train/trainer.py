@@ -56,9 +56,15 @@ def build_model(cfg: TrainConfig, device: torch.device) -> Any:
         if cfg.model_path:
             opts.setdefault("weights_dir", cfg.model_path)
     elif cfg.backbone in ("flux", "qwen-image", "sd3"):
-        opts.update(model_path=cfg.model_path, lora_rank=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
-                    gradient_checkpointing=cfg.gradient_checkpointing, reference_copy=cfg.beta > 0,
-                    device=str(device), dtype="bfloat16" if cfg.precision == "bf16" else "float32")
+        opts.update(
+            model_path=cfg.model_path,
+            lora_rank=cfg.lora_rank,
+            lora_alpha=cfg.lora_alpha,
+            gradient_checkpointing=cfg.gradient_checkpointing,
+            reference_copy=cfg.beta > 0,
+            device=str(device),
+            dtype="bfloat16" if cfg.precision == "bf16" else "float32",
+        )
         if cfg.lora_targets:
             opts["lora_target_modules"] = list(cfg.lora_targets)
         if cfg.backbone == "sd3":
@@ -80,7 +86,9 @@ def prompt_source(cfg: TrainConfig, eval_set: bool = False) -> list[str]:
     return [f"prompt {i}" for i in range(max(cfg.eval_num_prompts, cfg.prompts_per_step))]
 
 
-def step_generator(cfg: TrainConfig, step: int, rank: int, device: torch.device | str = "cpu") -> torch.Generator:
+def step_generator(
+    cfg: TrainConfig, step: int, rank: int, device: torch.device | str = "cpu"
+) -> torch.Generator:
     """The generator of step ``step`` on ``rank``: the same after a resume as in an uninterrupted run."""
     return torch.Generator(device=device).manual_seed((cfg.seed * 1_000_003 + step) * 1009 + rank)
 
@@ -129,9 +137,13 @@ class Trainer:
         noise = torch.randn(len(prompts), *self.model.latent_shape, generator=gen, dtype=torch.float32)
         with torch.no_grad():
             cond = self.model.encode_prompts(prompts)
-        return rollout(self.model, cond, noise.to(self.acc.device, self.params[0].dtype), self.sampler, sde_gen)
+        return rollout(
+            self.model, cond, noise.to(self.acc.device, self.params[0].dtype), self.sampler, sde_gen
+        )
 
-    def score(self, traj: Trajectory, prompts: list[str]) -> tuple[torch.Tensor, dict[str, torch.Tensor], Any]:
+    def score(
+        self, traj: Trajectory, prompts: list[str]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], Any]:
         images = self.model.decode(traj.latents[-1])
         total, parts = self.reward(images, prompts)
         return total, parts, images
@@ -140,8 +152,9 @@ class Trainer:
         """Advantages of this rank's samples, normalised over the rewards of ALL ranks; and the gathered rewards."""
         all_rewards = self.acc.gather(rewards.to(self.acc.device)).cpu()
         all_groups = self.acc.gather(groups.to(self.acc.device)).cpu()
-        adv = group_advantages(all_rewards, all_groups, global_std=self.cfg.adv_std == "global",
-                               clip=self.cfg.adv_clip)
+        adv = group_advantages(
+            all_rewards, all_groups, global_std=self.cfg.adv_std == "global", clip=self.cfg.adv_clip
+        )
         n = rewards.shape[0]
         return adv[self.rank * n : (self.rank + 1) * n], all_rewards
 
@@ -176,8 +189,9 @@ class Trainer:
         if not torch.isfinite(all_rewards).all():
             raise TrainingError(f"reward: non-finite reward at step {step}")
         t2 = time.perf_counter()
-        result = policy_update(self.model, traj, adv.to(self.acc.device), self.update, self.sampler,
-                               ref_model=self.ref_model())
+        result = policy_update(
+            self.model, traj, adv.to(self.acc.device), self.update, self.sampler, ref_model=self.ref_model()
+        )
         if not math.isfinite(result.loss):
             raise TrainingError(f"loss: non-finite policy loss at step {step}")
         grad_norm = self.optimize()
@@ -212,13 +226,20 @@ class Trainer:
             paths.append(f"{folder}/{name}")
         return paths
 
-    def save_train_samples(self, step: int, prompts: list[str], images: torch.Tensor, rewards: torch.Tensor) -> None:
+    def save_train_samples(
+        self, step: int, prompts: list[str], images: torch.Tensor, rewards: torch.Tensor
+    ) -> None:
         G = self.cfg.group_size
         idx = list(range(0, len(prompts), G))[:8]  # the first sample of up to 8 groups
         paths = self.save_images(f"samples/train/step_{step:05d}", images[idx], [f"{i}.png" for i in idx])
-        self.store.log_samples(self.run_id, step, [
-            {"kind": "train", "prompt": prompts[i], "seed": None, "reward": float(rewards[i]), "path": p}
-            for i, p in zip(idx, paths)])
+        self.store.log_samples(
+            self.run_id,
+            step,
+            [
+                {"kind": "train", "prompt": prompts[i], "seed": None, "reward": float(rewards[i]), "path": p}
+                for i, p in zip(idx, paths)
+            ],
+        )
 
     @torch.no_grad()
     def evaluate(self, step: int) -> dict[str, float]:
@@ -227,14 +248,25 @@ class Trainer:
             return {}
         prompts = [p for _ in self.cfg.eval_seeds for p in self.eval_prompts]
         seeds = [s for s in self.cfg.eval_seeds for _ in self.eval_prompts]
-        noise = torch.stack([torch.randn(*self.model.latent_shape, generator=torch.Generator().manual_seed(
-            s * 100_003 + i)) for i, s in zip(list(range(len(self.eval_prompts))) * len(self.cfg.eval_seeds), seeds)])
+        noise = torch.stack(
+            [
+                torch.randn(
+                    *self.model.latent_shape, generator=torch.Generator().manual_seed(s * 100_003 + i)
+                )
+                for i, s in zip(list(range(len(self.eval_prompts))) * len(self.cfg.eval_seeds), seeds)
+            ]
+        )
         dtype = self.params[0].dtype
         images, totals, parts_all = [], [], []
         for i in range(0, len(prompts), 64):
             chunk = prompts[i : i + 64]
-            z = ode_sample(self.model, self.model.encode_prompts(chunk), noise[i : i + 64].to(self.acc.device, dtype),
-                           self.cfg.sampling_steps, self.cfg.shift)
+            z = ode_sample(
+                self.model,
+                self.model.encode_prompts(chunk),
+                noise[i : i + 64].to(self.acc.device, dtype),
+                self.cfg.sampling_steps,
+                self.cfg.shift,
+            )
             img = self.model.decode(z)
             total, parts = self.reward(img, chunk)
             images.append(img)
@@ -243,10 +275,18 @@ class Trainer:
         images, totals = torch.cat(images), torch.cat(totals)
         names = [f"{i:03d}_seed{s}.png" for i, s in zip(range(len(prompts)), seeds)]
         paths = self.save_images(f"samples/eval/step_{step:05d}", images, names)
-        self.store.log_samples(self.run_id, step, [
-            {"kind": "eval", "prompt": p, "seed": s, "reward": float(r), "path": path}
-            for p, s, r, path in zip(prompts, seeds, totals, paths)])
-        metrics = {"eval/reward/mean": float(totals.mean()), "eval/reward/std": float(totals.std(unbiased=False))}
+        self.store.log_samples(
+            self.run_id,
+            step,
+            [
+                {"kind": "eval", "prompt": p, "seed": s, "reward": float(r), "path": path}
+                for p, s, r, path in zip(prompts, seeds, totals, paths)
+            ],
+        )
+        metrics = {
+            "eval/reward/mean": float(totals.mean()),
+            "eval/reward/std": float(totals.std(unbiased=False)),
+        }
         for k in parts_all[0]:
             metrics[f"eval/reward/{k}/mean"] = float(torch.cat([p[k] for p in parts_all]).mean())
         return metrics
@@ -256,13 +296,26 @@ class Trainer:
         n = min(8, traj.batch_size)
         sub = traj.select(slice(0, n))
         saved = [None if p.grad is None else p.grad.clone() for p in self.params]
-        rows, _ = probe_groups(self.model, self.params, sub, adv[:n].to(self.acc.device), self.update, self.sampler)
+        rows, _ = probe_groups(
+            self.model, self.params, sub, adv[:n].to(self.acc.device), self.update, self.sampler
+        )
         for p, g in zip(self.params, saved):
             p.grad = g
         if self.main:
-            self.store.log_probes(self.run_id, step, [
-                {"group_index": r.index, "t_start": r.t_start, "t_end": r.t_end, "cosine": r.cosine,
-                 "rel_error": r.rel_error} for r in rows])
+            self.store.log_probes(
+                self.run_id,
+                step,
+                [
+                    {
+                        "group_index": r.index,
+                        "t_start": r.t_start,
+                        "t_end": r.t_end,
+                        "cosine": r.cosine,
+                        "rel_error": r.rel_error,
+                    }
+                    for r in rows
+                ],
+            )
 
     # -------------------------------------------------------------------------------- checkpoints
     def checkpoint_dir(self) -> Path:
@@ -323,8 +376,15 @@ class Trainer:
                 log.info("resuming after step %d", done)
         if done == 0 and self.main:
             self.store.log_step(self.run_id, 0, self.evaluate(0))
-        bar = tqdm(range(done + 1, cfg.steps + 1), desc=f"run {self.run_id}", disable=not self.main,
-                   initial=done, total=cfg.steps, unit="step", dynamic_ncols=True)
+        bar = tqdm(
+            range(done + 1, cfg.steps + 1),
+            desc=f"run {self.run_id}",
+            disable=not self.main,
+            initial=done,
+            total=cfg.steps,
+            unit="step",
+            dynamic_ncols=True,
+        )
         last = done
         for step in bar:
             if self.should_stop():
@@ -335,9 +395,16 @@ class Trainer:
                 metrics.update(self.evaluate(step))
             if self.main:
                 self.store.log_step(self.run_id, step, metrics)
-                bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", update=f"{metrics['time/update']:.2f}s")
-                log.info("step %d reward %.4f loss %.3e update %.2fs", step, metrics["reward/mean"],
-                         metrics["loss/policy"], metrics["time/update"])
+                bar.set_postfix(
+                    reward=f"{metrics['reward/mean']:.3f}", update=f"{metrics['time/update']:.2f}s"
+                )
+                log.info(
+                    "step %d reward %.4f loss %.3e update %.2fs",
+                    step,
+                    metrics["reward/mean"],
+                    metrics["loss/policy"],
+                    metrics["time/update"],
+                )
             last = step
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step != cfg.steps:
                 self.save_checkpoint(step)
@@ -351,8 +418,9 @@ def _setup_logging(run_dir: Path, main: bool) -> None:
         return
     run_dir.mkdir(parents=True, exist_ok=True)
     handlers = [logging.FileHandler(run_dir / "train.log"), logging.StreamHandler(sys.stderr)]
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", handlers=handlers,
-                        force=True)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", handlers=handlers, force=True
+    )
 
 
 def train(run_id: int, runs_dir: str, resume: bool = False) -> int:
