@@ -1,0 +1,607 @@
+"""`jagg bench`: the cost model of the update phase and a timing harness that checks it.
+
+Cost model (PAPER.md, "Cost model"): one transformer forward without grad costs 1 unit, a forward with grad
+plus its backward costs r units. Per group of n trained steps:
+
+    exact                       n·r
+    jagg, jagg-sequential       (n − 2) + 2r      inner steps forwarded without grad, two endpoint backwards
+    endpoint                    2r                the paper's ablation: the endpoints' own losses only
+    paper-code                  n + 2r            all n steps without grad, then each endpoint again with grad
+
+A group of one step is exact under every strategy. Routing (jagg_frac = f) sends the first ceil(f·G) groups
+to the strategy and the rest to exact, exactly as :func:`jagg_engine.jagg.group_plan` does for training, so
+the predicted speedup of the update phase is Σ_groups n·r / Σ_groups cost(group). Without a step count the
+paper's continuous form W·r / (f·c(W) + (1 − f)·W·r) is used.
+
+The joint JAGG backward (one batched 2B forward and one backward) and the sequential one (two B forwards and
+two backwards) have the same unit cost; a batched call can only be cheaper per sample, never dearer.
+
+Timing harness: one rollout batch, then the update phase of every strategy, repeated round-robin (one warm-up
+round first) so that a drift in machine load hits every strategy alike; medians and min–max per strategy, and
+per-round paired speedups. Every strategy but ``paper-code`` is :func:`jagg_engine.jagg.policy_update`, the
+same code the trainer calls. ``r`` is measured on the same model and batch: median(grad forward + backward)
+over median(no-grad forward), both interleaved with the updates.
+
+Peak memory: on a GPU ``torch.cuda.max_memory_allocated`` over one extra (untimed) update per strategy. On the
+CPU, the peak of live autograd-saved tensor bytes during that update (``saved_tensors_hooks``; storages counted
+once, model parameters and rollout tensors excluded) — the activation memory the strategies differ in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+
+from .backbones.base import Cond, VelocityFn
+from .backbones.flux_core import FluxVelocity, TinyFlux
+from .jagg import (
+    UpdateConfig,
+    UpdateResult,
+    _Update,
+    aggregate_upstream,
+    group_plan,
+    interpolation_weights,
+    policy_update,
+)
+from .sde import SamplerConfig, Trajectory, rollout
+
+BENCH_STRATEGIES = ("exact", "jagg", "jagg-sequential", "endpoint", "paper-code")
+BENCH_BACKBONES = ("tiny-flux", "bench-flux", "tiny-shapes", "flux")
+
+# ----------------------------------------------------------------------------------------------------------
+# Cost model
+
+
+def group_cost(n: int, r: float, kind: str) -> float:
+    """Units of one group of ``n`` trained steps computed as ``kind`` (module docstring table)."""
+    if n == 1 or kind == "exact":
+        return n * r
+    if kind in ("jagg", "jagg-sequential"):
+        return (n - 2) + 2 * r
+    if kind == "endpoint":
+        return 2 * r
+    if kind == "paper-code":
+        return n + 2 * r
+    raise ValueError(f"strategy: must be one of {', '.join(BENCH_STRATEGIES)}, got {kind!r}")
+
+
+def cost_model_speedup(
+    window: int, r: float, jagg_frac: float, strategy: str = "jagg", trained_steps: int | None = None
+) -> float:
+    """Predicted speedup of the update phase over exact: Σ n·r / Σ cost(group) (PAPER.md, "Cost model").
+
+    With ``trained_steps`` K the groups and their routing are the engine's :func:`group_plan` of K steps
+    (trailing short group, ceil(f·G)); without it, the paper's continuous form
+    W·r / (f·c(W) + (1 − f)·W·r) with c(W) the strategy's per-group cost.
+    Example: W = 4, r = 1.8, f = 1, jagg → 7.2 / 5.6.
+    """
+    if strategy not in BENCH_STRATEGIES:
+        raise ValueError(f"strategy: must be one of {', '.join(BENCH_STRATEGIES)}, got {strategy!r}")
+    if not r > 0:
+        raise ValueError(f"r: must be > 0, got {r}")
+    engine_strategy = {"jagg-sequential": "jagg", "paper-code": "jagg"}.get(strategy, strategy)
+    update = UpdateConfig(strategy=engine_strategy, window=window, jagg_frac=jagg_frac)  # validates W, f
+    if strategy == "exact":
+        return 1.0
+    if trained_steps is None:
+        exact = window * r
+        return exact / (jagg_frac * group_cost(window, r, strategy) + (1 - jagg_frac) * exact)
+    if trained_steps < 1:
+        raise ValueError(f"trained_steps: must be a positive integer, got {trained_steps}")
+    plan = group_plan(list(range(trained_steps)), update)
+    exact = sum(len(g) * r for g, _ in plan)
+    cost = sum(group_cost(len(g), r, strategy if kind != "exact" else "exact") for g, kind in plan)
+    return exact / cost
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The paper authors' schedule, as a baseline
+
+
+def _paper_code_group(state: _Update, steps: list[int]) -> None:
+    """All n steps forwarded without grad → s_j; then endpoint 0 forward+backward with s_base, endpoint
+    n−1 forward+backward with s_corr (two backward calls). Same s_base/s_corr as JAGG (phases 2–3)."""
+    alpha = interpolation_weights(state.traj.sigmas[steps])  # (n,)
+    s_all = torch.stack([state.upstream(state.forward([j], grad=False), j) for j in steps])  # (n, B, *S)
+    s_base, s_corr = aggregate_upstream(s_all, alpha)
+    for j, s in ((steps[0], s_base), (steps[-1], s_corr)):
+        v = state.forward([j], grad=True)  # (B, *S)
+        state.backward([v], [s])
+
+
+def paper_code_update(
+    model: VelocityFn,
+    traj: Trajectory,
+    advantages: torch.Tensor,
+    update: UpdateConfig,
+    sampler: SamplerConfig,
+    ref_model: VelocityFn | None = None,
+) -> UpdateResult:
+    """The `paper-code` strategy: JAGG's gradient computed the way the paper authors' public code schedules it.
+
+    Routing as :func:`jagg_engine.jagg.group_plan` with strategy jagg; routed groups cost n + 2r units
+    (:func:`_paper_code_group`), the rest run the engine's exact routine. A baseline for `jagg bench`, not a
+    training path.
+    """
+    if update.strategy != "jagg":
+        raise ValueError(f"strategy: paper-code computes the jagg gradient, got {update.strategy!r}")
+    t0 = time.perf_counter()
+    state = _Update(model, traj, advantages, update, sampler, ref_model)
+    for steps, kind in group_plan(traj.sde_steps, update):
+        if kind == "jagg":
+            _paper_code_group(state, steps)
+        else:
+            state.run_group(steps, kind)
+        state.result.group_kinds.append(kind)
+    result = state.finish()
+    result.time_total = time.perf_counter() - t0
+    return result
+
+
+UpdateFn = Callable[[VelocityFn, Trajectory, torch.Tensor, SamplerConfig], UpdateResult]
+
+
+def strategy_update(name: str, window: int, jagg_frac: float) -> UpdateFn:
+    """The update routine of bench strategy ``name``: policy_update with its UpdateConfig, or paper-code."""
+    configs = {
+        "exact": UpdateConfig(strategy="exact", window=window, jagg_frac=jagg_frac),
+        "jagg": UpdateConfig(strategy="jagg", window=window, jagg_frac=jagg_frac, endpoint_backward="joint"),
+        "jagg-sequential": UpdateConfig(
+            strategy="jagg", window=window, jagg_frac=jagg_frac, endpoint_backward="sequential"
+        ),
+        "endpoint": UpdateConfig(strategy="endpoint", window=window, jagg_frac=jagg_frac),
+        "paper-code": UpdateConfig(strategy="jagg", window=window, jagg_frac=jagg_frac),
+    }
+    if name not in configs:
+        raise ValueError(f"strategy: must be one of {', '.join(BENCH_STRATEGIES)}, got {name!r}")
+    update = configs[name]
+    if name == "paper-code":
+        return lambda model, traj, adv, sampler: paper_code_update(model, traj, adv, update, sampler)
+    return lambda model, traj, adv, sampler: policy_update(model, traj, adv, update, sampler)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The bench-flux backbone
+
+BENCH_FLUX_CONFIG = dict(
+    patch_size=1,
+    in_channels=16,
+    num_layers=2,
+    num_single_layers=4,
+    attention_head_dim=32,
+    num_attention_heads=4,
+    joint_attention_dim=64,
+    pooled_projection_dim=64,
+    guidance_embeds=False,
+    axes_dims_rope=(8, 12, 12),
+)
+"""2.3 M parameters; at batch 4 × 256 tokens one forward takes ~70–100 ms on one core of the project CPU."""
+
+
+class BenchFlux(TinyFlux):
+    """`bench-flux`: a FluxTransformer2DModel from ``config`` (default :data:`BENCH_FLUX_CONFIG`), seeded random
+    weights, a 16×16 token grid and 8 text tokens — large enough that the model, not Python, dominates a step.
+
+    Everything but the size is `tiny-flux` (:class:`~jagg_engine.backbones.flux_core.TinyFlux`).
+    """
+
+    name = "bench-flux"
+
+    def __init__(
+        self,
+        seed: int = 0,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        config: dict[str, Any] | None = None,
+        grid: tuple[int, int] = (16, 16),
+        text_len: int = 8,
+    ):
+        from diffusers import FluxTransformer2DModel
+
+        torch.nn.Module.__init__(self)
+        torch.manual_seed(seed)
+        with torch.device(device):
+            transformer = FluxTransformer2DModel(**(config or BENCH_FLUX_CONFIG))
+        if dtype != torch.float32:
+            transformer = transformer.to(dtype)
+        self.text_len = text_len
+        self.velocity = FluxVelocity(transformer, grid=grid, text_len=text_len).to(device)
+        self.latent_shape = self.velocity.latent_shape
+        self.dtype = dtype
+
+    def encode_prompts(self, prompts: Sequence[str]) -> Cond:
+        """Seeded random embeddings per prompt: (B, L, D_joint), (B, D_pool)."""
+        cfg = self.velocity.transformer.config
+        device = self.velocity.img_ids.device
+        embeds, pooled = [], []
+        for p in prompts:
+            g = torch.Generator().manual_seed(sum(ord(c) * (i + 1) for i, c in enumerate(p)) % (2**31))
+            embeds.append(torch.randn(self.text_len, cfg.joint_attention_dim, generator=g))
+            pooled.append(torch.randn(cfg.pooled_projection_dim, generator=g))
+        return {
+            "prompt_embeds": torch.stack(embeds).to(device, self.dtype),
+            "pooled": torch.stack(pooled).to(device, self.dtype),
+        }
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Measurement
+
+
+class SavedActivationMeter:
+    """Peak bytes of live autograd-saved tensors inside the ``with`` block (CPU peak-memory measure).
+
+    Each saved tensor is wrapped at pack time; its storage is counted once however many saved tensors view
+    it, and uncounted when the last wrapper is released (the graph freed by its backward). Storages of
+    ``exclude`` (parameters, rollout tensors) are not counted.
+    """
+
+    def __init__(self, exclude: Iterable[torch.Tensor] = ()):
+        self._exclude = {t.untyped_storage().data_ptr() for t in exclude}
+        self._live: dict[int, list[int]] = {}  # storage pointer → [references, bytes]
+        self.current = 0
+        self.peak = 0
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+    def __enter__(self) -> SavedActivationMeter:
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._hooks.__exit__(*exc)
+
+    def _pack(self, t: torch.Tensor) -> object:
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr in self._exclude or storage.nbytes() == 0:
+            return t
+        return _Saved(self, t, ptr, storage.nbytes())
+
+    @staticmethod
+    def _unpack(x: object) -> torch.Tensor:
+        return x.tensor if isinstance(x, _Saved) else x
+
+    def _add(self, ptr: int, nbytes: int) -> None:
+        entry = self._live.setdefault(ptr, [0, nbytes])
+        if entry[0] == 0:
+            self.current += nbytes
+            self.peak = max(self.peak, self.current)
+        entry[0] += 1
+
+    def _remove(self, ptr: int) -> None:
+        entry = self._live[ptr]
+        entry[0] -= 1
+        if entry[0] == 0:
+            self.current -= entry[1]
+            del self._live[ptr]
+
+
+class _Saved:
+    __slots__ = ("meter", "tensor", "ptr")
+
+    def __init__(self, meter: SavedActivationMeter, tensor: torch.Tensor, ptr: int, nbytes: int):
+        self.meter, self.tensor, self.ptr = meter, tensor, ptr
+        meter._add(ptr, nbytes)
+
+    def __del__(self) -> None:
+        self.meter._remove(self.ptr)
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if isinstance(tree, dict):
+        return [t for v in tree.values() for t in _tensors(v)]
+    if isinstance(tree, (list, tuple)):
+        return [t for v in tree for t in _tensors(v)]
+    return []
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _zero(params: list[torch.nn.Parameter]) -> None:
+    for p in params:
+        p.grad = None
+
+
+def _spread(xs: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+
+
+def bench_update(
+    model: VelocityFn,
+    params: list[torch.nn.Parameter],
+    traj: Trajectory,
+    advantages: torch.Tensor,
+    sampler: SamplerConfig,
+    window: int,
+    jagg_frac: float,
+    repeats: int = 7,
+    strategies: Sequence[str] = BENCH_STRATEGIES,
+    r_samples: int = 2,
+) -> dict[str, Any]:
+    """Time the update phase of each strategy on one rollout batch; see the module docstring.
+
+    Round-robin: one warm-up round, then ``repeats`` rounds; each round runs every strategy once (gradients
+    zeroed before each) and ``r_samples`` no-grad forwards and grad forward+backward passes of step 0.
+    Returns the ``jagg bench --json`` object minus the run description.
+    """
+    device = traj.latents.device
+    updates = {name: strategy_update(name, window, jagg_frac) for name in strategies}
+    B = traj.batch_size
+    z0, t0_ = traj.latents[0], traj.sigmas[0].expand(B)
+    upstream = torch.randn(z0.shape, generator=torch.Generator().manual_seed(0)).to(device)
+
+    def forward_only() -> None:
+        with torch.no_grad():
+            model(z0, t0_, traj.cond)
+
+    def forward_backward() -> None:
+        v = model(z0, t0_, traj.cond)
+        torch.autograd.backward([v], [upstream.to(v.dtype)])
+
+    def timed(fn: Callable[[], object]) -> tuple[float, object]:
+        _zero(params)
+        _sync(device)
+        start = time.perf_counter()
+        out = fn()
+        _sync(device)
+        return time.perf_counter() - start, out
+
+    times: dict[str, list[float]] = {name: [] for name in strategies}
+    fwd_times: dict[str, list[float]] = {name: [] for name in strategies}
+    bwd_times: dict[str, list[float]] = {name: [] for name in strategies}
+    counts: dict[str, dict[str, int]] = {}
+    r_fwd: list[float] = []
+    r_fb: list[float] = []
+    for round_ in range(repeats + 1):  # round 0 is the warm-up
+        for name in strategies:
+            dt, res = timed(lambda name=name: updates[name](model, traj, advantages, sampler))
+            if round_ > 0:
+                times[name].append(dt)
+                fwd_times[name].append(res.time_forward)
+                bwd_times[name].append(res.time_backward)
+                counts[name] = vars(res.counts).copy()
+        for _ in range(r_samples):
+            dt_f, _ = timed(forward_only)
+            dt_fb, _ = timed(forward_backward)
+            if round_ > 0:
+                r_fwd.append(dt_f)
+                r_fb.append(dt_fb)
+    _zero(params)
+
+    r = statistics.median(r_fb) / statistics.median(r_fwd)
+    K = len(traj.sde_steps)
+    exact = times.get("exact")
+    out: dict[str, Any] = {
+        "r": r,
+        "forward_s": _spread(r_fwd),
+        "forward_backward_s": _spread(r_fb),
+        "trained_steps": K,
+        "strategies": {},
+    }
+    mem_kind, mems = peak_memory(model, params, traj, advantages, sampler, updates)
+    out["peak_mem_measure"] = mem_kind
+    for name in strategies:
+        med = statistics.median(times[name])
+        row: dict[str, Any] = {
+            "median_s": med,
+            "min_s": min(times[name]),
+            "max_s": max(times[name]),
+            "median_forward_s": statistics.median(fwd_times[name]),
+            "median_backward_s": statistics.median(bwd_times[name]),
+            "predicted_speedup": cost_model_speedup(window, r, jagg_frac, name, K),
+            "peak_mem_bytes": mems[name],
+            "counts": counts[name],
+        }
+        if exact is not None:
+            paired = [e / s for e, s in zip(exact, times[name])]
+            row["speedup_vs_exact"] = statistics.median(exact) / med
+            row["paired_speedup"] = _spread(paired)
+            row["measured_over_predicted"] = row["speedup_vs_exact"] / row["predicted_speedup"]
+        out["strategies"][name] = row
+    return out
+
+
+def peak_memory(
+    model: VelocityFn,
+    params: list[torch.nn.Parameter],
+    traj: Trajectory,
+    advantages: torch.Tensor,
+    sampler: SamplerConfig,
+    updates: dict[str, UpdateFn],
+) -> tuple[str, dict[str, int]]:
+    """One untimed update per strategy; peak bytes by ``torch.cuda.max_memory_allocated`` on a GPU, else by
+    :class:`SavedActivationMeter`. Returns (name of the measure, {strategy: bytes})."""
+    device = traj.latents.device
+    peaks = {}
+    if device.type == "cuda":
+        for name, fn in updates.items():
+            _zero(params)
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            fn(model, traj, advantages, sampler)
+            torch.cuda.synchronize(device)
+            peaks[name] = int(torch.cuda.max_memory_allocated(device))
+        _zero(params)
+        return "cuda_max_memory_allocated", peaks
+    buffers = list(model.buffers()) if isinstance(model, torch.nn.Module) else []
+    exclude = [*params, *buffers, traj.latents, traj.log_probs, traj.sigmas, advantages, *_tensors(traj.cond)]
+    for name, fn in updates.items():
+        _zero(params)
+        with SavedActivationMeter(exclude) as meter:
+            fn(model, traj, advantages, sampler)
+        peaks[name] = meter.peak
+    _zero(params)
+    return "peak_saved_activation_bytes", peaks
+
+
+# ----------------------------------------------------------------------------------------------------------
+# CLI
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of `jagg bench`."""
+    p.add_argument("--backbone", default="bench-flux", help=f"one of {', '.join(BENCH_BACKBONES)}")
+    p.add_argument("--window", type=int, default=4, help="W, trained steps per group (>= 2)")
+    p.add_argument("--jagg-frac", type=float, default=1.0, help="fraction of groups routed, in [0, 1]")
+    p.add_argument("--batch", type=int, default=4, help="rollout batch size B")
+    p.add_argument("--steps", type=int, default=16, help="sampling steps T (all trained)")
+    p.add_argument("--repeats", type=int, default=7, help="timed rounds after one warm-up round (>= 1)")
+    p.add_argument("--model-path", default=None, help="flux: pipeline folder; tiny-shapes: weights folder")
+    p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
+    p.add_argument("--dtype", default=None, help="float32 | bfloat16 (default: bf16 on cuda, fp32 on cpu)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+def build_bench_backbone(
+    name: str, device: torch.device, dtype: torch.dtype, seed: int, model_path: str | None
+) -> Any:
+    """The backbone ``name`` for benchmarking; raises ValueError with a one-line message on bad input."""
+    from .backbones import BackboneConfigError, build_backbone
+
+    if name not in BENCH_BACKBONES:
+        raise ValueError(f"backbone: must be one of {', '.join(BENCH_BACKBONES)}, got {name!r}")
+    if name == "bench-flux":
+        return BenchFlux(seed=seed, dtype=dtype, device=device)
+    if name == "tiny-flux":
+        return TinyFlux(seed=seed, dtype=dtype).to(device)
+    try:
+        if name == "tiny-shapes":
+            if model_path:
+                return build_backbone(name, weights_dir=model_path, dtype=dtype, device=device)
+            return build_backbone(name, random_weights=True, seed=seed, dtype=dtype, device=device)
+        if not model_path:
+            raise ValueError("model-path: required for --backbone flux (a local FluxPipeline folder)")
+        return build_backbone(name, model_path=model_path, device=str(device), dtype=dtype)
+    except (BackboneConfigError, TypeError, OSError) as exc:
+        raise ValueError(str(exc).splitlines()[0]) from None
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    from .cli import UsageError
+
+    if args.backbone not in BENCH_BACKBONES:
+        raise UsageError(f"backbone: must be one of {', '.join(BENCH_BACKBONES)}, got {args.backbone!r}")
+    if args.window < 2:
+        raise UsageError(f"window: must be an integer >= 2, got {args.window}")
+    if not (math.isfinite(args.jagg_frac) and 0.0 <= args.jagg_frac <= 1.0):
+        raise UsageError(f"jagg_frac: must be in [0, 1], got {args.jagg_frac}")
+    for field in ("repeats", "batch", "steps"):
+        if getattr(args, field) < 1:
+            raise UsageError(f"{field}: must be an integer >= 1, got {getattr(args, field)}")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"threads: must be an integer >= 1, got {args.threads}")
+    if args.dtype not in (None, "float32", "fp32", "bfloat16", "bf16"):
+        raise UsageError(f"dtype: must be one of float32, bfloat16, got {args.dtype!r}")
+    if args.device not in (None, "cpu") and not str(args.device).startswith("cuda"):
+        raise UsageError(f"device: must be cpu or cuda[:N], got {args.device!r}")
+    if str(args.device).startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError("device: cuda requested but no CUDA device is available")
+
+
+def run(args: argparse.Namespace) -> int:
+    """`jagg bench`: rollout, interleaved timing of every strategy, table or one JSON object."""
+    from .cli import UsageError
+
+    _check_args(args)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.dtype is None:
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    else:
+        dtype = torch.bfloat16 if args.dtype in ("bf16", "bfloat16") else torch.float32
+    try:
+        backbone = build_bench_backbone(args.backbone, device, dtype, args.seed, args.model_path)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    report = bench_backbone(
+        args.backbone,
+        backbone,
+        window=args.window,
+        jagg_frac=args.jagg_frac,
+        batch=args.batch,
+        steps=args.steps,
+        repeats=args.repeats,
+        seed=args.seed,
+    )
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(format_table(report))
+    return 0
+
+
+def bench_backbone(
+    name: str,
+    backbone: Any,
+    window: int,
+    jagg_frac: float,
+    batch: int = 4,
+    steps: int = 16,
+    repeats: int = 7,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """One seeded rollout batch of ``backbone``, then :func:`bench_update`; the full `jagg bench` report."""
+    from .cli import default_prompts
+
+    sampler = SamplerConfig(num_steps=steps)
+    params = backbone.trainable_parameters()
+    gen = torch.Generator().manual_seed(seed)
+    device = params[0].device
+    cond = backbone.encode_prompts(default_prompts(backbone, batch, seed))
+    noise = torch.randn(batch, *backbone.latent_shape, generator=gen).to(device, params[0].dtype)
+    traj = rollout(backbone, cond, noise, sampler, generator=gen)
+    # Timing needs a policy-gradient signal, not a good one: seeded N(0, 1) advantages.
+    advantages = torch.randn(traj.batch_size, generator=gen, dtype=torch.float64).to(device)
+    result = bench_update(backbone, params, traj, advantages, sampler, window, jagg_frac, repeats=repeats)
+    return {
+        "backbone": name,
+        "window": window,
+        "jagg_frac": jagg_frac,
+        "batch": traj.batch_size,
+        "steps": steps,
+        "repeats": repeats,
+        "device": str(device),
+        "dtype": str(params[0].dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(),
+        "params": sum(p.numel() for p in params),
+        **result,
+    }
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The human-readable form of a bench report."""
+    f, fb = report["forward_s"], report["forward_backward_s"]
+    lines = [
+        f"jagg bench: backbone={report['backbone']} W={report['window']} jagg_frac={report['jagg_frac']:g} "
+        f"T={report['steps']} B={report['batch']} repeats={report['repeats']} device={report['device']} "
+        f"dtype={report['dtype']} threads={report['threads']} params={report['params']:,}",
+        f"r = {report['r']:.3f}  (forward {1e3 * f['median']:.1f} ms [{1e3 * f['min']:.1f}–{1e3 * f['max']:.1f}], "
+        f"forward+backward {1e3 * fb['median']:.1f} ms [{1e3 * fb['min']:.1f}–{1e3 * fb['max']:.1f}])",
+        f"{'strategy':<16} {'median_s':>9} {'min–max_s':>15} {'speedup':>8} {'paired min–max':>15} "
+        f"{'predicted':>9} {'meas/pred':>9} {'peak_mem_MiB':>12}",
+    ]
+    for name, row in report["strategies"].items():
+        paired = row.get("paired_speedup", {"min": math.nan, "max": math.nan})
+        lines.append(
+            f"{name:<16} {row['median_s']:>9.3f} {row['min_s']:>7.3f}–{row['max_s']:<7.3f} "
+            f"{row.get('speedup_vs_exact', math.nan):>8.3f} {paired['min']:>7.3f}–{paired['max']:<7.3f} "
+            f"{row['predicted_speedup']:>9.3f} {row.get('measured_over_predicted', math.nan):>9.3f} "
+            f"{row['peak_mem_bytes'] / 2**20:>12.2f}"
+        )
+    lines.append(f"peak memory: {report['peak_mem_measure']}")
+    return "\n".join(lines)
