@@ -229,6 +229,19 @@ class SamplerConfig:
         return cps_step(v, z, s, s_next, self.eta, prev_sample, noise, generator)
 
 
+def param_version(model: object) -> int:
+    """The parameter version of a policy: 0 until :func:`bump_param_version` is called after an optimizer step.
+
+    A rollout records it; the update reuses the rollout's velocities only while it is unchanged.
+    """
+    return int(getattr(model, "_jagg_param_version", 0))
+
+
+def bump_param_version(model: object) -> None:
+    """Mark the policy's parameters as changed (call after every optimizer step or weight load)."""
+    model._jagg_param_version = param_version(model) + 1
+
+
 @dataclass
 class Trajectory:
     """A rollout batch. T steps, B samples, latent shape S.
@@ -239,6 +252,7 @@ class Trajectory:
     sde_steps:  the stochastic steps, in order (only these are trained)
     cond:       batch-first conditioning pytree
     velocities: (T, B, *S) or None — v̂_j as sampled (kept with ``store_velocities=True``)
+    param_version: the policy's parameter version when it was sampled (see :func:`param_version`)
     """
 
     latents: torch.Tensor
@@ -247,6 +261,7 @@ class Trajectory:
     sde_steps: list[int]
     cond: Cond
     velocities: torch.Tensor | None = None
+    param_version: int | None = None
 
     @property
     def batch_size(self) -> int:
@@ -261,6 +276,7 @@ class Trajectory:
             sde_steps=self.sde_steps,
             cond=index_cond(self.cond, index),
             velocities=None if self.velocities is None else self.velocities[:, index],
+            param_version=self.param_version,
         )
 
 
@@ -302,6 +318,7 @@ def rollout(
         sde_steps=sorted(sde),
         cond=cond,
         velocities=torch.stack(velocities) if store_velocities else None,
+        param_version=param_version(model),
     )
 
 

@@ -376,3 +376,48 @@ def test_kl_to_reference_needs_ref_and_changes_the_gradient():
     zero(params)
     policy_update(model, traj, adv, UpdateConfig(beta=0.1, strategy="exact"), sampler, ref_model=ref)
     assert rel_err(grads[0.1], flat_grad(params)) <= 1e-9
+
+
+# ---------------------------------------------------------------------------------------------- velocity reuse
+
+
+def test_reuse_rollout_velocity_on_policy_equals_jagg_and_saves_forwards():
+    from jagg_engine.sde import bump_param_version
+
+    model = TinyFlux()  # float32
+    model.eval()
+    params = model.trainable_parameters()
+    cond = model.encode_prompts(["a", "b", "c"])
+    sampler = SamplerConfig(num_steps=12, sde_window=(0, 8))
+    g = torch.Generator().manual_seed(3)
+    traj = rollout(
+        model, cond, torch.randn(3, *model.latent_shape, generator=g), sampler, g, store_velocities=True
+    )
+    adv = torch.randn(3, generator=g)
+    grads, results = {}, {}
+    for mode in ("off", "auto"):
+        zero(params)
+        results[mode] = policy_update(
+            model, traj, adv, UpdateConfig(window=4, reuse_rollout_velocity=mode), sampler
+        )
+        grads[mode] = flat_grad(params)
+    assert rel_err(grads["auto"], grads["off"]) <= 1e-6
+    n_groups = 2
+    assert results["auto"].counts.reused == n_groups * (4 - 2)
+    assert results["off"].counts.forward_nograd - results["auto"].counts.forward_nograd == n_groups * (4 - 2)
+
+    # off-policy (an optimizer step happened): the stored velocities are never used
+    with torch.no_grad():
+        params[0].add_(0.01)
+    bump_param_version(model)
+    zero(params)
+    stale = policy_update(model, traj, adv, UpdateConfig(window=4, reuse_rollout_velocity="auto"), sampler)
+    assert stale.counts.reused == 0 and stale.counts.forward_nograd == n_groups * (4 - 2)
+    # nor in training mode (dropout could make the sampled velocities differ from the update's)
+    fresh = rollout(
+        model, cond, torch.randn(3, *model.latent_shape, generator=g), sampler, g, store_velocities=True
+    )
+    model.train()
+    r = policy_update(model, fresh, adv, UpdateConfig(window=4, reuse_rollout_velocity="auto"), sampler)
+    assert r.counts.reused == 0
+    model.eval()

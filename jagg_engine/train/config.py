@@ -130,6 +130,9 @@ class TrainConfig:
         1.0, "Fraction of the windows (high-noise first) that use the strategy; the rest use exact backward."
     )
     endpoint_backward: str = _f("joint", "JAGG endpoint backward: joint (one autograd call) or sequential.")
+    reuse_rollout_velocity: str = _f(
+        "off", "auto: JAGG inner steps reuse the rollout's velocities while the policy is unchanged; or off."
+    )
     lr: float = _f(1e-4, "AdamW learning rate.")
     weight_decay: float = _f(1e-4, "AdamW weight decay.")
     grad_clip: float | None = _f(1.0, "Gradient-norm clip; null = no clipping.")
@@ -224,6 +227,7 @@ class TrainConfig:
             window=self.window,
             jagg_frac=self.jagg_frac,
             endpoint_backward=self.endpoint_backward,
+            reuse_rollout_velocity=self.reuse_rollout_velocity,
             clip_range=self.clip_range,
             beta=self.beta,
         )
@@ -326,6 +330,7 @@ class TrainConfig:
         if not 0.0 <= self.jagg_frac <= 1.0:
             raise ConfigError(f"jagg_frac: must be a number in [0, 1], got {self.jagg_frac}")
         _one_of("endpoint_backward", self.endpoint_backward, ENDPOINT_BACKWARDS)
+        _one_of("reuse_rollout_velocity", self.reuse_rollout_velocity, ("off", "auto"))
         _positive("lr", self.lr)
         _at_least("weight_decay", self.weight_decay, 0.0)
         if self.grad_clip is not None:

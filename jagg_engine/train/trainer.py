@@ -34,7 +34,7 @@ from jagg_engine.grpo import group_advantages
 from jagg_engine.jagg import policy_update
 from jagg_engine.probe import probe_groups
 from jagg_engine.rewards.registry import WeightedReward
-from jagg_engine.sde import Trajectory, ode_sample, rollout
+from jagg_engine.sde import Trajectory, bump_param_version, ode_sample, rollout
 from jagg_engine.store import RunStore, open_store
 from jagg_engine.train.config import TrainConfig, read_prompts
 
@@ -167,6 +167,7 @@ class Trainer:
         clip = self.cfg.grad_clip if self.cfg.grad_clip else float("inf")
         norm = float(torch.nn.utils.clip_grad_norm_(self.params, clip))
         self.optimizer.step()
+        bump_param_version(self.model)  # the rollout's stored velocities are stale from here on
         self.optimizer.zero_grad(set_to_none=True)
         return norm
 
