@@ -19,10 +19,17 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="launch.py", description="Serve the JAGG Studio app.")
-    p.add_argument(
-        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, this machine only)"
+    # A Space sets SPACE_ID and GRADIO_SERVER_NAME=0.0.0.0; everywhere else the default is this machine only.
+    default_host = os.environ.get("GRADIO_SERVER_NAME") or (
+        "0.0.0.0" if os.environ.get("SPACE_ID") else "127.0.0.1"
     )
-    p.add_argument("--port", type=int, default=7860, help="port (default 7860)")
+    p.add_argument("--host", default=default_host, help=f"address to bind (default {default_host})")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)),
+        help="port (default 7860)",
+    )
     p.add_argument("--auth", default=None, metavar="USER:PASS", help="require this login")
     p.add_argument("--share", action="store_true", help="also open a public gradio.live tunnel")
     p.add_argument("--runs-dir", default="runs", help="runs folder holding jagg.db and one folder per run")
@@ -41,9 +48,10 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def exposure_warning(host: str, auth: tuple[str, str] | None, share: bool) -> str | None:
-    """The warning printed when the app is reachable from other machines without a login."""
-    if auth or (is_loopback(host) and not share):
+def exposure_warning(host: str, auth: tuple[str, str] | None, share: bool, space: bool = False) -> str | None:
+    """The warning printed when the app is reachable from other machines without a login (a Space is public
+    by design and runs in space mode: tiny-shapes only, capped steps, no paths)."""
+    if auth or space or (is_loopback(host) and not share):
         return None
     where = "a public share link" if share else f"{host} (not only this machine)"
     return (
@@ -55,7 +63,7 @@ def exposure_warning(host: str, auth: tuple[str, str] | None, share: bool) -> st
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     auth = tuple(args.auth.split(":", 1)) if args.auth else None
-    warning = exposure_warning(args.host, auth, args.share)
+    warning = exposure_warning(args.host, auth, args.share, space=bool(os.environ.get("SPACE_ID")))
     if warning:
         print(warning, file=sys.stderr, flush=True)
 

@@ -499,11 +499,14 @@ def side_by_side(
 # ---------------------------------------------------------------------------------------------- logs
 
 
-def log_tail(run_dir: str | os.PathLike[str] | None, lines: int = 40, max_bytes: int = 32_768) -> str:
-    """The last lines of the run's train.log, else of stdout.log (what the subprocess printed)."""
+def log_tail(
+    run_dir: str | os.PathLike[str] | None, lines: int = 40, max_bytes: int = 32_768, stdout: bool = False
+) -> str:
+    """The last lines of the run's train.log, else of stdout.log (what the subprocess printed); with
+    ``stdout`` (a failed run: the traceback is there) stdout.log first."""
     if not run_dir:
         return ""
-    for name in ("train.log", "stdout.log"):
+    for name in ("stdout.log", "train.log") if stdout else ("train.log", "stdout.log"):
         path = Path(run_dir) / name
         try:
             with path.open("rb") as fh:

@@ -243,7 +243,7 @@ def build_app(
             empty = data._empty("Reward", "pick a run")
             return ("No run selected.", empty, empty, pd.DataFrame(), empty, empty, [], "")
         frame = manager.store.metrics_frame(run["id"])
-        log = data.log_tail(run["run_dir"])
+        log = data.log_tail(run["run_dir"], stdout=run["status"] == "failed")
         if run["status"] == "failed" and run.get("error") and not log:
             log = run["error"]
         return (

@@ -205,3 +205,4 @@ def test_progress_and_log_tail(store, tmp_path):
     assert data.log_tail(run_dir) == "boot"
     (run_dir / "train.log").write_text("\n".join(f"line {i}" for i in range(100)))
     assert data.log_tail(run_dir, lines=2) == "line 98\nline 99"
+    assert data.log_tail(run_dir, stdout=True) == "boot"

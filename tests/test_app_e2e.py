@@ -177,7 +177,9 @@ def test_launch_restart_finish_and_cancel_through_the_api(app):
     client = app.client()
     message, run_id, _ = client.predict(*_form(window=1), api_name="/launch_run")
     assert message.startswith("❌") and "window: must be an integer >= 2, got 1" in message
-    assert run_id is None and _history(client) == {}, "an invalid form launched something"
+    message, pair_id, _ = client.predict(*_form(group_size=1), api_name="/compare_exact_jagg")
+    assert message.startswith("❌") and "group_size: must be an integer >= 2, got 1" in message
+    assert run_id is None and pair_id is None and _history(client) == {}, "an invalid form launched something"
 
     message, run_id, _ = client.predict(*_form(), api_name="/launch_run")
     assert message.startswith("✅") and isinstance(run_id, int), message
@@ -237,6 +239,13 @@ def test_launch_restart_finish_and_cancel_through_the_api(app):
     assert "name" in diff_fields and "steps" in diff_fields and "window" not in diff_fields
     message, files = client.predict(run_id, api_name="/export_run")
     assert sorted(Path(f).suffix for f in files) == [".csv", ".json"]
+
+    # Delete the cancelled run with its folder; the finished one stays.
+    folder = app.runs_dir / f"run-{second:04d}"
+    assert folder.is_dir()
+    message, _ = client.predict(second, True, api_name="/delete_run")
+    assert "deleted with its folder" in message, message
+    assert not folder.exists() and set(_history(client)) == {run_id}
 
 
 def test_browser_launch_shows_reward_plot_and_samples(app):

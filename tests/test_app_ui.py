@@ -116,7 +116,10 @@ def test_build_app_wires_named_endpoints_and_builds_nothing_at_import(tmp_path):
         demo.jagg_manager.shutdown()
 
 
-def test_launch_flags_and_exposure_warning():
+def test_launch_flags_and_exposure_warning(monkeypatch):
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    monkeypatch.delenv("GRADIO_SERVER_NAME", raising=False)
+    monkeypatch.delenv("GRADIO_SERVER_PORT", raising=False)
     args = launch.parse_args([])
     assert (args.host, args.port, args.auth, args.share, args.runs_dir) == (
         "127.0.0.1",
@@ -134,3 +137,6 @@ def test_launch_flags_and_exposure_warning():
     assert "without --auth" in launch.exposure_warning("0.0.0.0", None, False)
     assert "share link" in launch.exposure_warning("127.0.0.1", None, True)
     assert launch.exposure_warning("0.0.0.0", ("u", "p"), False) is None
+    assert launch.exposure_warning("0.0.0.0", None, False, space=True) is None
+    monkeypatch.setenv("SPACE_ID", "someone/jagg-studio")
+    assert launch.parse_args([]).host == "0.0.0.0"
