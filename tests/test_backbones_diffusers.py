@@ -465,7 +465,9 @@ def test_unreachable_hub_id_is_one_line() -> None:
     msg = str(info.value)
     assert "\n" not in msg and msg.startswith("sd3: cannot load 'nobody/no-such-sd3-model'")
     assert "model_path=/path/to/folder" in msg
-    with pytest.raises(BackboneConfigError, match="black-forest-labs/FLUX.1-dev"):  # model_path=None: the default
+    with pytest.raises(
+        BackboneConfigError, match="black-forest-labs/FLUX.1-dev"
+    ):  # model_path=None: the default
         build_backbone("flux", model_path=None)
 
 
