@@ -53,7 +53,7 @@ def space_mode_from_env() -> bool:
 
 
 def has_gpu() -> bool:
-    """An NVIDIA driver is present (decides the default r; the app itself never imports torch)."""
+    """An NVIDIA driver is present (decides the default r without initialising CUDA in the app)."""
     return Path("/proc/driver/nvidia/version").exists() or shutil.which("nvidia-smi") is not None
 
 
@@ -213,22 +213,22 @@ def build_app(
             refuse_if_busy()
             cfg = form_config(root, *form, space_mode=space)
         except ConfigError as exc:
-            return f"❌ **Not launched.** {exc}", None, gr.skip()
+            return f"**Not launched.** {exc}", None, gr.skip()
         run_id = manager.create(cfg.to_dict())
         started = manager.tick()
         where = "started" if run_id in started else "queued (starts when the current run finishes)"
-        return f"✅ Run #{run_id} {where}.", run_id, gr.update(choices=run_choices(), value=run_id)
+        return f"Run #{run_id} {where}.", run_id, gr.update(choices=run_choices(), value=run_id)
 
     def launch_pair(*form: Any) -> tuple[str, int | None, Any]:
         try:
             refuse_if_busy()
             cfg = form_config(root, *form, space_mode=space)
         except ConfigError as exc:
-            return f"❌ **Not launched.** {exc}", None, gr.skip()
+            return f"**Not launched.** {exc}", None, gr.skip()
         exact_id, jagg_id = manager.create_pair(cfg.to_dict())
         manager.tick()
         return (
-            f"✅ Pair queued: exact #{exact_id}, then JAGG #{jagg_id} (same config, prompts and seeds; the second "
+            f"Pair queued: exact #{exact_id}, then JAGG #{jagg_id} (same config, prompts and seeds; the second "
             f"starts when the first finishes).",
             jagg_id,
             gr.update(choices=run_choices(), value=exact_id),
@@ -287,7 +287,7 @@ def build_app(
         try:
             return manager.cancel(int(run_id))
         except StoreError as exc:
-            return f"❌ {exc}"
+            return f"**Error:** {exc}"
 
     def compare(run_ids: list[int] | None, r: float) -> tuple[Any, ...]:
         ids = [int(i) for i in (run_ids or [])]
@@ -316,7 +316,7 @@ def build_app(
         try:
             removed = manager.store.delete_run(int(run_id), delete_files=bool(delete_files))
         except StoreError as exc:
-            return f"❌ {exc}", history()
+            return f"**Error:** {exc}", history()
         return f"Run #{int(run_id)} deleted{' with its folder' if removed else ''}.", history()
 
     def export(run_id: float | None) -> tuple[str, list[str] | None]:
@@ -325,7 +325,7 @@ def build_app(
         try:
             csv_path, json_path = manager.store.export_run(int(run_id), root / "exports")
         except StoreError as exc:
-            return f"❌ {exc}", None
+            return f"**Error:** {exc}", None
         return f"Exported run #{int(run_id)}.", [str(csv_path), str(json_path)]
 
     # ------------------------------------------------------------------ layout

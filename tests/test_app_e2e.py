@@ -176,13 +176,13 @@ def _wait_status(client, run_id: int, statuses: tuple[str, ...], timeout: float)
 def test_launch_restart_finish_and_cancel_through_the_api(app):
     client = app.client()
     message, run_id, _ = client.predict(*_form(window=1), api_name="/launch_run")
-    assert message.startswith("❌") and "window: must be an integer >= 2, got 1" in message
+    assert message.startswith("**Not launched.**") and "window: must be an integer >= 2, got 1" in message
     message, pair_id, _ = client.predict(*_form(group_size=1), api_name="/compare_exact_jagg")
-    assert message.startswith("❌") and "group_size: must be an integer >= 2, got 1" in message
+    assert message.startswith("**Not launched.**") and "group_size: must be an integer >= 2, got 1" in message
     assert run_id is None and pair_id is None and _history(client) == {}, "an invalid form launched something"
 
     message, run_id, _ = client.predict(*_form(), api_name="/launch_run")
-    assert message.startswith("✅") and isinstance(run_id, int), message
+    assert message.startswith("Run #") and isinstance(run_id, int), message
     row = _wait_status(client, run_id, ("finished", "failed"), 240)
     assert row["status"] == "finished", f"{row}\n{app.read_log()}"
     assert row["step"] == "3/3" and row["final reward"] is not None
@@ -285,6 +285,18 @@ def test_browser_launch_shows_reward_plot_and_samples(app):
         else:
             extra = ""
         field("more settings (key=value, one a line)").send_keys(extra + SHORT + "\neval_every=2")
+        # An invalid value is refused inline with the config's message, and nothing launches.
+        assert "Predicted update-phase speedup over exact: <strong>1.29×" in driver.page_source
+        window = field("W (window)")
+        window.clear()
+        window.send_keys("1")
+        driver.find_element(By.XPATH, "//button[normalize-space()='Launch']").click()
+        wait.until(lambda d: "Not launched" in d.page_source)
+        assert "window: must be an integer &gt;= 2, got 1" in driver.page_source
+        ARTIFACTS.mkdir(exist_ok=True)
+        driver.save_screenshot(str(ARTIFACTS / "app-new-run-error.png"))
+        window.clear()
+        window.send_keys("4")
         driver.find_element(By.XPATH, "//button[normalize-space()='Launch']").click()
         wait.until(
             lambda d: "Run #" in d.page_source and ("started" in d.page_source or "queued" in d.page_source)

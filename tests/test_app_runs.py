@@ -204,3 +204,10 @@ def test_a_restarted_manager_reattaches(manager_factory, tmp_path):
     assert m2.store.get_run(dead)["status"] == "failed"
     assert _wait(lambda: m2.store.get_run(run_id)["status"] == "finished", manager=m2)
     assert _wait(lambda: m2.store.get_run(queued)["status"] == "finished", manager=m2)
+
+
+def test_the_lifecycle_module_does_not_import_torch():
+    import subprocess
+
+    code = "import sys, app.runs; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
