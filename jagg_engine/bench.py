@@ -18,7 +18,8 @@ two backwards) have the same unit cost; a batched call can only be cheaper per s
 
 Timing harness: one rollout batch, then the update phase of every strategy, repeated round-robin (one warm-up
 round first) so that a drift in machine load hits every strategy alike; medians and min–max per strategy, and
-per-round paired speedups. Every strategy but ``paper-code`` is :func:`jagg_engine.jagg.policy_update`, the
+per-round paired speedups. On a shared CPU, ``--threads 1 --clock cpu`` times with the process's CPU time,
+which other jobs do not inflate. Every strategy but ``paper-code`` is :func:`jagg_engine.jagg.policy_update`, the
 same code the trainer calls. ``r`` is measured on the same model and batch: median(grad forward + backward)
 over median(no-grad forward), both interleaved with the updates.
 
@@ -54,6 +55,7 @@ from .sde import SamplerConfig, Trajectory, rollout
 
 BENCH_STRATEGIES = ("exact", "jagg", "jagg-sequential", "endpoint", "paper-code")
 BENCH_BACKBONES = ("tiny-flux", "bench-flux", "tiny-shapes", "flux")
+CLOCKS = ("wall", "cpu")
 
 # ----------------------------------------------------------------------------------------------------------
 # Cost model
@@ -329,13 +331,19 @@ def bench_update(
     repeats: int = 7,
     strategies: Sequence[str] = BENCH_STRATEGIES,
     r_samples: int = 2,
+    clock: str = "wall",
 ) -> dict[str, Any]:
     """Time the update phase of each strategy on one rollout batch; see the module docstring.
 
     Round-robin: one warm-up round, then ``repeats`` rounds; each round runs every strategy once (gradients
     zeroed before each) and ``r_samples`` no-grad forwards and grad forward+backward passes of step 0.
+    ``clock``: "wall" (``time.perf_counter``, CUDA-synchronised) or "cpu" (``time.process_time``: the CPU time
+    of this process, which other processes on a shared CPU do not inflate; meant for one intra-op thread).
     Returns the ``jagg bench --json`` object minus the run description.
     """
+    if clock not in CLOCKS:
+        raise ValueError(f"clock: must be one of {', '.join(CLOCKS)}, got {clock!r}")
+    now = time.perf_counter if clock == "wall" else time.process_time
     device = traj.latents.device
     updates = {name: strategy_update(name, window, jagg_frac) for name in strategies}
     B = traj.batch_size
@@ -353,10 +361,10 @@ def bench_update(
     def timed(fn: Callable[[], object]) -> tuple[float, object]:
         _zero(params)
         _sync(device)
-        start = time.perf_counter()
+        start = now()
         out = fn()
         _sync(device)
-        return time.perf_counter() - start, out
+        return now() - start, out
 
     times: dict[str, list[float]] = {name: [] for name in strategies}
     fwd_times: dict[str, list[float]] = {name: [] for name in strategies}
@@ -385,6 +393,7 @@ def bench_update(
     exact = times.get("exact")
     out: dict[str, Any] = {
         "r": r,
+        "clock": clock,
         "forward_s": _spread(r_fwd),
         "forward_backward_s": _spread(r_fb),
         "trained_steps": K,
@@ -462,6 +471,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 (default: bf16 on cuda, fp32 on cpu)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's own)")
+    p.add_argument(
+        "--clock",
+        default="wall",
+        help="wall | cpu: CPU time of this process (with --threads 1, robust to other jobs on a shared CPU)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
@@ -508,6 +522,11 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError(f"dtype: must be one of float32, bfloat16, got {args.dtype!r}")
     if args.device not in (None, "cpu") and not str(args.device).startswith("cuda"):
         raise UsageError(f"device: must be cpu or cuda[:N], got {args.device!r}")
+    if args.clock not in CLOCKS:
+        raise UsageError(f"clock: must be one of {', '.join(CLOCKS)}, got {args.clock!r}")
+    on_cuda = str(args.device).startswith("cuda") or (args.device is None and torch.cuda.is_available())
+    if args.clock == "cpu" and on_cuda:
+        raise UsageError("clock: cpu time does not measure GPU work; use --clock wall with --device cuda")
     if str(args.device).startswith("cuda") and not torch.cuda.is_available():
         raise UsageError("device: cuda requested but no CUDA device is available")
 
@@ -537,6 +556,7 @@ def run(args: argparse.Namespace) -> int:
         steps=args.steps,
         repeats=args.repeats,
         seed=args.seed,
+        clock=args.clock,
     )
     if args.json:
         print(json.dumps(report))
@@ -554,6 +574,7 @@ def bench_backbone(
     steps: int = 16,
     repeats: int = 7,
     seed: int = 0,
+    clock: str = "wall",
 ) -> dict[str, Any]:
     """One seeded rollout batch of ``backbone``, then :func:`bench_update`; the full `jagg bench` report."""
     from .cli import default_prompts
@@ -567,7 +588,9 @@ def bench_backbone(
     traj = rollout(backbone, cond, noise, sampler, generator=gen)
     # Timing needs a policy-gradient signal, not a good one: seeded N(0, 1) advantages.
     advantages = torch.randn(traj.batch_size, generator=gen, dtype=torch.float64).to(device)
-    result = bench_update(backbone, params, traj, advantages, sampler, window, jagg_frac, repeats=repeats)
+    result = bench_update(
+        backbone, params, traj, advantages, sampler, window, jagg_frac, repeats=repeats, clock=clock
+    )
     return {
         "backbone": name,
         "window": window,
@@ -589,7 +612,7 @@ def format_table(report: dict[str, Any]) -> str:
     lines = [
         f"jagg bench: backbone={report['backbone']} W={report['window']} jagg_frac={report['jagg_frac']:g} "
         f"T={report['steps']} B={report['batch']} repeats={report['repeats']} device={report['device']} "
-        f"dtype={report['dtype']} threads={report['threads']} params={report['params']:,}",
+        f"dtype={report['dtype']} threads={report['threads']} params={report['params']:,} clock={report['clock']}",
         f"r = {report['r']:.3f}  (forward {1e3 * f['median']:.1f} ms [{1e3 * f['min']:.1f}–{1e3 * f['max']:.1f}], "
         f"forward+backward {1e3 * fb['median']:.1f} ms [{1e3 * fb['min']:.1f}–{1e3 * fb['max']:.1f}])",
         f"{'strategy':<16} {'median_s':>9} {'min–max_s':>15} {'speedup':>8} {'paired min–max':>15} "

@@ -196,6 +196,7 @@ def test_bench_cli_table(capsys):
         (["--jagg-frac", "nan"], "jagg_frac"),
         (["--backbone", "nope"], "backbone"),
         (["--repeats", "0"], "repeats"),
+        (["--clock", "sundial"], "clock"),
         (["--backbone", "flux"], "model-path"),
     ],
 )
