@@ -7,10 +7,12 @@ dropout to the null caption (so classifier-free guidance works), fixed seeds.
 
 Shipped weights (assets/tiny-shapes) were made with:
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/pretrain_tiny_shapes.py --steps STEPS_SHIPPED --threads 1 \
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/pretrain_tiny_shapes.py --steps 1000 --threads 1 \
         --out assets/tiny-shapes
 
-TIME_SHIPPED
+1,000 steps took 29.7 min here (1 thread on a 2-core CPU shared with other jobs: 0.9 s/step when the
+machine was otherwise idle, up to 3–4 s/step under load), final loss 0.045. ``jagg eval`` (64 prompts ×
+4 seeds, Euler 20 steps, CFG 1): shapes 0.768 ± 0.211; colour 0.97, position 0.97, shape 0.37.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jagg_engine import shapes_data  # noqa: E402
-from jagg_engine.backbones.tiny_shapes import TEXT_LEN, pack_pixels, random_init  # noqa: E402
+from jagg_engine.backbones.tiny_shapes import TEXT_LEN, build, pack_pixels, random_init  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -45,6 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--num-single-layers", type=int, default=4)
+    p.add_argument("--init", type=Path, default=None, help="continue from saved weights instead of random ones")
     return p.parse_args(argv)
 
 
@@ -60,7 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    model = random_init(args.seed, num_single_layers=args.num_single_layers)
+    if args.init is not None:
+        model = build(weights_dir=args.init, train_embeddings=True)
+    else:
+        model = random_init(args.seed, num_single_layers=args.num_single_layers)
     model.train()
     ema = copy.deepcopy(model).eval().requires_grad_(False)
     params = [p for p in model.parameters() if p.requires_grad]
