@@ -505,7 +505,7 @@ def build_bench_backbone(
 
 
 def _check_args(args: argparse.Namespace) -> None:
-    from .cli import UsageError
+    from .errors import UsageError
 
     if args.backbone not in BENCH_BACKBONES:
         raise UsageError(f"backbone: must be one of {', '.join(BENCH_BACKBONES)}, got {args.backbone!r}")
@@ -533,7 +533,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """`jagg bench`: rollout, interleaved timing of every strategy, table or one JSON object."""
-    from .cli import UsageError
+    from .errors import UsageError
 
     _check_args(args)
     if args.threads is not None:

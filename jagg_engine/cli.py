@@ -12,11 +12,11 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
+from jagg_engine.errors import UsageError
+
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-
-class UsageError(Exception):
-    """A user error; ``main`` prints it as one line and exits with code 2."""
+__all__ = ["UsageError", "build_parser", "main"]
 
 
 class _Parser(argparse.ArgumentParser):

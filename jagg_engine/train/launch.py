@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from jagg_engine.cli import UsageError
+from jagg_engine.errors import UsageError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,0 +1,198 @@
+"""The trainer through `jagg train`, as the app and users start it: history, checkpoints, resume, cancel."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from jagg_engine.store import open_store
+
+SMALL = [
+    "prompts_per_step=2",
+    "group_size=4",
+    "sampling_steps=6",
+    "sde_window_end=4",
+    "eval_num_prompts=4",
+    "eval_seeds=[0]",
+    "eval_every=3",
+    "sample_every=1",
+    "probe_every=2",
+    "lr=3e-4",
+]
+
+
+def jagg(*args, runs_dir, wait=True, timeout=600):
+    cmd = [sys.executable, "-m", "jagg_engine.cli", "train", *args, "--runs-dir", str(runs_dir)]
+    if not wait:
+        return subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def wait_for(predicate, timeout=300, every=0.5):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(every)
+    return False
+
+
+def steps_logged(store, run_id, key="reward/mean"):
+    frame = store.metrics_frame(run_id)
+    return [] if frame.empty or key not in frame else frame.loc[frame[key].notna(), "step"].tolist()
+
+
+def test_three_step_run_writes_history_and_learns_something(tmp_path):
+    proc = jagg("steps=3", "checkpoint_every=2", *SMALL, runs_dir=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    store = open_store(tmp_path)
+    (run,) = store.list_runs()
+    assert run["status"] == "finished" and run["error"] is None
+    frame = store.metrics_frame(run["id"])
+    assert frame["step"].tolist() == [0, 1, 2, 3]
+    for key in (
+        "reward/mean",
+        "reward/std",
+        "loss/policy",
+        "loss/approx_kl",
+        "loss/clipfrac",
+        "grad/norm",
+        "lr",
+        "time/sampling",
+        "time/reward",
+        "time/update_forward",
+        "time/update_backward",
+        "time/update",
+        "time/step",
+        "count/forward",
+        "count/backward",
+    ):
+        assert frame.loc[frame.step > 0, key].notna().all(), key
+    assert frame.loc[frame.step.isin([0, 3]), "eval/reward/mean"].notna().all()
+    # JAGG, W = 4 on the 4 trained steps: one group → 1 grad forward, 2 no-grad forwards, 1 backward a step
+    assert frame.loc[frame.step > 0, "count/backward"].tolist() == [1.0, 1.0, 1.0]
+    assert frame.loc[frame.step > 0, "count/forward"].tolist() == [3.0, 3.0, 3.0]
+
+    run_dir = Path(run["run_dir"])
+    evals = store.samples(run["id"], kind="eval")
+    assert {s["step"] for s in evals} == {0, 3} and all((run_dir / s["path"]).is_file() for s in evals)
+    assert store.samples(run["id"], kind="train")
+    assert {p["step"] for p in store.probes(run["id"])} == {2}
+    assert (run_dir / "train.log").read_text().count("step 3 reward") == 1
+
+    checkpoints = sorted((run_dir / "checkpoints").glob("step_*.pt"))
+    assert [c.name for c in checkpoints] == ["step_00002.pt", "step_00003.pt"]
+    from jagg_engine.backbones import build_backbone
+
+    initial = build_backbone("tiny-shapes").trainable_parameters()
+    final = torch.load(checkpoints[-1], weights_only=False)["params"]
+    assert len(initial) == len(final)
+    assert any(not torch.equal(a.detach(), b) for a, b in zip(initial, final)), "no parameter changed"
+
+
+def test_two_processes_write_one_history(tmp_path):
+    proc = jagg(
+        "steps=2",
+        "eval_every=0",
+        *[a for a in SMALL if not a.startswith("eval_every")],
+        "--processes",
+        "2",
+        runs_dir=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    store = open_store(tmp_path)
+    (run,) = store.list_runs()
+    assert run["status"] == "finished"
+    assert steps_logged(store, run["id"]) == [1, 2]
+    assert (Path(run["run_dir"]) / "train.log").read_text().count("step 2 reward") == 1
+
+
+def test_sigkill_then_resume_has_no_gap_and_no_duplicate(tmp_path):
+    proc = jagg("steps=5", "checkpoint_every=1", *SMALL, runs_dir=tmp_path, wait=False)
+    store = open_store(tmp_path)
+    assert wait_for(
+        lambda: store.list_runs() and steps_logged(store, store.list_runs()[0]["id"])[-1:] == [2]
+    ), proc.stderr.read() if proc.poll() is not None else "timeout"
+    os.killpg(proc.pid, signal.SIGKILL)  # during step 3
+    proc.wait()
+    run_id = store.list_runs()[0]["id"]
+    before = store.metrics_frame(run_id)
+    assert steps_logged(store, run_id) == [1, 2]
+    store.check_liveness()
+    run = store.get_run(run_id)
+    assert run["status"] == "failed"
+
+    resumed = jagg("--resume", str(run_id), runs_dir=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert store.get_run(run_id)["status"] == "finished"
+    after = store.metrics_frame(run_id)
+    assert after["step"].tolist() == [0, 1, 2, 3, 4, 5]
+    assert steps_logged(store, run_id) == [1, 2, 3, 4, 5]
+    # rows of the completed steps are intact
+    cols = ["step", "reward/mean", "loss/policy"]
+    assert before[cols].head(3).equals(after[cols].head(3))
+
+
+def test_cancel_marks_cancelled_with_a_checkpoint(tmp_path):
+    proc = jagg("steps=200", "checkpoint_every=100", *SMALL, runs_dir=tmp_path, wait=False)
+    store = open_store(tmp_path)
+    assert wait_for(lambda: store.list_runs() and steps_logged(store, store.list_runs()[0]["id"]))
+    run_id = store.list_runs()[0]["id"]
+    t0 = time.time()
+    store.request_cancel(run_id)
+    assert wait_for(lambda: store.get_run(run_id)["status"] == "cancelled", timeout=30)
+    assert time.time() - t0 < 30
+    proc.wait(timeout=30)
+    assert list((Path(store.get_run(run_id)["run_dir"]) / "checkpoints").glob("step_*.pt"))
+
+
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ("window=1", "window"),
+        ("jagg_frac=2", "jagg_frac"),
+        ("strategy=fast", "strategy"),
+        ("steps=0", "steps"),
+        ("rewards={nope: 1}", "rewards"),
+        ("windw=3", "windw"),
+    ],
+)
+def test_bad_config_exit_2_one_line_nothing_written(tmp_path, override, field):
+    proc = jagg(override, runs_dir=tmp_path)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and field in lines[0] and "Traceback" not in proc.stderr
+    assert not (tmp_path / "jagg.db").exists() or not open_store(tmp_path).list_runs()
+
+
+def test_non_finite_reward_stops_the_run_and_keeps_the_checkpoint(tmp_path):
+    from jagg_engine.rewards.registry import register_reward
+    from jagg_engine.train.config import load_config
+    from jagg_engine.train.trainer import train
+
+    calls = {"n": 0}
+
+    @register_reward("test-nan-after-2")
+    def _factory():
+        def score(images, prompts):
+            calls["n"] += 1
+            value = float("nan") if calls["n"] > 3 else 0.0  # eval at step 0, then steps 1–2, then NaN
+            return torch.full((len(prompts),), value) + torch.arange(len(prompts)) * 0.01
+
+        return score
+
+    cfg = load_config(None, ["steps=4", "checkpoint_every=1", "rewards={test-nan-after-2: 1.0}", *SMALL])
+    store = open_store(tmp_path)
+    run_id = store.create_run("nan", cfg.to_dict(), tmp_path / "run")
+    assert train(run_id, str(tmp_path)) == 1
+    run = store.get_run(run_id)
+    assert run["status"] == "failed" and "non-finite reward at step 3" in run["error"]
+    assert steps_logged(store, run_id) == [1, 2]
+    assert (tmp_path / "run" / "checkpoints" / "step_00002.pt").is_file()
