@@ -47,7 +47,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--num-single-layers", type=int, default=4)
-    p.add_argument("--init", type=Path, default=None, help="continue from saved weights instead of random ones")
+    p.add_argument(
+        "--init", type=Path, default=None, help="continue from saved weights instead of random ones"
+    )
     return p.parse_args(argv)
 
 
