@@ -146,6 +146,12 @@ def _commands() -> dict[str, tuple[str, Callable, Callable]]:
             "add_arguments",
             "run",
         ),
+        "study": (
+            "fidelity study: cosine by group, reward parity of exact vs jagg vs endpoint",
+            "jagg_engine.study",
+            "add_arguments",
+            "run",
+        ),
         "train": ("run GRPO training under accelerate", "jagg_engine.train.launch", "add_arguments", "run"),
         "runs": ("list the run history", "jagg_engine.runs_cli", "add_runs_arguments", "run_runs"),
         "export": (

@@ -142,6 +142,10 @@ class TinyShapes(torch.nn.Module):
         v_c, v_u = v[:b], v[b:]
         return v_u + self.cfg_scale * (v_c - v_u)
 
+    def sample_prompts(self, n: int, seed: int = 0) -> list[str]:
+        """``n`` prompts of the closed vocabulary drawn reproducibly (for probes and benches)."""
+        return shapes_data.sample_prompts(n, seed)
+
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Latents (B, 64, 48) in [−1, 1] → uint8 images (B, 32, 32, 3) on the CPU."""
         images = unpack_tokens(latents.detach().float().cpu())

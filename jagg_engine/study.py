@@ -1,0 +1,283 @@
+"""`jagg study`: the fidelity study — gradient cosine by group, and reward parity of exact vs JAGG vs endpoint.
+
+jagg study cosine --backbone tiny-shapes --window 4 --batches 5
+    per group mean ± std over rollout batches of cosine(g_jagg, g_exact) (and endpoint-only), plus the
+    whole-update cosine for each jagg_frac; the same probe routine as `jagg probe` and training.
+
+jagg study parity CONFIG --strategies exact,jagg,endpoint --seeds 0,1,2 [key=value …]
+    trains one run per (strategy, seed) through `jagg train` with identical config, prompts and seeds, then
+    reports per strategy the training-reward gain (mean of the last 10 steps − mean of the first 10), the
+    eval gain (last eval − step-0 eval) and the update-phase time, as mean ± std over seeds; writes
+    report.md, results.json and a plotly figure (HTML; PNG when kaleido is installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from jagg_engine.errors import UsageError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="study", required=True)
+    c = sub.add_parser("cosine", help="gradient cosine per group over several rollout batches")
+    c.add_argument("--backbone", default="tiny-shapes")
+    c.add_argument("--window", type=int, default=4)
+    c.add_argument("--steps", type=int, default=12, help="sampling steps")
+    c.add_argument("--sde-window", default="0:12", help="START:END of the trained steps")
+    c.add_argument("--batches", type=int, default=5)
+    c.add_argument("--batch", type=int, default=16, help="samples per rollout batch")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--out", default=None, help="folder for cosine.md and cosine.json")
+    q = sub.add_parser("parity", help="train exact / jagg / endpoint over seeds and compare rewards")
+    q.add_argument("config", nargs="?", default="configs/tiny-shapes-cpu.yaml")
+    q.add_argument("overrides", nargs="*", help="key=value overrides applied to every run")
+    q.add_argument("--strategies", default="exact,jagg,endpoint")
+    q.add_argument("--seeds", default="0,1,2")
+    q.add_argument("--jagg-frac", type=float, default=0.6)
+    q.add_argument("--runs-dir", default="runs/study")
+    q.add_argument("--out", default="reports/parity")
+    q.add_argument("--report-only", action="store_true", help="rebuild the report from finished runs")
+
+
+def _mean_std(xs: list[float]) -> tuple[float, float]:
+    return (statistics.fmean(xs), statistics.pstdev(xs)) if xs else (float("nan"), float("nan"))
+
+
+# ------------------------------------------------------------------------------------------------ cosine
+
+
+def run_cosine(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from jagg_engine.backbones import BackboneConfigError, build_backbone
+    from jagg_engine.cli import default_prompts
+    from jagg_engine.jagg import UpdateConfig
+    from jagg_engine.probe import probe_groups
+    from jagg_engine.sde import SamplerConfig, rollout
+
+    try:
+        start, end = (int(x) for x in args.sde_window.split(":"))
+        sampler = SamplerConfig(num_steps=args.steps, sde_window=(start, end))
+        update = UpdateConfig(window=args.window)
+        backbone = build_backbone(args.backbone)
+    except (ValueError, BackboneConfigError) as exc:
+        raise UsageError(str(exc).splitlines()[0]) from None
+    if args.batches < 1:
+        raise UsageError(f"batches: must be a positive integer, got {args.batches}")
+    params = backbone.trainable_parameters()
+    per_group: dict[int, dict[str, list[float]]] = {}
+    whole: dict[str, list[float]] = {}
+    bounds: dict[int, tuple[float, float]] = {}
+    for b in range(args.batches):
+        seed = args.seed + b
+        gen = torch.Generator().manual_seed(seed)
+        cond = backbone.encode_prompts(default_prompts(backbone, args.batch, seed))
+        noise = torch.randn(args.batch, *backbone.latent_shape, generator=gen)
+        traj = rollout(backbone, cond, noise, sampler, generator=gen)
+        adv = torch.randn(args.batch, generator=gen, dtype=torch.float64)
+        rows, w = probe_groups(backbone, params, traj, adv, update, sampler, with_endpoint=True)
+        for r in rows:
+            g = per_group.setdefault(r.index, {"cosine": [], "endpoint_cosine": [], "rel_error": []})
+            g["cosine"].append(r.cosine)
+            g["endpoint_cosine"].append(r.endpoint_cosine)
+            g["rel_error"].append(r.rel_error)
+            bounds[r.index] = (r.t_start, r.t_end)
+        for k, v in w.items():
+            whole.setdefault(k, []).append(v)
+        print(f"batch {b + 1}/{args.batches} done", file=sys.stderr)
+    result = {
+        "backbone": args.backbone,
+        "window": args.window,
+        "batches": args.batches,
+        "groups": [
+            {
+                "index": k,
+                "t_start": bounds[k][0],
+                "t_end": bounds[k][1],
+                **{f"{m}_mean": _mean_std(v)[0] for m, v in g.items()},
+                **{f"{m}_std": _mean_std(v)[1] for m, v in g.items()},
+            }
+            for k, g in sorted(per_group.items())
+        ],
+        "whole_update": {k: {"mean": _mean_std(v)[0], "std": _mean_std(v)[1]} for k, v in whole.items()},
+    }
+    lines = [
+        f"Gradient cosine by group: {args.backbone}, W = {args.window}, {args.batches} rollout batches of "
+        f"{args.batch} (mean ± std)",
+        "",
+        "| group | t | cosine(JAGG, exact) | cosine(endpoint, exact) | rel. error JAGG |",
+        "|---|---|---|---|---|",
+    ]
+    for g in result["groups"]:
+        lines.append(
+            f"| {g['index']} | {g['t_start']:.2f} → {g['t_end']:.2f} | {g['cosine_mean']:.3f} ± {g['cosine_std']:.3f}"
+            f" | {g['endpoint_cosine_mean']:.3f} ± {g['endpoint_cosine_std']:.3f}"
+            f" | {g['rel_error_mean']:.3f} ± {g['rel_error_std']:.3f} |"
+        )
+    lines += [
+        "",
+        "Whole-update cosine: "
+        + ", ".join(f"{k} {v['mean']:.4f} ± {v['std']:.4f}" for k, v in result["whole_update"].items()),
+    ]
+    print("\n".join(lines))
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"cosine-{args.backbone}.md").write_text("\n".join(lines) + "\n")
+        (out / f"cosine-{args.backbone}.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+# ------------------------------------------------------------------------------------------------ parity
+
+
+def _train(config: str, overrides: list[str], runs_dir: str) -> int:
+    cmd = [sys.executable, "-m", "jagg_engine.cli", "train", config, *overrides, "--runs-dir", runs_dir]
+    print("$ " + " ".join(cmd[2:]), file=sys.stderr)
+    return subprocess.run(cmd).returncode
+
+
+def run_summary(frame, eval_key: str = "eval/reward/mean") -> dict[str, float]:
+    """Gains of one run from its metrics frame: training reward last 10 − first 10 steps, eval last − first."""
+    train = frame.loc[frame["step"] > 0, "reward/mean"].dropna().tolist()
+    ev = frame[["step", eval_key]].dropna() if eval_key in frame else frame.iloc[0:0]
+    n = min(10, len(train) // 2)
+    upd = frame.loc[frame["step"] > 1, "time/update"].dropna().tolist()  # step 1 carries warm-up
+    return {
+        "steps": len(train),
+        "train_first": statistics.fmean(train[:n]) if n else float("nan"),
+        "train_last": statistics.fmean(train[-n:]) if n else float("nan"),
+        "train_gain": statistics.fmean(train[-n:]) - statistics.fmean(train[:n]) if n else float("nan"),
+        "eval_start": float(ev[eval_key].iloc[0]) if len(ev) else float("nan"),
+        "eval_end": float(ev[eval_key].iloc[-1]) if len(ev) else float("nan"),
+        "eval_gain": float(ev[eval_key].iloc[-1] - ev[eval_key].iloc[0]) if len(ev) > 1 else float("nan"),
+        "update_s_median": statistics.median(upd) if upd else float("nan"),
+        "step_s_median": statistics.median(
+            frame.loc[frame["step"] > 1, "time/step"].dropna().tolist() or [0]
+        ),
+    }
+
+
+def run_parity(args: argparse.Namespace) -> dict[str, Any]:
+    from jagg_engine.store import open_store
+
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        raise UsageError(f"seeds: a comma-separated list of integers, got {args.seeds!r}") from None
+    for s in strategies:
+        if s not in ("exact", "jagg", "endpoint"):
+            raise UsageError(f"strategies: each one of exact, jagg, endpoint, got {s!r}")
+    names = {s: f"parity-{s}" for s in strategies}
+    if not args.report_only:
+        for seed in seeds:  # interleaved: a drift of the machine's speed hits every strategy alike
+            for s in strategies:
+                extra = [f"strategy={s}", f"seed={seed}", f"name={names[s]}-seed{seed}"]
+                if s != "exact":
+                    extra.append(f"jagg_frac={args.jagg_frac}")
+                code = _train(args.config, [*args.overrides, *extra], args.runs_dir)
+                if code != 0:
+                    raise UsageError(f"training {s} seed {seed} failed with exit code {code}")
+    store = open_store(args.runs_dir)
+    runs = [r for r in store.list_runs() if r["status"] == "finished" and r["name"].startswith("parity-")]
+    per: dict[str, list[dict[str, Any]]] = {s: [] for s in strategies}
+    curves: dict[str, list[tuple[int, Any]]] = {s: [] for s in strategies}
+    for r in sorted(runs, key=lambda r: r["id"]):
+        s = r["config"]["strategy"]
+        if s in per and r["config"]["seed"] in seeds:
+            frame = store.metrics_frame(r["id"])
+            per[s].append({"run_id": r["id"], "seed": r["config"]["seed"], **run_summary(frame)})
+            curves[s].append((r["config"]["seed"], frame))
+    summary = {}
+    for s, rows in per.items():
+        summary[s] = {
+            k: _mean_std([row[k] for row in rows])
+            for k in ("train_gain", "eval_gain", "eval_end", "update_s_median", "step_s_median")
+        }
+        summary[s]["n"] = len(rows)
+    exact_update = summary.get("exact", {}).get("update_s_median", (float("nan"),))[0]
+    lines = [
+        f"Reward parity on {args.config} ({', '.join(args.overrides) or 'as shipped'}); jagg/endpoint at "
+        f"jagg_frac = {args.jagg_frac}; seeds {args.seeds}; mean ± std over seeds.",
+        "",
+        "| strategy | runs | train gain (last 10 − first 10) | eval gain | final eval | update s/step | "
+        "update speedup vs exact |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s, m in summary.items():
+        speed = exact_update / m["update_s_median"][0] if m["update_s_median"][0] else float("nan")
+        lines.append(
+            f"| {s} | {m['n']} | {m['train_gain'][0]:+.3f} ± {m['train_gain'][1]:.3f} | "
+            f"{m['eval_gain'][0]:+.3f} ± {m['eval_gain'][1]:.3f} | {m['eval_end'][0]:.3f} ± {m['eval_end'][1]:.3f} | "
+            f"{m['update_s_median'][0]:.2f} | {speed:.2f}× |"
+        )
+    lines += [
+        "",
+        "Per run:",
+        "",
+        "| strategy | seed | run | train first 10 | last 10 | gain | eval start → end |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s, rows in per.items():
+        for row in rows:
+            lines.append(
+                f"| {s} | {row['seed']} | {row['run_id']} | {row['train_first']:.3f} | {row['train_last']:.3f} | "
+                f"{row['train_gain']:+.3f} | {row['eval_start']:.3f} → {row['eval_end']:.3f} |"
+            )
+    report = "\n".join(lines) + "\n"
+    print(report)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text(report)
+    (out / "results.json").write_text(json.dumps({"summary": summary, "runs": per}, indent=1, default=str))
+    _parity_figure(curves, out)
+    return {"summary": summary, "runs": per}
+
+
+def _parity_figure(curves: dict[str, list[tuple[int, Any]]], out: Path) -> None:
+    import plotly.graph_objects as go
+
+    colours = {"exact": "#1f77b4", "jagg": "#d62728", "endpoint": "#7f7f7f"}
+    fig = go.Figure()
+    for s, runs in curves.items():
+        for seed, frame in runs:
+            f = frame[frame["step"] > 0]
+            smooth = f["reward/mean"].rolling(5, min_periods=1).mean()
+            fig.add_trace(
+                go.Scatter(
+                    x=f["step"],
+                    y=smooth,
+                    mode="lines",
+                    name=f"{s} seed {seed}",
+                    legendgroup=s,
+                    line={"color": colours.get(s), "width": 1.5},
+                    showlegend=True,
+                )
+            )
+    fig.update_layout(
+        title="Training reward (5-step moving mean): exact vs JAGG vs endpoint",
+        xaxis_title="step",
+        yaxis_title="reward",
+        template="plotly_white",
+    )
+    fig.write_html(out / "parity.html", include_plotlyjs="cdn")
+    try:
+        fig.write_image(out / "parity.png", width=900, height=500)
+    except Exception as exc:  # kaleido (and a browser) are optional
+        print(f"note: no PNG ({type(exc).__name__}); the HTML figure is written", file=sys.stderr)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.study == "cosine":
+        run_cosine(args)
+    else:
+        run_parity(args)
+    return 0
