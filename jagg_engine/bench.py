@@ -7,6 +7,7 @@ plus its backward costs r units. Per group of n trained steps:
     jagg, jagg-sequential       (n − 2) + 2r      inner steps forwarded without grad, two endpoint backwards
     endpoint                    2r                the paper's ablation: the endpoints' own losses only
     paper-code                  n + 2r            all n steps without grad, then each endpoint again with grad
+    jagg+reuse                  2r                inner velocities taken from the rollout (on-policy update)
 
 A group of one step is exact under every strategy. Routing (jagg_frac = f) sends the first ceil(f·G) groups
 to the strategy and the rest to exact, exactly as :func:`jagg_engine.jagg.group_plan` does for training, so
@@ -53,7 +54,7 @@ from .jagg import (
 )
 from .sde import SamplerConfig, Trajectory, rollout
 
-BENCH_STRATEGIES = ("exact", "jagg", "jagg-sequential", "endpoint", "paper-code")
+BENCH_STRATEGIES = ("exact", "jagg", "jagg-sequential", "endpoint", "paper-code", "jagg+reuse")
 BENCH_BACKBONES = ("tiny-flux", "bench-flux", "tiny-shapes", "flux")
 CLOCKS = ("wall", "cpu")
 
@@ -67,7 +68,7 @@ def group_cost(n: int, r: float, kind: str) -> float:
         return n * r
     if kind in ("jagg", "jagg-sequential"):
         return (n - 2) + 2 * r
-    if kind == "endpoint":
+    if kind in ("endpoint", "jagg+reuse"):
         return 2 * r
     if kind == "paper-code":
         return n + 2 * r
@@ -88,7 +89,9 @@ def cost_model_speedup(
         raise ValueError(f"strategy: must be one of {', '.join(BENCH_STRATEGIES)}, got {strategy!r}")
     if not r > 0:
         raise ValueError(f"r: must be > 0, got {r}")
-    engine_strategy = {"jagg-sequential": "jagg", "paper-code": "jagg"}.get(strategy, strategy)
+    engine_strategy = {"jagg-sequential": "jagg", "paper-code": "jagg", "jagg+reuse": "jagg"}.get(
+        strategy, strategy
+    )
     update = UpdateConfig(strategy=engine_strategy, window=window, jagg_frac=jagg_frac)  # validates W, f
     if strategy == "exact":
         return 1.0
@@ -160,6 +163,9 @@ def strategy_update(name: str, window: int, jagg_frac: float) -> UpdateFn:
         ),
         "endpoint": UpdateConfig(strategy="endpoint", window=window, jagg_frac=jagg_frac),
         "paper-code": UpdateConfig(strategy="jagg", window=window, jagg_frac=jagg_frac),
+        "jagg+reuse": UpdateConfig(
+            strategy="jagg", window=window, jagg_frac=jagg_frac, reuse_rollout_velocity="auto"
+        ),
     }
     if name not in configs:
         raise ValueError(f"strategy: must be one of {', '.join(BENCH_STRATEGIES)}, got {name!r}")
@@ -585,7 +591,7 @@ def bench_backbone(
     device = params[0].device
     cond = backbone.encode_prompts(default_prompts(backbone, batch, seed))
     noise = torch.randn(batch, *backbone.latent_shape, generator=gen).to(device, params[0].dtype)
-    traj = rollout(backbone, cond, noise, sampler, generator=gen)
+    traj = rollout(backbone, cond, noise, sampler, generator=gen, store_velocities=True)  # for jagg+reuse
     # Timing needs a policy-gradient signal, not a good one: seeded N(0, 1) advantages.
     advantages = torch.randn(traj.batch_size, generator=gen, dtype=torch.float64).to(device)
     result = bench_update(

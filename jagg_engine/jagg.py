@@ -56,7 +56,7 @@ class UpdateConfig:
     beta:              weight of the KL to the reference policy (0 = no reference forwards)
     reuse_rollout_velocity: auto | off. With auto, the inner steps of a JAGG group take v̂_j stored by the
                        rollout instead of a no-grad forward, when and only when the policy is the one that
-                       sampled (same parameter version, not in training mode i.e. no dropout, velocities
+                       sampled (same parameter version, no active dropout, velocities
                        stored in the compute dtype) — a group then costs 2r instead of W − 2 + 2r.
     """
 
@@ -324,8 +324,10 @@ def can_reuse_velocities(model: VelocityFn, traj: Trajectory) -> bool:
         return False
     if traj.param_version != param_version(model):
         return False
-    if isinstance(model, torch.nn.Module) and model.training:
-        return False
+    if isinstance(model, torch.nn.Module) and any(
+        isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.training and m.p > 0 for m in model.modules()
+    ):
+        return False  # an active dropout makes the update's velocities differ from the sampled ones
     return traj.velocities.dtype == compute_dtype(traj.velocities.dtype)
 
 

@@ -413,11 +413,12 @@ def test_reuse_rollout_velocity_on_policy_equals_jagg_and_saves_forwards():
     zero(params)
     stale = policy_update(model, traj, adv, UpdateConfig(window=4, reuse_rollout_velocity="auto"), sampler)
     assert stale.counts.reused == 0 and stale.counts.forward_nograd == n_groups * (4 - 2)
-    # nor in training mode (dropout could make the sampled velocities differ from the update's)
-    fresh = rollout(
-        model, cond, torch.randn(3, *model.latent_shape, generator=g), sampler, g, store_velocities=True
-    )
+    # nor with an active dropout (it would make the update's velocities differ from the sampled ones)
+    model.extra_dropout = torch.nn.Dropout(0.1)
+    noise = torch.randn(3, *model.latent_shape, generator=g)
+    fresh = rollout(model, cond, noise, sampler, g, store_velocities=True)
+    update = UpdateConfig(window=4, reuse_rollout_velocity="auto")
     model.train()
-    r = policy_update(model, fresh, adv, UpdateConfig(window=4, reuse_rollout_velocity="auto"), sampler)
-    assert r.counts.reused == 0
+    assert policy_update(model, fresh, adv, update, sampler).counts.reused == 0
     model.eval()
+    assert policy_update(model, fresh, adv, update, sampler).counts.reused == n_groups * (4 - 2)

@@ -12,6 +12,7 @@ from .base import Backbone, Cond, VelocityFn, cat_cond, index_cond
 BACKBONES: dict[str, str] = {
     "linear-toy": "jagg_engine.backbones.linear_toy:LinearToy",
     "tiny-flux": "jagg_engine.backbones.flux_core:TinyFlux",
+    "bench-flux": "jagg_engine.bench:BenchFlux",
     "tiny-shapes": "jagg_engine.backbones.tiny_shapes:build",
     "flux": "jagg_engine.backbones.flux:build",
     "qwen-image": "jagg_engine.backbones.qwen_image:build",

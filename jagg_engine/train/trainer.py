@@ -71,7 +71,7 @@ def build_model(cfg: TrainConfig, device: torch.device) -> Any:
             opts.setdefault("cfg_scale", cfg.cfg_scale)
     model = build_backbone(cfg.backbone, **opts)
     if isinstance(model, torch.nn.Module):
-        model.to(device)
+        model.to(device).eval()  # no dropout: the update must see the function that sampled
     return model
 
 
