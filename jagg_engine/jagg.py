@@ -123,6 +123,22 @@ def num_routed_groups(n_groups: int, jagg_frac: float) -> int:
     return min(n_groups, math.ceil(round(jagg_frac * n_groups, 9)))
 
 
+def auto_jagg_frac(cosines: list[float], threshold: float = 0.7) -> float:
+    """Automatic routing: the fraction of groups in the LEADING run of groups (high noise first) whose measured
+    cosine(g_jagg, g_exact) is at least ``threshold``; the first group below it and all later ones go exact.
+
+    Returns n / G, which :func:`num_routed_groups` maps back to exactly n groups.
+    """
+    if not cosines:
+        raise ValueError("auto_jagg_frac: no group cosines")
+    n = 0
+    for c in cosines:
+        if not c >= threshold:  # NaN counts as below
+            break
+        n += 1
+    return n / len(cosines)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # The per-step objective and its upstream gradient
 

@@ -422,3 +422,54 @@ def test_reuse_rollout_velocity_on_policy_equals_jagg_and_saves_forwards():
     assert policy_update(model, fresh, adv, update, sampler).counts.reused == 0
     model.eval()
     assert policy_update(model, fresh, adv, update, sampler).counts.reused == n_groups * (4 - 2)
+
+
+# ---------------------------------------------------------------------------------------------- automatic routing
+
+
+def test_auto_jagg_frac_leading_groups_above_threshold():
+    from jagg_engine.jagg import auto_jagg_frac
+
+    assert auto_jagg_frac([0.9, 0.8, 0.75], 0.7) == 1.0
+    assert auto_jagg_frac([0.9, 0.6, 0.95], 0.7) == pytest.approx(
+        1 / 3
+    )  # routing stops at the first weak group
+    assert auto_jagg_frac([0.5, 0.9], 0.7) == 0.0
+    assert auto_jagg_frac([float("nan"), 0.9], 0.7) == 0.0
+    for n_groups in range(1, 12):
+        for n in range(n_groups + 1):
+            assert num_routed_groups(n_groups, n / n_groups) == n
+
+
+class LateNonlinearToy(torch.nn.Module):
+    """v = −z/2 + θ_0 + t·θ_1 + b(t)·θ_2 with b(t) = 100·sin(40t)·relu(0.45 − t): linear in t until t = 0.45,
+    strongly nonlinear after — so the late groups' Jacobians are far from the interpolation."""
+
+    latent_shape = (8,)
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.theta = torch.nn.Parameter(torch.randn(3, 8, generator=g, dtype=F64))
+
+    def forward(self, z, t, cond=None):
+        bump = 100 * torch.sin(40 * t) * torch.relu(0.45 - t)
+        return -0.5 * z + self.theta[0] + t[:, None] * self.theta[1] + bump[:, None] * self.theta[2]
+
+    def trainable_parameters(self):
+        return [self.theta]
+
+
+@pytest.mark.parametrize("model, expected", [(LinearToy(), 1.0), (LateNonlinearToy(), 2 / 3)])
+def test_auto_routing_from_the_probe(model, expected):
+    from jagg_engine.jagg import auto_jagg_frac
+    from jagg_engine.probe import probe_groups
+
+    sampler = SamplerConfig(num_steps=12)
+    traj, adv = sde_rollout(model, sampler, batch=8)
+    update = UpdateConfig(window=4)
+    rows, _ = probe_groups(model, model.trainable_parameters(), traj, adv, update, sampler)
+    frac = auto_jagg_frac([r.cosine for r in rows], 0.7)
+    assert frac == pytest.approx(expected)
+    plan = group_plan(traj.sde_steps, UpdateConfig(window=4, jagg_frac=frac))
+    assert [k for _, k in plan] == (["jagg"] * 3 if expected == 1.0 else ["jagg", "jagg", "exact"])

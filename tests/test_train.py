@@ -101,7 +101,9 @@ def test_two_processes_write_one_history(tmp_path):
     proc = jagg(
         "steps=2",
         "eval_every=0",
-        *[a for a in SMALL if not a.startswith("eval_every")],
+        "auto_route=true",
+        "auto_route_every=2",
+        *[a for a in SMALL if not a.startswith(("eval_every", "probe_every"))],
         "--processes",
         "2",
         runs_dir=tmp_path,
@@ -111,7 +113,13 @@ def test_two_processes_write_one_history(tmp_path):
     (run,) = store.list_runs()
     assert run["status"] == "finished"
     assert steps_logged(store, run["id"]) == [1, 2]
-    assert (Path(run["run_dir"]) / "train.log").read_text().count("step 2 reward") == 1
+    log = (Path(run["run_dir"]) / "train.log").read_text()
+    assert log.count("step 2 reward") == 1
+    # auto routing probed the first rollout and step 2, and the routing it chose is in the history
+    assert log.count("auto routing") == 2
+    assert {p["step"] for p in store.probes(run["id"])} == {1, 2}
+    frame = store.metrics_frame(run["id"])
+    assert frame.loc[frame.step > 0, "route/jagg_frac"].between(0, 1).all()
 
 
 def test_sigkill_then_resume_has_no_gap_and_no_duplicate(tmp_path):

@@ -130,6 +130,13 @@ class TrainConfig:
         1.0, "Fraction of the windows (high-noise first) that use the strategy; the rest use exact backward."
     )
     endpoint_backward: str = _f("joint", "JAGG endpoint backward: joint (one autograd call) or sequential.")
+    auto_route: bool = _f(
+        False,
+        "Choose jagg_frac automatically: probe the gradient cosine per group on the first rollout and every"
+        " auto_route_every steps, and route to JAGG the leading groups whose cosine is >= auto_route_threshold.",
+    )
+    auto_route_threshold: float = _f(0.7, "Cosine a group must reach to stay on JAGG under auto_route.")
+    auto_route_every: int = _f(10, "Steps between two routing probes under auto_route.")
     reuse_rollout_velocity: str = _f(
         "off", "auto: JAGG inner steps reuse the rollout's velocities while the policy is unchanged; or off."
     )
@@ -331,6 +338,14 @@ class TrainConfig:
             raise ConfigError(f"jagg_frac: must be a number in [0, 1], got {self.jagg_frac}")
         _one_of("endpoint_backward", self.endpoint_backward, ENDPOINT_BACKWARDS)
         _one_of("reuse_rollout_velocity", self.reuse_rollout_velocity, ("off", "auto"))
+        if not -1.0 <= self.auto_route_threshold <= 1.0:
+            raise ConfigError(
+                f"auto_route_threshold: must be a cosine in [-1, 1], got {self.auto_route_threshold}"
+            )
+        if self.auto_route_every < 1:
+            raise ConfigError(f"auto_route_every: must be an integer >= 1, got {self.auto_route_every}")
+        if self.auto_route and self.strategy != "jagg":
+            raise ConfigError(f"auto_route: needs strategy jagg, got strategy {self.strategy!r}")
         _positive("lr", self.lr)
         _at_least("weight_decay", self.weight_decay, 0.0)
         if self.grad_clip is not None:

@@ -14,6 +14,7 @@ drawn from generators seeded by (seed, s, rank), so a resumed run replays exactl
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import math
 import os
@@ -31,7 +32,7 @@ from tqdm import tqdm
 
 from jagg_engine.backbones import build_backbone
 from jagg_engine.grpo import group_advantages
-from jagg_engine.jagg import policy_update
+from jagg_engine.jagg import auto_jagg_frac, policy_update
 from jagg_engine.probe import probe_groups
 from jagg_engine.rewards.registry import WeightedReward
 from jagg_engine.sde import Trajectory, bump_param_version, ode_sample, rollout
@@ -189,6 +190,8 @@ class Trainer:
         adv, all_rewards = self.advantages(total, groups)
         if not torch.isfinite(all_rewards).all():
             raise TrainingError(f"reward: non-finite reward at step {step}")
+        if self.cfg.auto_route and (step == self.start_step or step % self.cfg.auto_route_every == 0):
+            self.route(step, traj, adv)
         t2 = time.perf_counter()
         result = policy_update(
             self.model, traj, adv.to(self.acc.device), self.update, self.sampler, ref_model=self.ref_model()
@@ -210,6 +213,7 @@ class Trainer:
             "time/reward": t2 - t1,
             "time/step": t3 - t0,
             "count/forward": float(result.counts.forward_grad + result.counts.forward_nograd),
+            "route/jagg_frac": self.update.jagg_frac,
         }
         if self.main and self.cfg.sample_every and step % self.cfg.sample_every == 0:
             self.save_train_samples(step, prompts, images, total)
@@ -292,9 +296,24 @@ class Trainer:
             metrics[f"eval/reward/{k}/mean"] = float(torch.cat([p[k] for p in parts_all]).mean())
         return metrics
 
-    def probe(self, step: int, traj: Trajectory, adv: torch.Tensor) -> None:
-        """Gradient fidelity on (up to) the first 8 samples of this rollout; the same engine routines."""
-        n = min(8, traj.batch_size)
+    def route(self, step: int, traj: Trajectory, adv: torch.Tensor) -> None:
+        """auto_route: probe this rollout's groups and route the leading ones above the threshold to JAGG."""
+        rows = self.probe(step, traj, adv, n=16)
+        frac = auto_jagg_frac([r.cosine for r in rows], self.cfg.auto_route_threshold)
+        log.info(
+            "step %d: auto routing, jagg_frac %.3f (cosines %s)",
+            step,
+            frac,
+            ", ".join(f"{r.cosine:.3f}" for r in rows),
+        )
+        self.update = dataclasses.replace(self.update, jagg_frac=frac)
+
+    def probe(self, step: int, traj: Trajectory, adv: torch.Tensor, n: int = 8) -> list:
+        """Gradient fidelity on (up to) the first ``n`` samples of this rollout; the same engine routines.
+
+        Every rank computes it (the same routine on its own sub-batch); only the main process writes the rows.
+        """
+        n = min(n, traj.batch_size)
         sub = traj.select(slice(0, n))
         saved = [None if p.grad is None else p.grad.clone() for p in self.params]
         rows, _ = probe_groups(
@@ -317,6 +336,7 @@ class Trainer:
                     for r in rows
                 ],
             )
+        return rows
 
     # -------------------------------------------------------------------------------- checkpoints
     def checkpoint_dir(self) -> Path:
@@ -370,6 +390,7 @@ class Trainer:
     def run(self) -> str:
         cfg = self.cfg
         done = self.load_checkpoint() if self.resume else 0
+        self.start_step = done + 1
         if self.main:
             self.store.set_status(self.run_id, "running", pid=os.getpid())
             if self.resume:
