@@ -33,6 +33,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     c.add_argument("--sde-window", default="0:12", help="START:END of the trained steps")
     c.add_argument("--batches", type=int, default=5)
     c.add_argument("--batch", type=int, default=16, help="samples per rollout batch")
+    c.add_argument(
+        "--reward",
+        default=None,
+        help="score the rollout with this reward and use GRPO advantages (groups of --group-size, batch std);"
+        " default: seeded N(0, 1) advantages",
+    )
+    c.add_argument("--group-size", type=int, default=8, help="samples per prompt with --reward")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--out", default=None, help="folder for cosine.md and cosine.json")
     q = sub.add_parser("parity", help="train exact / jagg / endpoint over seeds and compare rewards")
@@ -71,6 +78,19 @@ def run_cosine(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(str(exc).splitlines()[0]) from None
     if args.batches < 1:
         raise UsageError(f"batches: must be a positive integer, got {args.batches}")
+    reward = None
+    if args.reward:
+        from jagg_engine.grpo import group_advantages
+        from jagg_engine.rewards.registry import RewardConfigError, WeightedReward
+
+        if args.group_size < 2 or args.batch % args.group_size:
+            raise UsageError(
+                f"group-size: must be >= 2 and divide --batch {args.batch}, got {args.group_size}"
+            )
+        try:
+            reward = WeightedReward({args.reward: 1.0})
+        except RewardConfigError as exc:
+            raise UsageError(str(exc)) from None
     params = backbone.trainable_parameters()
     per_group: dict[int, dict[str, list[float]]] = {}
     whole: dict[str, list[float]] = {}
@@ -78,10 +98,20 @@ def run_cosine(args: argparse.Namespace) -> dict[str, Any]:
     for b in range(args.batches):
         seed = args.seed + b
         gen = torch.Generator().manual_seed(seed)
-        cond = backbone.encode_prompts(default_prompts(backbone, args.batch, seed))
-        noise = torch.randn(args.batch, *backbone.latent_shape, generator=gen)
+        if reward is None:
+            prompts = default_prompts(backbone, args.batch, seed)
+        else:  # whole prompt groups, as in training
+            unique = default_prompts(backbone, args.batch // args.group_size, seed)
+            prompts = [p for p in unique for _ in range(args.group_size)]
+        cond = backbone.encode_prompts(prompts)
+        noise = torch.randn(len(prompts), *backbone.latent_shape, generator=gen, dtype=params[0].dtype)
         traj = rollout(backbone, cond, noise, sampler, generator=gen)
-        adv = torch.randn(args.batch, generator=gen, dtype=torch.float64)
+        if reward is None:
+            adv = torch.randn(len(prompts), generator=gen, dtype=torch.float64)
+        else:
+            scores, _ = reward(backbone.decode(traj.latents[-1]), prompts)
+            groups = torch.arange(len(prompts)) // args.group_size
+            adv = group_advantages(scores, groups, global_std=True).double()
         rows, w = probe_groups(backbone, params, traj, adv, update, sampler, with_endpoint=True)
         for r in rows:
             g = per_group.setdefault(r.index, {"cosine": [], "endpoint_cosine": [], "rel_error": []})
@@ -109,8 +139,10 @@ def run_cosine(args: argparse.Namespace) -> dict[str, Any]:
         "whole_update": {k: {"mean": _mean_std(v)[0], "std": _mean_std(v)[1]} for k, v in whole.items()},
     }
     lines = [
-        f"Gradient cosine by group: {args.backbone}, W = {args.window}, {args.batches} rollout batches of "
-        f"{args.batch} (mean ± std)",
+        f"Gradient cosine by group: {args.backbone}, W = {args.window}, trained steps {args.sde_window} of "
+        f"{args.steps}, {args.batches} rollout batches of {args.batch}, advantages "
+        + (f"from {args.reward} (groups of {args.group_size})" if args.reward else "N(0, 1)")
+        + " (mean ± std)",
         "",
         "| group | t | cosine(JAGG, exact) | cosine(endpoint, exact) | rel. error JAGG |",
         "|---|---|---|---|---|",
@@ -130,8 +162,9 @@ def run_cosine(args: argparse.Namespace) -> dict[str, Any]:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"cosine-{args.backbone}.md").write_text("\n".join(lines) + "\n")
-        (out / f"cosine-{args.backbone}.json").write_text(json.dumps(result, indent=1))
+        stem = f"cosine-{args.backbone}" + (f"-{args.reward}" if args.reward else "")
+        (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+        (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     return result
 
 
