@@ -50,7 +50,7 @@ def steps_logged(store, run_id, key="reward/mean"):
 
 
 def test_three_step_run_writes_history_and_learns_something(tmp_path):
-    proc = jagg("steps=3", "checkpoint_every=2", *SMALL, runs_dir=tmp_path)
+    proc = jagg("steps=3", "checkpoint_every=2", "reuse_rollout_velocity=auto", *SMALL, runs_dir=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     store = open_store(tmp_path)
     (run,) = store.list_runs()
@@ -76,9 +76,11 @@ def test_three_step_run_writes_history_and_learns_something(tmp_path):
     ):
         assert frame.loc[frame.step > 0, key].notna().all(), key
     assert frame.loc[frame.step.isin([0, 3]), "eval/reward/mean"].notna().all()
-    # JAGG, W = 4 on the 4 trained steps: one group → 1 grad forward, 2 no-grad forwards, 1 backward a step
+    # JAGG, W = 4 on the 4 trained steps: one group → 1 grad forward, 1 backward a step, and the 2 inner
+    # velocities taken from the rollout (reuse_rollout_velocity=auto, one optimizer step per rollout)
     assert frame.loc[frame.step > 0, "count/backward"].tolist() == [1.0, 1.0, 1.0]
-    assert frame.loc[frame.step > 0, "count/forward"].tolist() == [3.0, 3.0, 3.0]
+    assert frame.loc[frame.step > 0, "count/forward"].tolist() == [1.0, 1.0, 1.0]
+    assert frame.loc[frame.step > 0, "count/reused"].tolist() == [2.0, 2.0, 2.0]
 
     run_dir = Path(run["run_dir"])
     evals = store.samples(run["id"], kind="eval")
@@ -204,3 +206,35 @@ def test_non_finite_reward_stops_the_run_and_keeps_the_checkpoint(tmp_path):
     assert run["status"] == "failed" and "non-finite reward at step 3" in run["error"]
     assert steps_logged(store, run_id) == [1, 2]
     assert (tmp_path / "run" / "checkpoints" / "step_00002.pt").is_file()
+
+
+def test_fsdp2_two_processes_train_and_checkpoint_full_weights(tmp_path):
+    """fsdp=true shards the transformer with FSDP2 (fully_shard, gloo on CPU) across 2 processes."""
+    args = [a for a in SMALL if not a.startswith(("eval_every", "probe_every"))]
+    proc = jagg(
+        "steps=2",
+        "fsdp=true",
+        "eval_every=0",
+        "checkpoint_every=1",
+        *args,
+        "--processes",
+        "2",
+        runs_dir=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    store = open_store(tmp_path)
+    (run,) = store.list_runs()
+    assert run["status"] == "finished" and steps_logged(store, run["id"]) == [1, 2]
+    folder = Path(run["run_dir"]) / "checkpoints"
+    assert sorted(p.name for p in folder.glob("optim_*.pt")) == [
+        "optim_step_00001_rank0.pt",
+        "optim_step_00001_rank1.pt",
+        "optim_step_00002_rank0.pt",
+        "optim_step_00002_rank1.pt",
+    ]
+    from jagg_engine.backbones import build_backbone
+
+    initial = build_backbone("tiny-shapes").trainable_parameters()
+    final = torch.load(folder / "step_00002.pt", weights_only=False)["params"]
+    assert [p.shape for p in final] == [p.shape for p in initial]  # full tensors, not shards
+    assert any(not torch.equal(a.detach(), b) for a, b in zip(initial, final))

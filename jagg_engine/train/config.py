@@ -344,6 +344,11 @@ class TrainConfig:
             )
         if self.auto_route_every < 1:
             raise ConfigError(f"auto_route_every: must be an integer >= 1, got {self.auto_route_every}")
+        if self.fsdp and (self.probe_every > 0 or self.auto_route):
+            raise ConfigError(
+                "fsdp: the gradient probe (probe_every, auto_route) does not run on sharded weights;"
+                " set probe_every=0 and auto_route=false"
+            )
         if self.auto_route and self.strategy != "jagg":
             raise ConfigError(f"auto_route: needs strategy jagg, got strategy {self.strategy!r}")
         _positive("lr", self.lr)

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
+from torch.distributed.tensor import DTensor, distribute_tensor
 from tqdm import tqdm
 
 from jagg_engine.backbones import build_backbone
@@ -40,6 +41,26 @@ from jagg_engine.store import RunStore, open_store
 from jagg_engine.train.config import TrainConfig, read_prompts
 
 log = logging.getLogger("jagg.train")
+
+
+def shard_fsdp2(model: Any) -> None:
+    """FSDP2: ``fully_shard`` every transformer block, then the transformer (one all-gather per block).
+
+    Under JAGG the joint endpoint backward runs each block's backward once for both endpoints, so a group
+    costs one all-gather and one reduce-scatter per block instead of W.
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    tf = getattr(model, "transformer", None)
+    if tf is None:
+        tf = getattr(getattr(model, "velocity", None), "transformer", None)
+    if tf is None:
+        raise TrainingError(
+            f"fsdp: backbone {getattr(model, 'name', model)!r} exposes no transformer to shard"
+        )
+    for block in [*getattr(tf, "transformer_blocks", []), *getattr(tf, "single_transformer_blocks", [])]:
+        fully_shard(block)
+    fully_shard(tf)
 
 
 class TrainingError(RuntimeError):
@@ -111,7 +132,12 @@ class Trainer:
         self.stop_signal = False
         torch.manual_seed(cfg.seed)
         self.model = build_model(cfg, self.acc.device)
-        self.params = self.model.trainable_parameters()
+        self.fsdp = cfg.fsdp and self.world > 1
+        if self.fsdp:
+            shard_fsdp2(self.model)  # parameters become DTensor shards: collect them after sharding
+            self.params = [p for p in self.model.parameters() if p.requires_grad]
+        else:
+            self.params = self.model.trainable_parameters()
         if not self.params:
             raise TrainingError("backbone: the model has no trainable parameters")
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -138,9 +164,9 @@ class Trainer:
         noise = torch.randn(len(prompts), *self.model.latent_shape, generator=gen, dtype=torch.float32)
         with torch.no_grad():
             cond = self.model.encode_prompts(prompts)
-        return rollout(
-            self.model, cond, noise.to(self.acc.device, self.params[0].dtype), self.sampler, sde_gen
-        )
+        reuse = self.update.reuse_rollout_velocity == "auto" and self.update.strategy == "jagg"
+        noise = noise.to(self.acc.device, self.params[0].dtype)
+        return rollout(self.model, cond, noise, self.sampler, sde_gen, store_velocities=reuse)
 
     def score(
         self, traj: Trajectory, prompts: list[str]
@@ -160,13 +186,14 @@ class Trainer:
         return adv[self.rank * n : (self.rank + 1) * n], all_rewards
 
     def optimize(self) -> float:
-        if self.world > 1:
+        if self.world > 1 and not self.fsdp:  # FSDP2 reduce-scatters the gradients itself
             for p in self.params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
                 p.grad = self.acc.reduce(p.grad, reduction="mean")
         clip = self.cfg.grad_clip if self.cfg.grad_clip else float("inf")
-        norm = float(torch.nn.utils.clip_grad_norm_(self.params, clip))
+        norm = torch.nn.utils.clip_grad_norm_(self.params, clip)
+        norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
         self.optimizer.step()
         bump_param_version(self.model)  # the rollout's stored velocities are stale from here on
         self.optimizer.zero_grad(set_to_none=True)
@@ -248,8 +275,11 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, step: int) -> dict[str, float]:
-        """Deterministic ODE samples of the fixed eval prompts × seeds; images saved and logged (main only)."""
-        if not self.main:
+        """Deterministic ODE samples of the fixed eval prompts × seeds; images saved and logged by the main process.
+
+        Under FSDP every rank runs the sampling (each forward needs every rank's shard); only the main one writes.
+        """
+        if not (self.main or self.fsdp):
             return {}
         prompts = [p for _ in self.cfg.eval_seeds for p in self.eval_prompts]
         seeds = [s for s in self.cfg.eval_seeds for _ in self.eval_prompts]
@@ -277,6 +307,8 @@ class Trainer:
             images.append(img)
             totals.append(total)
             parts_all.append(parts)
+        if not self.main:
+            return {}
         images, totals = torch.cat(images), torch.cat(totals)
         names = [f"{i:03d}_seed{s}.png" for i, s in zip(range(len(prompts)), seeds)]
         paths = self.save_images(f"samples/eval/step_{step:05d}", images, names)
@@ -343,14 +375,24 @@ class Trainer:
         return self.run_dir / "checkpoints"
 
     def save_checkpoint(self, step: int) -> None:
+        """Trainable weights (gathered in full under FSDP), optimizer, RNG states and step; written atomically.
+
+        Under FSDP every rank also writes its own optimizer shard ``optim_step_N_rankR.pt``."""
+        folder = self.checkpoint_dir()
+        params = [(p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu() for p in self.params]
+        if self.fsdp:
+            folder.mkdir(parents=True, exist_ok=True)
+            tmp = folder / f"optim_step_{step:05d}_rank{self.rank}.pt.tmp"
+            torch.save(self.optimizer.state_dict(), tmp)
+            os.replace(tmp, folder / f"optim_step_{step:05d}_rank{self.rank}.pt")
+            self.acc.wait_for_everyone()
         if not self.main:
             return
-        folder = self.checkpoint_dir()
         folder.mkdir(parents=True, exist_ok=True)
         state = {
             "step": step,
-            "params": [p.detach().cpu() for p in self.params],
-            "optimizer": self.optimizer.state_dict(),
+            "params": params,
+            "optimizer": None if self.fsdp else self.optimizer.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "numpy_rng": np.random.get_state(),
         }
@@ -359,6 +401,8 @@ class Trainer:
         os.replace(tmp, folder / f"step_{step:05d}.pt")  # atomic: a kill never leaves a half checkpoint
         for old in sorted(folder.glob("step_*.pt"))[:-2]:
             old.unlink()
+            for shard in folder.glob(f"optim_{old.stem}_rank*.pt"):
+                shard.unlink()
         log.info("checkpoint saved at step %d", step)
 
     def latest_checkpoint(self) -> Path | None:
@@ -372,8 +416,16 @@ class Trainer:
         state = torch.load(path, map_location="cpu", weights_only=False)
         with torch.no_grad():
             for p, saved in zip(self.params, state["params"]):
-                p.copy_(saved.to(p.device, p.dtype))
-        self.optimizer.load_state_dict(state["optimizer"])
+                saved = saved.to(p.device, p.dtype)
+                if isinstance(p, DTensor):
+                    saved = distribute_tensor(saved, p.device_mesh, p.placements)
+                p.copy_(saved)
+        if self.fsdp:
+            optim = torch.load(path.parent / f"optim_{path.stem}_rank{self.rank}.pt", weights_only=False)
+        else:
+            optim = state["optimizer"]
+        self.optimizer.load_state_dict(optim)
+        bump_param_version(self.model)
         torch.set_rng_state(state["torch_rng"])
         np.random.set_state(state["numpy_rng"])
         return int(state["step"])
@@ -396,8 +448,10 @@ class Trainer:
             if self.resume:
                 self.store.truncate_after(self.run_id, done)
                 log.info("resuming after step %d", done)
-        if done == 0 and self.main:
-            self.store.log_step(self.run_id, 0, self.evaluate(0))
+        if done == 0 and cfg.eval_every:
+            metrics0 = self.evaluate(0)
+            if self.main:
+                self.store.log_step(self.run_id, 0, metrics0)
         bar = tqdm(
             range(done + 1, cfg.steps + 1),
             desc=f"run {self.run_id}",
