@@ -274,11 +274,22 @@ def pass_counts_figure(
 
 
 def probe_figure(
-    probes: Sequence[Mapping[str, Any]], title: str = "Gradient cosine, JAGG vs exact"
+    probes: Sequence[Mapping[str, Any]],
+    title: str = "Gradient cosine, JAGG vs exact",
+    route_frac: float | None = None,
+    threshold: float | None = None,
 ) -> go.Figure:
-    """Cosine per group index (high noise first), one line per probed step and method."""
+    """Cosine per group index (high noise first), one line per probed step and method.
+
+    With automatic routing, ``threshold`` is drawn as a dashed line and the title says which groups the
+    latest routing (``route_frac`` of the groups, high noise first) sends to JAGG.
+    """
     if not probes:
-        return _empty(title, "no probes (set probe_every > 0)")
+        return _empty(title, "no probes (set probe_every > 0 or auto_route=true)")
+    n_groups = len({p["group_index"] for p in probes})
+    if route_frac is not None and route_frac == route_frac:  # not NaN
+        n = round(route_frac * n_groups)
+        title += f" — routed to JAGG: {f'groups 0–{n - 1}' if n else 'none'} of {n_groups}"
     frame = pd.DataFrame(list(probes))
     frame = frame.groupby(["method", "step", "group_index"], as_index=False)["cosine"].mean()
     fig = go.Figure()
@@ -289,6 +300,8 @@ def probe_figure(
                 x=rows["group_index"], y=rows["cosine"], mode="lines+markers", name=f"{method} @ step {step}"
             )
         )
+    if threshold is not None:
+        fig.add_hline(y=threshold, line_dash="dash", annotation_text=f"auto_route threshold {threshold:g}")
     fig.update_layout(
         title=title, xaxis_title="group (0 = highest noise)", yaxis_title="cosine", yaxis_range=[-1.05, 1.05],
         height=300, margin={"l": 50, "r": 20, "t": 50, "b": 40},

@@ -252,7 +252,15 @@ def build_app(
             data.time_breakdown_figure(frame),
             data.speedup_frame(manager.store, run["id"], float(r or r0)),
             data.pass_counts_figure(frame),
-            data.probe_figure(manager.store.probes(run["id"])),
+            data.probe_figure(
+                manager.store.probes(run["id"]),
+                route_frac=frame["route/jagg_frac"].dropna().iloc[-1]
+                if "route/jagg_frac" in frame and frame["route/jagg_frac"].notna().any()
+                else None,
+                threshold=run["config"].get("auto_route_threshold")
+                if run["config"].get("auto_route")
+                else None,
+            ),
             data.gallery_items(manager.store, run["id"], root),
             log,
         )

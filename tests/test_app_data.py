@@ -109,6 +109,9 @@ def test_pass_counts_and_probe_figures(store):
     assert [t.name for t in probes.data] == ["jagg @ step 2"]
     assert list(probes.data[0].y) == pytest.approx([0.9, 0.6])
     assert not data.probe_figure([]).data
+    routed = data.probe_figure(s.probes(ids["jagg"]), route_frac=0.5, threshold=0.7)
+    assert "routed to JAGG: groups 0–0 of 2" in routed.layout.title.text
+    assert routed.layout.shapes[0].y0 == 0.7
 
 
 def test_speedup_measured_against_the_paired_exact_run(store):
