@@ -238,3 +238,20 @@ def test_fsdp2_two_processes_train_and_checkpoint_full_weights(tmp_path):
     final = torch.load(folder / "step_00002.pt", weights_only=False)["params"]
     assert [p.shape for p in final] == [p.shape for p in initial]  # full tensors, not shards
     assert any(not torch.equal(a.detach(), b) for a, b in zip(initial, final))
+
+
+@pytest.mark.parametrize("strategy", ["exact", "jagg"])
+def test_grpo_raises_an_easy_reward(tmp_path, strategy):
+    """The whole loop points uphill: with the brightness reward a few GRPO steps brighten the fixed eval images."""
+    proc = jagg(
+        "steps=5", f"strategy={strategy}", "rewards={brightness: 1.0}", "lr=3e-4", "prompts_per_step=2",
+        "group_size=8", "sampling_steps=6", "sde_window_end=4", "eval_every=5", "eval_num_prompts=4",
+        "eval_seeds=[0]", "checkpoint_every=100", runs_dir=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    store = open_store(tmp_path)
+    frame = store.metrics_frame(store.list_runs()[0]["id"])
+    evals = frame[["step", "eval/reward/mean"]].dropna()
+    assert evals["step"].tolist() == [0, 5]
+    start, end = evals["eval/reward/mean"].tolist()
+    assert end > start + 0.1, (start, end)
