@@ -43,18 +43,13 @@ def predicted_speedup(
     """Cost-model speedup of the update phase over exact backward (PAPER.md, "Cost model").
 
     One forward = 1 unit, forward+backward = r units. Per group of W steps exact costs W·r and JAGG
-    (W − 2) + 2·r, so with routing fraction f: W·r / (f·(W − 2 + 2r) + (1 − f)·W·r). Delegates to
+    (W − 2) + 2·r, so with routing fraction f: W·r / (f·(W − 2 + 2r) + (1 − f)·W·r). The one implementation is
     ``jagg_engine.bench.cost_model_speedup`` (which also knows the engine's group plan of ``trained_steps``),
-    so the app and `jagg bench` print the same number; the fallback is the continuous formula.
+    so the app and `jagg bench` print the same number; imported here lazily (it brings torch).
     """
-    if strategy == "exact":
-        return 1.0
-    shared = _shared_cost_model()
-    if shared is not None:
-        return float(shared(window, r, jagg_frac, strategy=strategy, trained_steps=trained_steps))
-    exact = window * r
-    group = 2 * r if strategy == "endpoint" else window - 2 + 2 * r
-    return exact / (jagg_frac * group + (1 - jagg_frac) * exact)
+    from jagg_engine.bench import cost_model_speedup
+
+    return float(cost_model_speedup(window, r, jagg_frac, strategy=strategy, trained_steps=trained_steps))
 
 
 def config_speedup(config: Mapping[str, Any], r: float) -> float | None:
@@ -69,14 +64,6 @@ def config_speedup(config: Mapping[str, Any], r: float) -> float | None:
         )
     except (KeyError, TypeError, ValueError):
         return None
-
-
-def _shared_cost_model() -> Any:
-    try:
-        from jagg_engine.bench import cost_model_speedup
-    except ImportError:  # the bench module is optional at this layer
-        return None
-    return cost_model_speedup
 
 
 def default_r(has_gpu: bool) -> float:
