@@ -56,6 +56,15 @@ def _as(x: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return torch.as_tensor(x, dtype=like.dtype, device=like.device)
 
 
+def _in_compute_dtype(
+    v: torch.Tensor, z: torch.Tensor, sigma: float | torch.Tensor, sigma_next: float | torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """v̂, z, σ, σ_next as tensors in the step's compute dtype (float32 at least, see :func:`compute_dtype`)."""
+    dtype = compute_dtype(v.dtype)
+    z = z.to(dtype)
+    return v.to(dtype), z, _as(sigma, z), _as(sigma_next, z)
+
+
 def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
     """log N(x; mean, std²) per element, averaged over all non-batch dims. (B, ...) → (B,).
 
@@ -100,9 +109,7 @@ def flow_grpo_step(
 
     Shapes: v, z (B, ...) → StepOutput with log_prob (B,).
     """
-    dtype = compute_dtype(v.dtype)
-    v, z = v.to(dtype), z.to(dtype)
-    sigma, sigma_next = _as(sigma, z), _as(sigma_next, z)
+    v, z, sigma, sigma_next = _in_compute_dtype(v, z, sigma, sigma_next)
     denom_sigma = sigma if sigma_max is None or float(sigma) < 1.0 else _as(sigma_max, z)
     std_t = eta * torch.sqrt(sigma / (1 - denom_sigma))
     dt = sigma_next - sigma
@@ -130,9 +137,7 @@ def dance_step(
 
     Shapes: v, z (B, ...) → StepOutput with log_prob (B,).
     """
-    dtype = compute_dtype(v.dtype)
-    v, z = v.to(dtype), z.to(dtype)
-    sigma, sigma_next = _as(sigma, z), _as(sigma_next, z)
+    v, z, sigma, sigma_next = _in_compute_dtype(v, z, sigma, sigma_next)
     dsigma = sigma - sigma_next
     x0 = z - sigma * v
     score = -(z - (1 - sigma) * x0) / sigma**2
@@ -159,9 +164,7 @@ def cps_step(
     Undefined at σ_next = 0 (std = 0): the last step must be an ODE step (outside the SDE window).
     Shapes: v, z (B, ...) → StepOutput with log_prob (B,).
     """
-    dtype = compute_dtype(v.dtype)
-    v, z = v.to(dtype), z.to(dtype)
-    sigma, sigma_next = _as(sigma, z), _as(sigma_next, z)
+    v, z, sigma, sigma_next = _in_compute_dtype(v, z, sigma, sigma_next)
     if float(sigma_next) <= 0.0:
         raise ValueError("cps: the final step (σ_next = 0) has zero variance; keep it outside the SDE window")
     std = sigma_next * math.sin(eta * math.pi / 2)
@@ -173,8 +176,8 @@ def cps_step(
 
 def ode_step(v: torch.Tensor, z: torch.Tensor, sigma: float | torch.Tensor, sigma_next: float | torch.Tensor):
     """Deterministic Euler step of the flow ODE: z' = z + (σ_next − σ)·v̂. (B, ...) → (B, ...)."""
-    dtype = compute_dtype(v.dtype)
-    return z.to(dtype) + (_as(sigma_next, z.to(dtype)) - _as(sigma, z.to(dtype))) * v.to(dtype)
+    v, z, sigma, sigma_next = _in_compute_dtype(v, z, sigma, sigma_next)
+    return z + (sigma_next - sigma) * v
 
 
 @dataclass(frozen=True)
