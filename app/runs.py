@@ -102,7 +102,9 @@ class RunManager:
         return [
             r
             for r in self.store.list_runs()
-            if r["status"] in ("queued", "running") and r["pid"] is not None and pid_alive(r["pid"])
+            if r["status"] in ("queued", "running")
+            and r["pid"] is not None
+            and pid_alive(r["pid"], r.get("pid_at"))
         ]
 
     # ------------------------------------------------------------------ launch

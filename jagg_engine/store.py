@@ -111,6 +111,7 @@ class RunStore:
                 " config TEXT NOT NULL,"
                 f" status TEXT NOT NULL DEFAULT 'queued' CHECK (status IN ({', '.join(map(repr, STATUSES))})),"
                 " pid INTEGER,"
+                " pid_at REAL,"
                 " created_at REAL NOT NULL,"
                 " started_at REAL,"
                 " finished_at REAL,"
@@ -156,6 +157,8 @@ class RunStore:
                 not_null={"run_id", "path", "step", "kind"},
                 if_not_exists=True,
             )
+            if "pid_at" not in self.db["runs"].columns_dict:  # a history written before pid_at existed
+                self.db.execute("ALTER TABLE runs ADD COLUMN pid_at REAL")
             self.db.execute("CREATE INDEX IF NOT EXISTS runs_status ON runs (status)")
             self.db.execute("CREATE INDEX IF NOT EXISTS samples_step ON samples (run_id, step)")
 
@@ -209,27 +212,31 @@ class RunStore:
             if status == "running":
                 self.db.execute(
                     "UPDATE runs SET status = ?, started_at = COALESCE(started_at, ?), finished_at = NULL,"
-                    " error = NULL, cancel_requested = 0, pid = COALESCE(?, pid) WHERE id = ?",
-                    [status, now, pid, run_id],
+                    " error = NULL, cancel_requested = 0, pid = COALESCE(?, pid),"
+                    " pid_at = CASE WHEN ? IS NULL THEN pid_at ELSE ? END WHERE id = ?",
+                    [status, now, pid, pid, now, run_id],
                 )
             elif status == "queued":
                 self.db.execute(
                     "UPDATE runs SET status = ?, finished_at = NULL, error = NULL, cancel_requested = 0,"
-                    " pid = ? WHERE id = ?",
-                    [status, pid, run_id],
+                    " pid = ?, pid_at = ? WHERE id = ?",
+                    [status, pid, now if pid is not None else None, run_id],
                 )
             else:
                 self.db.execute(
                     "UPDATE runs SET status = ?, finished_at = ?, error = COALESCE(?, error),"
-                    " pid = COALESCE(?, pid) WHERE id = ?",
-                    [status, now, error, pid, run_id],
+                    " pid = COALESCE(?, pid), pid_at = CASE WHEN ? IS NULL THEN pid_at ELSE ? END WHERE id = ?",
+                    [status, now, error, pid, pid, now, run_id],
                 )
 
     def set_pid(self, run_id: int, pid: int | None) -> None:
         """Record the process that runs (or will run) this run, e.g. right after the app spawns it."""
         self._require(run_id)
         with self._lock, self.db.conn:
-            self.db.execute("UPDATE runs SET pid = ? WHERE id = ?", [pid, run_id])
+            self.db.execute(
+                "UPDATE runs SET pid = ?, pid_at = ? WHERE id = ?",
+                [pid, time.time() if pid is not None else None, run_id],
+            )
 
     def request_cancel(self, run_id: int) -> None:
         """Ask a run to stop; the trainer polls :meth:`cancel_requested` between steps."""
@@ -282,7 +289,11 @@ class RunStore:
         run = self.get_run(run_id)
         if run is None:
             raise StoreError(f"no run with id {run_id}")
-        if run["status"] in ACTIVE_STATUSES and run["pid"] is not None and pid_alive(run["pid"]):
+        if (
+            run["status"] in ACTIVE_STATUSES
+            and run["pid"] is not None
+            and pid_alive(run["pid"], run["pid_at"])
+        ):
             raise StoreError(f"run {run_id}: is {run['status']} (pid {run['pid']}); cancel it first")
         with self._lock, self.db.conn:
             for table in ("metrics", "probes", "samples"):
@@ -453,11 +464,12 @@ class RunStore:
         """
         with self._lock:
             rows = self.db.execute(
-                "SELECT id, pid, status, run_dir FROM runs WHERE status IN ('queued', 'running') AND pid IS NOT NULL"
+                "SELECT id, pid, pid_at, status, run_dir FROM runs"
+                " WHERE status IN ('queued', 'running') AND pid IS NOT NULL"
             ).fetchall()
         failed = []
-        for run_id, pid, status, run_dir in rows:
-            if pid_alive(pid):
+        for run_id, pid, pid_at, status, run_dir in rows:
+            if pid_alive(pid, pid_at):
                 continue
             error = f"process {pid} exited without reporting a final status"
             tail = _log_tail(Path(run_dir) / LOG_NAME) if run_dir else ""
@@ -522,12 +534,14 @@ def open_store(runs_dir: str | os.PathLike[str]) -> RunStore:
     return RunStore(Path(runs_dir) / DB_NAME)
 
 
-def pid_alive(pid: int) -> bool:
+def pid_alive(pid: int, recorded_at: float | None = None) -> bool:
     """Whether a process with this pid exists and is not a zombie.
 
     ``os.kill(pid, 0)``: ProcessLookupError → gone; PermissionError → exists (another user's process, so
     alive). A zombie (exited, not yet reaped by its parent, e.g. an app that has not called wait) counts as
-    dead; it is detected from /proc on Linux. A reused pid cannot be told apart and counts as alive.
+    dead; it is detected from /proc on Linux. With ``recorded_at`` (when the pid was stored, epoch seconds) a
+    process that started later than that is a different one reusing the number, so the recorded one is dead
+    (Linux only: the start time comes from /proc; elsewhere a reused pid counts as alive).
     """
     if pid <= 0:
         return False
@@ -541,8 +555,31 @@ def pid_alive(pid: int) -> bool:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return True  # no /proc (macOS) or it vanished just now; os.kill said it existed
-    state = stat.rsplit(")", 1)[-1].split()[0]  # the command name in (...) may contain spaces
-    return state not in ("Z", "X")
+    fields = stat.rsplit(")", 1)[-1].split()  # the command name in (...) may contain spaces
+    if fields[0] in ("Z", "X"):
+        return False
+    if recorded_at is not None:
+        started = _process_start_time(fields)
+        if started is not None and started > recorded_at + PID_START_SLACK_S:
+            return False
+    return True
+
+
+PID_START_SLACK_S = 2.0  # /proc's boot time has whole seconds; a process is recorded after it starts
+
+
+def _process_start_time(fields: list[str]) -> float | None:
+    """Epoch seconds at which the process of a /proc/PID/stat line (the fields after the name) started."""
+    try:
+        ticks = int(fields[19])  # field 22 of stat: starttime, clock ticks since boot
+        btime = next(
+            int(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime")
+        )
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
 
 
 def _log_tail(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 16_384) -> str:

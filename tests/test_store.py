@@ -187,6 +187,51 @@ def test_zombie_counts_as_dead() -> None:
     assert pid_alive(os.getpid()) and not pid_alive(0)
 
 
+def test_a_reused_pid_does_not_keep_a_dead_run_alive(store: RunStore) -> None:
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("process start times are read from /proc")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        live, reused = _run(store, "live"), _run(store, "reused")
+        for run_id in (live, reused):
+            store.set_status(run_id, "running", pid=proc.pid)
+        assert store.get_run(live)["pid_at"] >= time.time() - 60
+        # the run "reused" recorded this pid an hour ago: the process holding it now started later
+        store.db.execute("UPDATE runs SET pid_at = ? WHERE id = ?", [time.time() - 3600, reused])
+        store.db.conn.commit()
+        assert pid_alive(proc.pid) and pid_alive(proc.pid, time.time())
+        assert not pid_alive(proc.pid, time.time() - 3600)
+        assert store.check_liveness() == [reused]
+        assert store.get_run(live)["status"] == "running"
+        assert "exited without reporting" in store.get_run(reused)["error"]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_history_without_pid_at_is_migrated(tmp_path: Path) -> None:
+    import sqlite3
+
+    db = tmp_path / "runs" / "jagg.db"
+    db.parent.mkdir()
+    con = sqlite3.connect(db)
+    con.execute(
+        "CREATE TABLE runs (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, config TEXT NOT NULL,"
+        " status TEXT NOT NULL DEFAULT 'queued', pid INTEGER, created_at REAL NOT NULL, started_at REAL,"
+        " finished_at REAL, error TEXT, run_dir TEXT, cancel_requested INTEGER NOT NULL DEFAULT 0,"
+        " last_step INTEGER, paired_run_id INTEGER)"
+    )
+    con.execute(
+        "INSERT INTO runs (name, config, status, pid, created_at) VALUES ('old', '{}', 'running', 1, 0)"
+    )
+    con.commit()
+    con.close()
+    with open_store(tmp_path / "runs") as s:
+        run = s.get_run(1)
+        assert run["name"] == "old" and run["pid_at"] is None
+        assert s.check_liveness() == ([] if pid_alive(1) else [1])  # old rows: checked by pid alone
+
+
 def test_probes_and_samples_upsert(store: RunStore) -> None:
     run_id = _run(store, status="running")
     probes = [

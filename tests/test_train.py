@@ -255,3 +255,18 @@ def test_grpo_raises_an_easy_reward(tmp_path, strategy):
     assert evals["step"].tolist() == [0, 5]
     start, end = evals["eval/reward/mean"].tolist()
     assert end > start + 0.1, (start, end)
+
+
+def test_prompts_are_read_in_shuffled_epochs() -> None:
+    from jagg_engine.train.trainer import epoch_prompt_indices
+
+    n, per = 90, 18  # 5 steps per epoch
+    steps = [epoch_prompt_indices(0, s, n, per) for s in range(1, 11)]
+    for e in range(2):  # every prompt exactly once in each epoch
+        assert sorted(int(i) for s in steps[5 * e : 5 * e + 5] for i in s) == list(range(n))
+    assert not (steps[0] == steps[5]).all()  # a fresh permutation each epoch
+    assert (epoch_prompt_indices(0, 7, n, per) == steps[6]).all()  # a function of (seed, step): resume-safe
+    assert not (epoch_prompt_indices(1, 1, n, per) == steps[0]).all()
+    ragged = [epoch_prompt_indices(3, s, 10, 4) for s in (1, 2, 3)]  # a step straddling two epochs
+    flat = [int(i) for s in ragged for i in s]
+    assert sorted(flat[:10]) == list(range(10)) and len(set(flat[10:])) == 2

@@ -108,6 +108,22 @@ def prompt_source(cfg: TrainConfig, eval_set: bool = False) -> list[str]:
     return [f"prompt {i}" for i in range(max(cfg.eval_num_prompts, cfg.prompts_per_step))]
 
 
+def epoch_prompt_indices(seed: int, step: int, n_prompts: int, per_step: int) -> np.ndarray:
+    """Indices of step ``step``'s prompts (steps count from 1): the prompt list is read in epochs, each one a
+    fresh permutation seeded by (seed, epoch), ``per_step`` prompts a step. Every prompt comes once per epoch,
+    so windows of whole epochs see the same prompt mix (the training-reward curve is not a prompt lottery),
+    and the order depends only on (seed, step): a resumed run sees the same prompts. Same on every rank."""
+    start = (step - 1) * per_step
+    out = np.empty(per_step, dtype=np.int64)
+    perms: dict[int, np.ndarray] = {}
+    for i, pos in enumerate(range(start, start + per_step)):
+        epoch, k = divmod(pos, n_prompts)
+        if epoch not in perms:
+            perms[epoch] = np.random.default_rng([seed, epoch]).permutation(n_prompts)
+        out[i] = perms[epoch][k]
+    return out
+
+
 def step_generator(
     cfg: TrainConfig, step: int, rank: int, device: torch.device | str = "cpu"
 ) -> torch.Generator:
@@ -150,8 +166,7 @@ class Trainer:
     # -------------------------------------------------------------------------------- one step, in phases
     def step_prompts(self, step: int) -> tuple[list[str], torch.Tensor]:
         """This rank's prompts, each repeated group_size times, and their global group ids. (B,), B = P·G."""
-        rng = np.random.default_rng([self.cfg.seed, step])
-        idx = rng.integers(0, len(self.prompts), size=self.cfg.prompts_per_step)  # same on every rank
+        idx = epoch_prompt_indices(self.cfg.seed, step, len(self.prompts), self.cfg.prompts_per_step)
         per_rank = self.cfg.prompts_per_step // self.world
         mine = range(self.rank * per_rank, (self.rank + 1) * per_rank)
         prompts = [self.prompts[idx[i]] for i in mine for _ in range(self.cfg.group_size)]
