@@ -7,14 +7,13 @@ dropout to the null caption (so classifier-free guidance works), fixed seeds.
 
 Shipped weights (assets/tiny-shapes) were made with:
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/pretrain_tiny_shapes.py --steps 1000 --threads 1 \
-        --out assets/tiny-shapes
+    .venv/bin/python scripts/pretrain_tiny_shapes.py --steps 3000 --threads 2 --out assets/tiny-shapes
 
-1,000 steps took 29.7 min here (1 thread on a 2-core CPU shared with other jobs: 0.9 s/step when the
-machine was otherwise idle, up to 3–4 s/step under load), final loss 0.045. ``jagg eval`` (64 prompts ×
-4 seeds, Euler 20 steps, CFG 1): shapes 0.768 ± 0.211; colour 0.97, position 0.97, shape 0.37.
-Continuing for 600 more steps (``--init assets/tiny-shapes --steps 600 --lr 3e-4 --warmup 20 --seed 1``,
-16 min) lowered the loss to 0.037 but not the eval (0.760; shape 0.36), so it was not shipped.
+3,000 steps took 30.2 min on the otherwise idle 2-core CPU (0.5–0.6 s/step), final loss 0.026.
+``jagg eval --backbone tiny-shapes --reward shapes`` (64 prompts × 4 seeds, Euler 20 steps, CFG 1):
+0.815 ± 0.201; colour 0.98, position 0.98, shape 0.48 (circle 0.95, triangle 0.64, square 0.01: squares
+come out with rounded corners). An earlier 1,000-step model (loss 0.045) drew ragged blobs and scored 0.768
+(shape 0.37); GRPO on it did not learn.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ from jagg_engine.backbones.tiny_shapes import TEXT_LEN, build, pack_pixels, rand
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=2000, help="optimizer steps")
+    p.add_argument("--steps", type=int, default=3000, help="optimizer steps")
     p.add_argument("--out", type=Path, default=Path("assets/tiny-shapes"), help="output directory")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=6e-4, help="peak AdamW learning rate")

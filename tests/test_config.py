@@ -102,7 +102,7 @@ def test_tiny_shapes_config_is_the_setting_that_learned() -> None:
         0.7,
         (0, 8),
         8,
-        16,
+        18,
     )
     assert (cfg.adv_std, cfg.adv_clip, cfg.clip_range, cfg.lr, cfg.weight_decay, cfg.grad_clip) == (
         "global",
@@ -146,7 +146,7 @@ def test_tiny_shapes_config_is_the_setting_that_learned() -> None:
         (["sde_window_start=12", "sde_window_end=null"], "sde_window_start: must be in 0..11"),
         (["algorithm=cps", "sde_window_end=12"], "sde_window_end: must be in 1..11"),
         (["window=9"], "window: must be at most the number of trained steps (8 = sde_window_end"),
-        (["processes=3"], "prompts_per_step: must be a multiple of processes (3), got 16"),
+        (["processes=4"], "prompts_per_step: must be a multiple of processes (4), got 18"),
         (["lora_targets=[to_q]"], "lora_targets: only used with LoRA"),
         (["lora_rank=4", "lora_alpha=0"], "lora_alpha: must be a number > 0, got 0.0"),
         (["eval_seeds=[]"], "eval_seeds: must be a non-empty list of integers, got []"),

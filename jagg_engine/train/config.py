@@ -119,7 +119,7 @@ class TrainConfig:
     )
     cfg_scale: float = _f(1.0, "Classifier-free guidance scale during rollouts (1 = no guidance).")
     group_size: int = _f(8, "Samples per prompt (the GRPO group).")
-    prompts_per_step: int = _f(16, "Prompts per step; a step has group_size × prompts_per_step samples.")
+    prompts_per_step: int = _f(18, "Prompts per step; a step has group_size × prompts_per_step samples.")
 
     # --- update ---
     strategy: str = _f(
