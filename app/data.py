@@ -169,12 +169,17 @@ def reward_names(frame: pd.DataFrame) -> list[str]:
     return names
 
 
+TREND_STEPS = 10  # trailing window of the reward trend line
+
+
 def reward_figure(frames: Mapping[str, pd.DataFrame], title: str = "Reward") -> go.Figure:
     """Training reward per step, mean line ± std band, for each run (label → metrics frame) and each reward
-    it logged; the deterministic eval reward (eval/reward/mean) as markers.
+    it logged; a bold trailing mean of the total over TREND_STEPS steps (a single step's mean moves with its
+    prompt mix); the deterministic eval reward (eval/reward/mean) as a dashed line of diamonds.
 
     A band uses reward/std (total) or reward/<name>/std (component) when logged. Trace names are
-    ``<label> · <reward>``, ``<label> · <reward> ± std`` and ``<label> · eval``.
+    ``<label> · <reward>``, ``<label> · <reward> ± std``, ``<label> · total, mean of last N steps`` and
+    ``<label> · eval``.
     """
     fig = go.Figure()
     for i, (label, frame) in enumerate(frames.items()):
@@ -202,16 +207,25 @@ def reward_figure(frames: Mapping[str, pd.DataFrame], title: str = "Reward") -> 
             fig.add_trace(
                 go.Scatter(
                     x=rows["step"], y=rows[mean_key], mode="lines+markers", name=f"{prefix}{name}",
-                    line={"color": color, "dash": dash},
+                    line={"color": color, "dash": dash, "width": 1}, marker={"size": 4}, opacity=0.6,
                 )
             )  # fmt: skip
+            if name == "total" and len(rows) > 1:  # the trend through the prompt-mix noise of single steps
+                trend = rows[mean_key].rolling(TREND_STEPS, min_periods=1).mean()
+                fig.add_trace(
+                    go.Scatter(
+                        x=rows["step"], y=trend, mode="lines", line={"color": color, "width": 3},
+                        name=f"{prefix}total, mean of last {TREND_STEPS} steps",
+                    )
+                )  # fmt: skip
         if "eval/reward/mean" in frame.columns:
             rows = frame[["step", "eval/reward/mean"]].dropna()
             if not rows.empty:
                 fig.add_trace(
                     go.Scatter(
-                        x=rows["step"], y=rows["eval/reward/mean"], mode="markers",
+                        x=rows["step"], y=rows["eval/reward/mean"], mode="lines+markers",
                         marker={"symbol": "diamond", "size": 9, "color": color},
+                        line={"color": color, "dash": "dash", "width": 2},
                         name=f"{label + ' · ' if label else ''}eval",
                     )
                 )  # fmt: skip

@@ -75,13 +75,20 @@ def test_reward_figure_has_mean_band_and_eval_per_reward(store):
     s, ids, _ = store
     fig = data.reward_figure({"jagg": s.metrics_frame(ids["jagg"])})
     names = [t.name for t in fig.data]
-    assert names == ["jagg · total ± std", "jagg · total", "jagg · shapes-dense", "jagg · eval"]
+    assert names == [
+        "jagg · total ± std",
+        "jagg · total",
+        "jagg · total, mean of last 10 steps",
+        "jagg · shapes-dense",
+        "jagg · eval",
+    ]
     band, mean = fig.data[0], fig.data[1]
     assert band.fill == "toself"
     # upper edge forward, lower edge backward: step 0 upper = 0 + 0.05, last point = lower at step 0
     assert band.y[0] == pytest.approx(0.05) and band.y[-1] == pytest.approx(-0.05)
     assert list(mean.y) == pytest.approx([0.0, 0.1, 0.2, 0.3])
-    assert list(fig.data[3].x) == [0, 3] and list(fig.data[3].y) == pytest.approx([0.2, 0.5])
+    assert list(fig.data[2].y) == pytest.approx([0.0, 0.05, 0.1, 0.15])  # trailing mean
+    assert list(fig.data[4].x) == [0, 3] and list(fig.data[4].y) == pytest.approx([0.2, 0.5])
 
 
 def test_reward_figure_overlays_runs(store):
