@@ -240,6 +240,33 @@ def test_fsdp2_two_processes_train_and_checkpoint_full_weights(tmp_path):
     assert any(not torch.equal(a.detach(), b) for a, b in zip(initial, final))
 
 
+def test_fsdp2_cancel_then_resume_loads_the_sharded_optimizer(tmp_path):
+    """A cancelled FSDP2 run resumes from its full-weight checkpoint and per-rank optimizer shards."""
+    args = [a for a in SMALL if not a.startswith(("eval_every", "probe_every"))]
+    proc = jagg(
+        "steps=4", "fsdp=true", "eval_every=0", "checkpoint_every=1", *args, "--processes", "2",
+        runs_dir=tmp_path, wait=False,
+    )  # fmt: skip
+    store = open_store(tmp_path)
+    assert wait_for(lambda: store.list_runs() and steps_logged(store, store.list_runs()[0]["id"])), (
+        proc.stderr.read() if proc.poll() is not None else "timeout"
+    )
+    run_id = store.list_runs()[0]["id"]
+    store.request_cancel(run_id)
+    assert proc.wait(timeout=300) == 0, proc.stderr.read()[-3000:]
+    done = steps_logged(store, run_id)
+    assert store.get_run(run_id)["status"] == "cancelled" and done == list(range(1, len(done) + 1))
+    assert len(done) < 4, "the run finished before the cancel was seen"
+    resumed = jagg("--resume", str(run_id), runs_dir=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (
+        f"resuming after step {len(done)}"
+        in (Path(store.get_run(run_id)["run_dir"]) / "train.log").read_text()
+    )
+    assert store.get_run(run_id)["status"] == "finished"
+    assert steps_logged(store, run_id) == [1, 2, 3, 4]
+
+
 @pytest.mark.parametrize("strategy", ["exact", "jagg"])
 def test_grpo_raises_an_easy_reward(tmp_path, strategy):
     """The whole loop points uphill: with the brightness reward a few GRPO steps brighten the fixed eval images."""
