@@ -12,9 +12,10 @@ For each image and its caption "colour shape position" (:mod:`jagg_engine.shapes
    if fill ≥ 0.87, else circle. Fill and top share are soft (anti-aliased coverage relative to the blob's
    bright level, soft box extents), so they hold for shapes of 8–12 px. On clean data the classes sit far
    apart (fill: circle ≤ 0.85, square ≥ 0.99; top: triangle ≤ 0.31, others ≥ 0.47). Samples of the shipped
-   model are ragged blobs whose features barely depend on the asked shape (fill ≈ 0.63 for every shape), so
-   any FILL_SQUARE between 0.84 and 0.92 scores them the same; ``scripts/verifier_accuracy.py
-   --model-samples N`` prints both distributions and that sweep.
+   model draw triangles (median top 0.37 vs 0.47 for the others) but squares with rounded corners (median
+   fill 0.77, circles 0.75), so any FILL_SQUARE between 0.86 and 0.92 scores them the same (squares called
+   square 0.00, circles called circle 0.95); ``scripts/verifier_accuracy.py --model-samples N`` prints both
+   distributions and that sweep.
 
 ``shapes`` = mean of the three 0/1 checks (0 when the colour is absent, as in GenEval, Ghosh et al. 2023).
 ``shapes-dense`` = that + 0.5·shape_c + 0.1·colour_c + 0.1·position_c with continuous margins:

@@ -73,7 +73,7 @@ class TrainConfig:
     # --- run ---
     name: str = _f("tiny-shapes", "Run name shown in `jagg runs` and the app.")
     seed: int = _f(0, "Seed for prompt sampling, initial noise and SDE noise.")
-    steps: int = _f(50, "Number of GRPO steps (one rollout + one optimizer step each).")
+    steps: int = _f(40, "Number of GRPO steps (one rollout + one optimizer step each).")
     output_dir: str = _f("runs", "Runs root: holds jagg.db and one folder per run.")
     processes: int = _f(1, "Number of training processes (GPUs); > 1 launches through accelerate.")
 
@@ -140,7 +140,7 @@ class TrainConfig:
     reuse_rollout_velocity: str = _f(
         "off", "auto: JAGG inner steps reuse the rollout's velocities while the policy is unchanged; or off."
     )
-    lr: float = _f(1e-4, "AdamW learning rate.")
+    lr: float = _f(5e-5, "AdamW learning rate.")
     weight_decay: float = _f(1e-4, "AdamW weight decay.")
     grad_clip: float | None = _f(1.0, "Gradient-norm clip; null = no clipping.")
     clip_range: float = _f(1e-3, "PPO ratio clip range ε.")
