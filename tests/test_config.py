@@ -108,7 +108,7 @@ def test_tiny_shapes_config_is_the_setting_that_learned() -> None:
         "global",
         5.0,
         1e-3,
-        1e-4,
+        5e-5,
         1e-4,
         1.0,
     )
@@ -300,7 +300,7 @@ def test_overrides_are_parsed_with_the_field_type(cfg: TrainConfig) -> None:
     assert out.reward_options == {TEST_REWARD: {"size": 3, "mode": "fast"}}
     assert out.lora_targets == ["to_q", "to_k"]
     assert out.sde_window() == (0, 12) and out.num_windows == 3
-    assert cfg.steps == 50  # the original is untouched
+    assert cfg.steps == 40  # the original is untouched
     out.validate(check_environment=False)
 
 
