@@ -295,17 +295,57 @@ def _parity_figure(curves: dict[str, list[tuple[int, Any]]], out: Path) -> None:
                     showlegend=True,
                 )
             )
+            if "eval/reward/mean" in frame:
+                ev = frame[["step", "eval/reward/mean"]].dropna()
+                fig.add_trace(
+                    go.Scatter(
+                        x=ev["step"], y=ev["eval/reward/mean"], mode="lines+markers",
+                        name=f"{s} seed {seed} · eval", legendgroup=s,
+                        line={"color": colours.get(s), "width": 2.5, "dash": "dash"},
+                        marker={"symbol": "diamond", "size": 7},
+                    )
+                )  # fmt: skip
     fig.update_layout(
-        title="Training reward (5-step moving mean): exact vs JAGG vs endpoint",
+        title="Reward: training (5-step moving mean, thin) and eval (dashed): exact vs JAGG vs endpoint",
         xaxis_title="step",
         yaxis_title="reward",
         template="plotly_white",
     )
     fig.write_html(out / "parity.html", include_plotlyjs="cdn")
     try:
-        fig.write_image(out / "parity.png", width=900, height=500)
-    except Exception as exc:  # kaleido (and a browser) are optional
-        print(f"note: no PNG ({type(exc).__name__}); the HTML figure is written", file=sys.stderr)
+        fig.write_image(out / "parity.png", width=1000, height=560)
+    except Exception as exc:  # kaleido is optional: fall back to a headless Chromium screenshot
+        if not _browser_png(fig, out / "parity.png", 1000, 560):
+            print(
+                f"note: no PNG ({type(exc).__name__}, no Chromium); the HTML figure is written",
+                file=sys.stderr,
+            )
+
+
+def _browser_png(fig, png: Path, width: int, height: int) -> bool:
+    """Render ``fig`` to ``png`` with a headless Chromium (offline: plotly.js inlined). Returns success."""
+    import shutil
+    import tempfile
+
+    browser = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+    if browser is None:
+        return False
+    with tempfile.TemporaryDirectory() as tmp:
+        page = Path(tmp) / "figure.html"
+        fig.write_html(
+            page, include_plotlyjs=True, full_html=True, default_width=width, default_height=height,
+            config={"displayModeBar": False},
+        )  # fmt: skip
+        cmd = [
+            browser, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--hide-scrollbars", f"--window-size={width},{height}", f"--screenshot={png.resolve()}",
+            "--virtual-time-budget=5000", page.as_uri(),
+        ]  # fmt: skip
+        try:
+            subprocess.run(cmd, capture_output=True, timeout=120, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+    return png.is_file() and png.stat().st_size > 0
 
 
 def run(args: argparse.Namespace) -> int:

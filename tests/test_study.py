@@ -60,3 +60,18 @@ def test_run_summary_by_hand():
     assert s["train_gain"] == pytest.approx(0.1)
     assert s["eval_gain"] == pytest.approx(0.07) and s["eval_end"] == pytest.approx(0.47)
     assert s["update_s_median"] == 2.0
+
+
+def test_parity_png_falls_back_to_a_headless_browser(tmp_path) -> None:
+    import shutil
+
+    import plotly.graph_objects as go
+
+    from jagg_engine.study import _browser_png
+
+    fig = go.Figure(go.Scatter(x=[0, 1, 2], y=[1.0, 1.1, 1.2]))
+    ok = _browser_png(fig, tmp_path / "f.png", 400, 300)
+    has_browser = any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome"))
+    assert ok == has_browser
+    if ok:
+        assert (tmp_path / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
