@@ -170,12 +170,13 @@ def reward_names(frame: pd.DataFrame) -> list[str]:
 
 
 TREND_STEPS = 10  # trailing window of the reward trend line
+TREND_MIN_STEPS = 5  # the line starts once this many steps are averaged (a single step is a prompt lottery)
 
 
 def reward_figure(frames: Mapping[str, pd.DataFrame], title: str = "Reward") -> go.Figure:
     """Training reward per step, mean line ± std band, for each run (label → metrics frame) and each reward
-    it logged; a bold trailing mean of the total over TREND_STEPS steps (a single step's mean moves with its
-    prompt mix); the deterministic eval reward (eval/reward/mean) as a dashed line of diamonds.
+    it logged; a bold trailing mean of the total over TREND_STEPS steps, from TREND_MIN_STEPS on (a single
+    step's mean moves with its prompt mix); the deterministic eval reward (eval/reward/mean) as a dashed line of diamonds.
 
     A band uses reward/std (total) or reward/<name>/std (component) when logged. Trace names are
     ``<label> · <reward>``, ``<label> · <reward> ± std``, ``<label> · total, mean of last N steps`` and
@@ -210,8 +211,8 @@ def reward_figure(frames: Mapping[str, pd.DataFrame], title: str = "Reward") -> 
                     line={"color": color, "dash": dash, "width": 1}, marker={"size": 4}, opacity=0.6,
                 )
             )  # fmt: skip
-            if name == "total" and len(rows) > 1:  # the trend through the prompt-mix noise of single steps
-                trend = rows[mean_key].rolling(TREND_STEPS, min_periods=1).mean()
+            if name == "total" and len(rows) >= TREND_MIN_STEPS:  # the trend through single steps' noise
+                trend = rows[mean_key].rolling(TREND_STEPS, min_periods=TREND_MIN_STEPS).mean()
                 fig.add_trace(
                     go.Scatter(
                         x=rows["step"], y=trend, mode="lines", line={"color": color, "width": 3},

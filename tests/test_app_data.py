@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 from PIL import Image
 
@@ -78,17 +79,24 @@ def test_reward_figure_has_mean_band_and_eval_per_reward(store):
     assert names == [
         "jagg · total ± std",
         "jagg · total",
-        "jagg · total, mean of last 10 steps",
         "jagg · shapes-dense",
         "jagg · eval",
-    ]
+    ]  # 4 steps: no trend
     band, mean = fig.data[0], fig.data[1]
     assert band.fill == "toself"
     # upper edge forward, lower edge backward: step 0 upper = 0 + 0.05, last point = lower at step 0
     assert band.y[0] == pytest.approx(0.05) and band.y[-1] == pytest.approx(-0.05)
     assert list(mean.y) == pytest.approx([0.0, 0.1, 0.2, 0.3])
-    assert list(fig.data[2].y) == pytest.approx([0.0, 0.05, 0.1, 0.15])  # trailing mean
-    assert list(fig.data[4].x) == [0, 3] and list(fig.data[4].y) == pytest.approx([0.2, 0.5])
+    assert list(fig.data[3].x) == [0, 3] and list(fig.data[3].y) == pytest.approx([0.2, 0.5])
+
+
+def test_reward_figure_trend_is_a_trailing_mean_from_step_5():
+    frame = pd.DataFrame({"step": list(range(1, 13)), "reward/mean": [float(i) for i in range(1, 13)]})
+    (mean, trend) = data.reward_figure({"": frame}).data
+    assert trend.name == "total, mean of last 10 steps" and list(trend.x) == list(range(1, 13))
+    y = list(trend.y)
+    assert all(v != v for v in y[:4])  # NaN: fewer than 5 steps averaged
+    assert y[4:] == pytest.approx([3.0, 3.5, 4.0, 4.5, 5.0, 5.5, 6.5, 7.5])
 
 
 def test_reward_figure_overlays_runs(store):
