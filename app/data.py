@@ -178,14 +178,19 @@ def reward_figure(frames: Mapping[str, pd.DataFrame], title: str = "Reward") -> 
     it logged; a bold trailing mean of the total over TREND_STEPS steps, from TREND_MIN_STEPS on (a single
     step's mean moves with its prompt mix); the deterministic eval reward (eval/reward/mean) as a dashed line of diamonds.
 
-    A band uses reward/std (total) or reward/<name>/std (component) when logged. Trace names are
+    A band uses reward/std (total) or reward/<name>/std (component) when logged; the y axis is fitted to the
+    lines, so a wide band is clipped rather than flattening them. With a single reward its own series (equal
+    to the total up to its weight) is left out. Trace names are
     ``<label> · <reward>``, ``<label> · <reward> ± std``, ``<label> · total, mean of last N steps`` and
     ``<label> · eval``.
     """
     fig = go.Figure()
     for i, (label, frame) in enumerate(frames.items()):
         color = _COLORS[i % len(_COLORS)]
-        for j, name in enumerate(reward_names(frame)):
+        names = reward_names(frame)
+        if len(names) == 2:  # one reward: its own series is the total again
+            names = names[:1]
+        for j, name in enumerate(names):
             mean_key = "reward/mean" if name == "total" else f"reward/{name}/mean"
             std_key = "reward/std" if name == "total" else f"reward/{name}/std"
             rows = frame[["step", mean_key] + ([std_key] if std_key in frame.columns else [])].dropna(
@@ -232,6 +237,11 @@ def reward_figure(frames: Mapping[str, pd.DataFrame], title: str = "Reward") -> 
                 )  # fmt: skip
     if not fig.data:
         return _empty(title)
+    lines = [v for t in fig.data if t.fill != "toself" for v in t.y if v is not None and v == v]
+    if lines:  # zoom on the means: the ± std bands are clipped, not allowed to flatten the trend
+        lo, hi = min(lines), max(lines)
+        pad = max(0.15 * (hi - lo), 0.02 * max(abs(lo), abs(hi)), 1e-3)
+        fig.update_yaxes(range=[lo - pad, hi + pad])
     fig.update_layout(
         title=title, xaxis_title="step", yaxis_title="reward", height=360,
         margin={"l": 50, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h", "y": -0.2},
