@@ -283,7 +283,7 @@ def _parity_figure(curves: dict[str, list[tuple[int, Any]]], out: Path) -> None:
     for s, runs in curves.items():
         for seed, frame in runs:
             f = frame[frame["step"] > 0]
-            smooth = f["reward/mean"].rolling(5, min_periods=1).mean()
+            smooth = f["reward/mean"].rolling(5, min_periods=5).mean()  # from one whole epoch of prompts on
             fig.add_trace(
                 go.Scatter(
                     x=f["step"],
