@@ -204,6 +204,7 @@ class RunStore:
         if status not in STATUSES:
             raise StoreError(f"status: must be one of {', '.join(STATUSES)}, got {status!r}")
         now = time.time()
+        pid_at = now if pid is not None else None  # when this pid was recorded (tells a reused pid apart)
         with self._lock, self.db.conn:
             current = self._status(run_id)
             if status not in TRANSITIONS[current]:
@@ -212,21 +213,21 @@ class RunStore:
             if status == "running":
                 self.db.execute(
                     "UPDATE runs SET status = ?, started_at = COALESCE(started_at, ?), finished_at = NULL,"
-                    " error = NULL, cancel_requested = 0, pid = COALESCE(?, pid),"
-                    " pid_at = CASE WHEN ? IS NULL THEN pid_at ELSE ? END WHERE id = ?",
-                    [status, now, pid, pid, now, run_id],
+                    " error = NULL, cancel_requested = 0, pid = COALESCE(?, pid), pid_at = COALESCE(?, pid_at)"
+                    " WHERE id = ?",
+                    [status, now, pid, pid_at, run_id],
                 )
             elif status == "queued":
                 self.db.execute(
                     "UPDATE runs SET status = ?, finished_at = NULL, error = NULL, cancel_requested = 0,"
                     " pid = ?, pid_at = ? WHERE id = ?",
-                    [status, pid, now if pid is not None else None, run_id],
+                    [status, pid, pid_at, run_id],
                 )
             else:
                 self.db.execute(
                     "UPDATE runs SET status = ?, finished_at = ?, error = COALESCE(?, error),"
-                    " pid = COALESCE(?, pid), pid_at = CASE WHEN ? IS NULL THEN pid_at ELSE ? END WHERE id = ?",
-                    [status, now, error, pid, pid, now, run_id],
+                    " pid = COALESCE(?, pid), pid_at = COALESCE(?, pid_at) WHERE id = ?",
+                    [status, now, error, pid, pid_at, run_id],
                 )
 
     def set_pid(self, run_id: int, pid: int | None) -> None:

@@ -322,12 +322,15 @@ def _parity_figure(curves: dict[str, list[tuple[int, Any]]], out: Path) -> None:
             )
 
 
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")  # headless renderers of the parity PNG
+
+
 def _browser_png(fig, png: Path, width: int, height: int) -> bool:
     """Render ``fig`` to ``png`` with a headless Chromium (offline: plotly.js inlined). Returns success."""
     import shutil
     import tempfile
 
-    browser = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+    browser = next((b for b in BROWSERS if shutil.which(b)), None)
     if browser is None:
         return False
     with tempfile.TemporaryDirectory() as tmp:

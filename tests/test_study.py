@@ -67,11 +67,11 @@ def test_parity_png_falls_back_to_a_headless_browser(tmp_path) -> None:
 
     import plotly.graph_objects as go
 
-    from jagg_engine.study import _browser_png
+    from jagg_engine.study import BROWSERS, _browser_png
 
     fig = go.Figure(go.Scatter(x=[0, 1, 2], y=[1.0, 1.1, 1.2]))
     ok = _browser_png(fig, tmp_path / "f.png", 400, 300)
-    has_browser = any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome"))
+    has_browser = any(shutil.which(b) for b in BROWSERS)
     assert ok == has_browser
     if ok:
         assert (tmp_path / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -24,6 +24,7 @@ SMALL = [
     "probe_every=2",
     "lr=3e-4",
 ]
+SMALL_NO_EVAL = [a for a in SMALL if not a.startswith(("eval_every", "probe_every"))]  # multi-process runs
 
 
 def jagg(*args, runs_dir, wait=True, timeout=600):
@@ -105,7 +106,7 @@ def test_two_processes_write_one_history(tmp_path):
         "eval_every=0",
         "auto_route=true",
         "auto_route_every=2",
-        *[a for a in SMALL if not a.startswith(("eval_every", "probe_every"))],
+        *SMALL_NO_EVAL,
         "--processes",
         "2",
         runs_dir=tmp_path,
@@ -210,13 +211,12 @@ def test_non_finite_reward_stops_the_run_and_keeps_the_checkpoint(tmp_path):
 
 def test_fsdp2_two_processes_train_and_checkpoint_full_weights(tmp_path):
     """fsdp=true shards the transformer with FSDP2 (fully_shard, gloo on CPU) across 2 processes."""
-    args = [a for a in SMALL if not a.startswith(("eval_every", "probe_every"))]
     proc = jagg(
         "steps=2",
         "fsdp=true",
         "eval_every=0",
         "checkpoint_every=1",
-        *args,
+        *SMALL_NO_EVAL,
         "--processes",
         "2",
         runs_dir=tmp_path,
@@ -242,9 +242,8 @@ def test_fsdp2_two_processes_train_and_checkpoint_full_weights(tmp_path):
 
 def test_fsdp2_cancel_then_resume_loads_the_sharded_optimizer(tmp_path):
     """A cancelled FSDP2 run resumes from its full-weight checkpoint and per-rank optimizer shards."""
-    args = [a for a in SMALL if not a.startswith(("eval_every", "probe_every"))]
     proc = jagg(
-        "steps=4", "fsdp=true", "eval_every=0", "checkpoint_every=1", *args, "--processes", "2",
+        "steps=4", "fsdp=true", "eval_every=0", "checkpoint_every=1", *SMALL_NO_EVAL, "--processes", "2",
         runs_dir=tmp_path, wait=False,
     )  # fmt: skip
     store = open_store(tmp_path)
