@@ -58,6 +58,7 @@ SPACE_REWARDS = (
     "jpeg_incompressibility",
 )
 MAX_REWARDS = 4
+MAX_NAME_CHARS = 64
 # Upper bounds of the fields that scale the compute (or memory) of a run; eval_seeds is a count of seeds.
 # At these values a run is the shipped tiny-shapes setting cut to 30 steps (about 10 minutes on 2 CPU cores).
 CAPS: dict[str, int] = {
@@ -152,6 +153,10 @@ def check_space_config(cfg: TrainConfig, base: TrainConfig | None = None) -> Non
             raise ConfigError(
                 f"{key}: this Space accepts no file or folder paths (nor options), got {values[key]!r}"
             )
+    if len(values["name"]) > MAX_NAME_CHARS:
+        raise ConfigError(
+            f"name: this Space allows at most {MAX_NAME_CHARS} characters, got {len(values['name'])}"
+        )
     rewards = values["rewards"]
     unknown = [name for name in rewards if name not in SPACE_REWARDS]
     if unknown:

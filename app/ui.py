@@ -19,6 +19,7 @@ import sqlite3
 import tempfile
 import threading
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,9 @@ BACKBONE_CHOICES = (
     "tiny-flux",
 )  # tiny-flux: random weights, smoke tests
 TICK_S = 2.0
+# The New run form's inputs, in the order of form_config's parameters (the API's parameter names).
+FORM_FIELDS = ("name", "backbone", "model_path", "rewards", "algorithm", "window", "jagg_frac", "strategy", "steps",
+               "group_size", "lr", "seed", "processes", "overrides")  # fmt: skip
 __all__ = ["build_app", "form_config", "space_mode_from_env", "speedup_note"]
 
 
@@ -401,9 +405,8 @@ def build_app(
             return f"**Refused.** {exc}", None
         if path.name == DB_NAME:  # a consistent copy of a live database (WAL): SQLite's backup
             copy = Path(tempfile.mkdtemp(prefix="jagg-owner-")) / DB_NAME
-            with sqlite3.connect(path) as src, sqlite3.connect(copy) as dst:
+            with closing(sqlite3.connect(path)) as src, closing(sqlite3.connect(copy)) as dst:
                 src.backup(dst)
-            dst.close()
             return f"{rel_path}: {copy.stat().st_size:,} bytes.", str(copy)
         return f"{rel_path}: {path.stat().st_size:,} bytes.", publish(path)
 
@@ -483,7 +486,7 @@ def build_app(
                 cancel_msg = gr.Markdown()
                 progress_md = gr.Markdown()
                 with gr.Row():
-                    reward_plot = gr.Plot(label="reward")
+                    reward_plot = gr.Plot(label="reward", elem_id="live-reward")
                     time_plot = gr.Plot(label="step time")
                 speedup_table = gr.Dataframe(
                     label="update-phase speedup: measured vs predicted", interactive=False
@@ -492,7 +495,10 @@ def build_app(
                     counts_plot = gr.Plot(label="backward passes")
                     probe_plot = gr.Plot(label="gradient cosine per group")
                 gallery = gr.Gallery(
-                    label="evaluation samples (fixed prompts and seeds)", columns=6, height="auto"
+                    label="evaluation samples (fixed prompts and seeds)",
+                    columns=6,
+                    height="auto",
+                    elem_id="live-gallery",
                 )
                 log_box = gr.Textbox(label="log", lines=12, max_lines=20, autoscroll=True)
 
@@ -513,7 +519,9 @@ def build_app(
                         scale=4,
                     )
                     compare_btn = gr.Button("Compare", scale=1)
-                compare_plot = gr.Plot(label="reward", value=shown[0] if shown else None)
+                compare_plot = gr.Plot(
+                    label="reward", value=shown[0] if shown else None, elem_id="compare-plot"
+                )
                 compare_table = gr.Dataframe(
                     label="summary: final reward and update-phase speedup (measured vs predicted)",
                     interactive=False,
@@ -527,6 +535,7 @@ def build_app(
                     columns=4,
                     height="auto",
                     value=shown[3] if shown else None,
+                    elem_id="compare-gallery",
                 )
 
             with gr.Tab("History", id="history"):
@@ -559,9 +568,9 @@ def build_app(
         form = [name, backbone, model_path, rewards, algorithm, window, jagg_frac, strategy, steps, group_size, lr,
                 seed, processes, overrides]  # fmt: skip
         launch_outputs = [launch_msg, launched_id, live_run]
-        launch_btn.click(_with_request(launch, len(form)), form, launch_outputs, api_name="launch_run")
+        launch_btn.click(_with_request(launch, FORM_FIELDS), form, launch_outputs, api_name="launch_run")
         pair_btn.click(
-            _with_request(launch_pair, len(form)), form, launch_outputs, api_name="compare_exact_jagg"
+            _with_request(launch_pair, FORM_FIELDS), form, launch_outputs, api_name="compare_exact_jagg"
         )
         for component in (window, jagg_frac, strategy, r_input):
             component.change(
@@ -624,14 +633,14 @@ def _session(request: gr.Request | None) -> str | None:
     return getattr(request, "session_hash", None) or None
 
 
-def _with_request(handler: Callable[..., Any], n_inputs: int) -> Callable[..., Any]:
+def _with_request(handler: Callable[..., Any], names: tuple[str, ...]) -> Callable[..., Any]:
     """``handler(*inputs, request=...)`` as a function gradio passes the gr.Request to: gradio gives the
     request only to a named parameter annotated gr.Request, which a ``*form`` signature cannot have."""
 
     def call(*args: Any) -> Any:
         return handler(*args[:-1], request=args[-1])
 
-    params = [inspect.Parameter(f"input_{i}", inspect.Parameter.POSITIONAL_ONLY) for i in range(n_inputs)]
+    params = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_ONLY) for name in names]
     params.append(
         inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request)
     )

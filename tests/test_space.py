@@ -59,6 +59,7 @@ def test_periodic_work_is_never_or_far_apart(key):
         ({"reward_options": {"shapes": {"x": 1}}}, "reward_options: this Space accepts no file"),
         ({"rewards": {"pickscore": 1.0}}, "rewards: this Space offers only the weight-free rewards"),
         ({"rewards": {n: 1.0 for n in space.SPACE_REWARDS[:5]}}, "rewards: this Space allows at most 4"),
+        ({"name": "x" * 65}, "name: this Space allows at most 64 characters, got 65"),
         ({"precision": "bf16"}, "precision: this Space keeps the shipped value 'fp32', got 'bf16'"),
         ({"gradient_checkpointing": True}, "gradient_checkpointing: this Space keeps the shipped value"),
     ],
