@@ -42,7 +42,7 @@ import torch
 
 from .backbones.base import VelocityFn, cat_cond
 from .grpo import PPOStats, gaussian_kl, ppo_clip_loss
-from .sde import SamplerConfig, Trajectory, compute_dtype, param_version
+from .sde import SamplerConfig, Trajectory, compute_dtype, same_policy
 
 STRATEGIES = ("exact", "jagg", "endpoint")
 ENDPOINT_BACKWARDS = ("joint", "sequential")
@@ -63,8 +63,9 @@ class UpdateConfig:
                        whole batch's, accumulated over micro-batches
     reuse_rollout_velocity: auto | off. With auto, the inner steps of a JAGG group take v̂_j stored by the
                        rollout instead of a no-grad forward, when and only when the policy is the one that
-                       sampled (same parameter version, no active dropout, velocities
-                       stored in the compute dtype) — a group then costs 2r instead of W − 2 + 2r.
+                       sampled (:func:`can_reuse_velocities`: same model object, every parameter at the
+                       in-place version it had, no dropout active, velocities stored in the compute dtype)
+                       — a group then costs 2r instead of W − 2 + 2r.
     """
 
     strategy: str = "jagg"
@@ -380,16 +381,14 @@ class _Update:
 
 
 def can_reuse_velocities(model: VelocityFn, traj: Trajectory) -> bool:
-    """Whether the rollout's stored v̂_j are the current policy's: stored, same parameter version, no dropout."""
-    if traj.velocities is None or traj.param_version is None:
+    """Whether the rollout's stored v̂_j are the current policy's: stored in the compute dtype, and ``model``
+    is the policy that sampled — the same object with every parameter and buffer at the in-place version it
+    had then, and no forward that draws random numbers (dropout) then or now (:func:`jagg_engine.sde.same_policy`).
+    """
+    if traj.velocities is None or traj.velocities.dtype != compute_dtype(traj.velocities.dtype):
         return False
-    if traj.param_version != param_version(model):
-        return False
-    if isinstance(model, torch.nn.Module) and any(
-        isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.training and m.p > 0 for m in model.modules()
-    ):
-        return False  # an active dropout makes the update's velocities differ from the sampled ones
-    return traj.velocities.dtype == compute_dtype(traj.velocities.dtype)
+    z, t = traj.latents[0], traj.sigmas[0].expand(traj.batch_size)
+    return same_policy(traj.policy, model, z, t, traj.cond)
 
 
 def group_plan(traj_steps: list[int], update: UpdateConfig) -> list[tuple[list[int], str]]:
