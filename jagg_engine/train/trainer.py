@@ -36,7 +36,7 @@ from jagg_engine.grpo import group_advantages
 from jagg_engine.jagg import auto_jagg_frac, policy_update
 from jagg_engine.probe import probe_groups
 from jagg_engine.rewards.registry import WeightedReward
-from jagg_engine.sde import Trajectory, bump_param_version, ode_sample, rollout
+from jagg_engine.sde import Trajectory, ode_sample, rollout
 from jagg_engine.store import RunStore, open_store
 from jagg_engine.train.config import TrainConfig, read_prompts
 
@@ -209,8 +209,7 @@ class Trainer:
         clip = self.cfg.grad_clip if self.cfg.grad_clip else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(self.params, clip)
         norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
-        self.optimizer.step()
-        bump_param_version(self.model)  # the rollout's stored velocities are stale from here on
+        self.optimizer.step()  # bumps the parameters' version counters: the rollout's velocities go stale
         self.optimizer.zero_grad(set_to_none=True)
         return norm
 
@@ -440,7 +439,6 @@ class Trainer:
         else:
             optim = state["optimizer"]
         self.optimizer.load_state_dict(optim)
-        bump_param_version(self.model)
         torch.set_rng_state(state["torch_rng"])
         np.random.set_state(state["numpy_rng"])
         return int(state["step"])
