@@ -366,6 +366,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--depth", type=int, default=None, help="joint blocks (tests); default: the published depth"
     )
+    p.add_argument("--heads", type=int, default=None, help="attention heads (tests); default: the published")
     p.add_argument("--resolution", type=int, default=512, help="image side in pixels (default 512)")
     p.add_argument("--text-len", type=int, default=None, help="text tokens (default: 512 FLUX, 333 SD3.5)")
     p.add_argument("--seed", type=int, default=0)
