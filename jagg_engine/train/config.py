@@ -142,7 +142,9 @@ class TrainConfig:
     auto_route_threshold: float = _f(0.7, "Cosine a group must reach to stay on JAGG under auto_route.")
     auto_route_every: int = _f(10, "Steps between two routing probes under auto_route.")
     reuse_rollout_velocity: str = _f(
-        "off", "auto: JAGG inner steps reuse the rollout's velocities while the policy is unchanged; or off."
+        "auto",
+        "auto: JAGG inner steps take the rollout's velocities where the policy is provably the sampling one"
+        " (exact; the first mini-batch of a rollout); off: always a forward.",
     )
     train_micro_batch: int | None = _f(
         None,
