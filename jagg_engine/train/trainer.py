@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from jagg_engine.backbones import build_backbone
 from jagg_engine.grpo import group_advantages
-from jagg_engine.jagg import auto_jagg_frac, policy_update
+from jagg_engine.jagg import UpdateResult, auto_jagg_frac, policy_update
 from jagg_engine.probe import probe_groups
 from jagg_engine.rewards.registry import WeightedReward
 from jagg_engine.sde import Trajectory, ode_sample, rollout
@@ -131,6 +131,36 @@ def step_generator(
     return torch.Generator(device=device).manual_seed((cfg.seed * 1_000_003 + step) * 1009 + rank)
 
 
+def minibatch_indices(cfg: TrainConfig, step: int, rank: int, n: int) -> list[torch.Tensor | None]:
+    """The samples of each of the ``updates_per_rollout`` mini-batches of a rank's ``n`` samples: slices of a
+    permutation seeded by (seed, step, rank), as Flow-GRPO shuffles before splitting; ``[None]`` (the whole
+    batch, in order) when there is one."""
+    m = cfg.updates_per_rollout
+    if m == 1:
+        return [None]
+    perm = torch.from_numpy(np.random.default_rng([cfg.seed, step, rank, 1]).permutation(n))
+    return list(perm.reshape(m, n // m))  # (M, n / M)
+
+
+def update_metrics(results: list[UpdateResult]) -> dict[str, float]:
+    """One step's update metrics from its mini-batches: loss/ means, time/ and count/ sums."""
+    rows = [r.metrics() for r in results]
+    out = {
+        k: float(sum(r[k] for r in rows))
+        if k.startswith(("time/", "count/"))
+        else float(np.mean([r[k] for r in rows]))
+        for k in rows[0]
+    }
+    out["loss/kl"] = out["loss/kl_ref"]
+    out["count/forward"] = out["count/forward_grad"] + out["count/forward_nograd"]
+    out["count/optimizer_steps"] = float(len(results))
+    if len(results) > 1:  # the off-policy mini-batches: where the ratio and the clip act
+        later = [r for r in rows[1:]]
+        out["loss/clipfrac_offpolicy"] = float(np.mean([r["loss/clipfrac"] for r in later]))
+        out["loss/ratio_dev_offpolicy"] = float(np.mean([abs(r["loss/ratio_mean"] - 1) for r in later]))
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ trainer
 
 
@@ -181,7 +211,15 @@ class Trainer:
             cond = self.model.encode_prompts(prompts)
         reuse = self.update.reuse_rollout_velocity == "auto" and self.update.strategy == "jagg"
         noise = noise.to(self.acc.device, self.params[0].dtype)
-        return rollout(self.model, cond, noise, self.sampler, sde_gen, store_velocities=reuse)
+        return rollout(
+            self.model,
+            cond,
+            noise,
+            self.sampler,
+            sde_gen,
+            store_velocities=reuse,
+            micro_batch=self.cfg.rollout_micro_batch,
+        )
 
     def score(
         self, traj: Trajectory, prompts: list[str]
@@ -213,6 +251,29 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return norm
 
+    def update_phase(
+        self, step: int, traj: Trajectory, adv: torch.Tensor
+    ) -> tuple[list[UpdateResult], list[float]]:
+        """The update phase: ``updates_per_rollout`` = M mini-batches of this rank's samples, one optimizer step
+        each (Flow-GRPO's several steps per sampling epoch). Advantages were normalised over the whole rollout
+        batch of all ranks before the split; the old log-probs are the rollout's, so on mini-batch m > 1 the
+        PPO ratio compares the updated policy with the sampling one. Mini-batch m is the m-th slice of a
+        permutation seeded by (seed, step, rank): a resumed run replays it. Velocity reuse happens only where
+        the policy is still the sampling one, i.e. on the first mini-batch (the guard sees the optimizer step).
+        """
+        results, norms = [], []
+        for index in minibatch_indices(self.cfg, step, self.rank, traj.batch_size):
+            part = traj if index is None else traj.select(index)
+            part_adv = adv if index is None else adv[index]
+            result = policy_update(
+                self.model, part, part_adv.to(self.acc.device), self.update, self.sampler, self.ref_model()
+            )
+            if not math.isfinite(result.loss):
+                raise TrainingError(f"loss: non-finite policy loss at step {step}")
+            norms.append(self.optimize())
+            results.append(result)
+        return results, norms
+
     def ref_model(self):
         """The reference policy for the KL term: the adapter disabled (LoRA) or the initial weights."""
         if self.cfg.beta <= 0:
@@ -234,26 +295,19 @@ class Trainer:
         if self.cfg.auto_route and (step == self.start_step or step % self.cfg.auto_route_every == 0):
             self.route(step, traj, adv)
         t2 = time.perf_counter()
-        result = policy_update(
-            self.model, traj, adv.to(self.acc.device), self.update, self.sampler, ref_model=self.ref_model()
-        )
-        if not math.isfinite(result.loss):
-            raise TrainingError(f"loss: non-finite policy loss at step {step}")
-        grad_norm = self.optimize()
+        results, grad_norms = self.update_phase(step, traj, adv)
         t3 = time.perf_counter()
         metrics = {
             "reward/mean": float(all_rewards.mean()),
             "reward/std": float(all_rewards.std(unbiased=False)),
             **{f"reward/{k}/mean": float(v.mean()) for k, v in parts.items()},
             **{f"reward/{k}/std": float(v.std(unbiased=False)) for k, v in parts.items()},
-            **result.metrics(),
-            "loss/kl": result.kl,
-            "grad/norm": grad_norm,
+            **update_metrics(results),
+            "grad/norm": float(np.mean(grad_norms)),
             "lr": self.optimizer.param_groups[0]["lr"],
             "time/sampling": t1 - t0,
             "time/reward": t2 - t1,
             "time/step": t3 - t0,
-            "count/forward": float(result.counts.forward_grad + result.counts.forward_nograd),
             "route/jagg_frac": self.update.jagg_frac,
         }
         if self.main and self.cfg.sample_every and step % self.cfg.sample_every == 0:
