@@ -30,7 +30,9 @@ def one_thread():
 
 
 def test_help_runs_on_the_cpu():
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert "--micro-batches" in proc.stdout and "--depth" in proc.stdout and "--out" in proc.stdout
 
@@ -63,6 +65,7 @@ def test_published_configs_build_at_full_size_on_the_meta_device(gpu_check, name
         assert shallow["dual_attention_layers"] == (0, 1)
 
 
+@pytest.mark.slow
 def test_the_whole_check_runs_tiny_on_the_cpu(gpu_check, tmp_path):
     """Both models at depth 1, 2 heads, 32 px: measurement for two micro-batches, two training steps, JSON."""
     argv = [
@@ -74,7 +77,7 @@ def test_the_whole_check_runs_tiny_on_the_cpu(gpu_check, tmp_path):
     report = json.loads((tmp_path / "gpu-check.json").read_text())
     assert report["status"] == "complete" and report["dtype"] == "float32"
     assert set(report["models"]) == {"flux-dev", "sd3.5-medium"}
-    for name, entry in report["models"].items():
+    for entry in report["models"].values():
         assert entry["config"]["num_layers"] == 1 and entry["config"]["num_attention_heads"] == 2
         assert 0 < entry["trainable_params"] < entry["params"]  # LoRA only
         assert [m["micro_batch"] for m in entry["measure"]] == [1, 2]
