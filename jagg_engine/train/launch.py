@@ -319,7 +319,8 @@ def run(args: argparse.Namespace) -> int:
     if not started:
         log_path = _keep_output(output, store, run_id)
         if topo.machines > 1 and any(s in output for s in _RENDEZVOUS_FAILURES):
-            peers = "machine 0" if topo.machine_rank else f"machines 1..{topo.machines - 1}"
+            peers = "machine 0" if topo.machine_rank else "machine 1"
+            peers = peers if topo.machine_rank or topo.machines == 2 else f"machines 1..{topo.machines - 1}"
             message = (
                 f"main-address: {peers} did not meet machine {topo.machine_rank} at {topo.address}"
                 f" within {args.join_timeout:g} s (launcher output: {log_path})"
