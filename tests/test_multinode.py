@@ -78,6 +78,54 @@ def test_readme_two_machines_on_loopback_match_one_machine(tmp_path):
     assert (Path(run_two["run_dir"]) / "checkpoints" / "step_00002.pt").is_file()
 
 
+@pytest.mark.slow
+def test_cancel_and_resume_across_machines(tmp_path):
+    """Two machines on the loopback, cancelled after a step, resumed on both: machine 1 holds no copy of the
+    run and no checkpoint; global rank 0 reads the checkpoint and sends it over."""
+    small = ["steps=3", "checkpoint_every=1", "prompts_per_step=2", "group_size=4", "sampling_steps=6"]
+    small += ["sde_window_end=4", "eval_every=0", "sample_every=0"]
+
+    def both(args0, args1, tag):
+        address = f"127.0.0.1:{free_port()}"
+        flags = ["--processes", "2", "--machines", "2", "--main-address", address]
+        return [
+            start(
+                [*args, *flags, "--machine-rank", str(rank)],
+                tmp_path / f"m{rank}",
+                tmp_path / f"{tag}{rank}.log",
+            )
+            for rank, args in enumerate((args0, args1))
+        ]
+
+    procs = both(["jagg", "train", *small], ["jagg", "train", *small], "first")
+    m0 = tmp_path / "m0"
+
+    def logged(store, run_id):
+        frame = store.metrics_frame(run_id)
+        return [] if frame.empty else frame["step"].tolist()
+
+    deadline = time.monotonic() + 600
+    while not ((m0 / "jagg.db").exists() and open_store(m0).list_runs() and logged(open_store(m0), 1)):
+        assert time.monotonic() < deadline and procs[0].poll() is None, (tmp_path / "first0.log").read_text()
+        time.sleep(0.5)
+    store = open_store(m0)
+    store.request_cancel(1)
+    assert [p.wait(timeout=300) for p in procs] == [0, 0], (tmp_path / "first0.log").read_text()[-3000:]
+    done = logged(store, 1)
+    assert (
+        store.get_run(1)["status"] == "cancelled"
+        and done == list(range(1, len(done) + 1))
+        and done != [1, 2, 3]
+    )
+
+    procs = both(["jagg", "train", "--resume", "1"], ["jagg", "train", "--resume", "1"], "resume")
+    assert [p.wait(timeout=600) for p in procs] == [0, 0], (tmp_path / "resume0.log").read_text()[-3000:]
+    assert store.get_run(1)["status"] == "finished" and logged(store, 1) == [1, 2, 3]
+    log = (Path(store.get_run(1)["run_dir"]) / "train.log").read_text()
+    assert f"resuming after step {len(done)}" in log
+    assert not (tmp_path / "m1" / "jagg.db").exists() and not list((tmp_path / "m1").rglob("*.pt"))
+
+
 def test_a_missing_machine_ends_the_other_in_time_with_one_line(tmp_path):
     """Machine 0 without machine 1, and machine 1 without machine 0 (another address): each ends within the
     join timeout with exit code 1 and one error line naming the address; machine 0's run reads failed."""
