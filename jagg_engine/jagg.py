@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .backbones.base import VelocityFn, cat_cond
-from .grpo import PPOStats, gaussian_kl, ppo_clip_loss
+from .grpo import KL_FORMS, PPOStats, ppo_clip_loss, step_kl
 from .sde import SamplerConfig, Trajectory, compute_dtype, same_policy
 
 STRATEGIES = ("exact", "jagg", "endpoint")
@@ -59,6 +59,8 @@ class UpdateConfig:
     endpoint_backward: joint (one backward over both endpoints) | sequential (half the activation memory)
     clip_range:        PPO clip range ε
     beta:              weight of the KL to the reference policy (0 = no reference forwards)
+    kl_form:           flow-grpo | gaussian — the KL term's form (:func:`jagg_engine.grpo.step_kl`); flow-grpo
+                       (default) is Flow-GRPO's, so its β carries over
     micro_batch:       samples per model call in the update (None = the whole batch); the gradient is the
                        whole batch's, accumulated over micro-batches
     reuse_rollout_velocity: auto | off. With auto, the inner steps of a JAGG group take v̂_j stored by the
@@ -75,6 +77,7 @@ class UpdateConfig:
     clip_range: float = 1e-3
     beta: float = 0.0
     reuse_rollout_velocity: str = "off"
+    kl_form: str = "flow-grpo"
     micro_batch: int | None = None
 
     def __post_init__(self) -> None:
@@ -92,6 +95,8 @@ class UpdateConfig:
             raise ValueError(f"clip_range: must be > 0, got {self.clip_range}")
         if self.beta < 0:
             raise ValueError(f"beta: must be >= 0, got {self.beta}")
+        if self.kl_form not in KL_FORMS:
+            raise ValueError(f"kl_form: must be one of {', '.join(KL_FORMS)}, got {self.kl_form!r}")
         if self.reuse_rollout_velocity not in REUSE_MODES:
             raise ValueError(
                 f"reuse_rollout_velocity: must be one of {', '.join(REUSE_MODES)}, got {self.reuse_rollout_velocity!r}"
@@ -308,7 +313,8 @@ class _Update:
                 v_ref = self.ref_model(traj.latents[j], self.t(j), traj.cond)
                 self.result.counts.ref_forward += 1
             ref = self.sampler.step(v_ref, traj.latents[j], j, traj.sigmas, prev_sample=traj.latents[j + 1])
-            kl = gaussian_kl(out.mean, ref.mean, out.std).mean()
+            h = self.sampler.kl_step_size(j, traj.sigmas)
+            kl = step_kl(out.mean, ref.mean, out.std, self.update.kl_form, h).mean()
             loss = loss + self.update.beta * kl
         self._record(stats, loss, kl)
         return loss * self.scale / self.K if self.scale != 1.0 else loss / self.K

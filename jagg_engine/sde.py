@@ -10,6 +10,13 @@ Each SDE step is a pure function of (v̂, z, σ, σ_next, η) and, optionally, t
 ``prev_sample`` (the name diffusers and ddpo-pytorch use), so the old log-prob of a stored z_{j+1} is
 recomputed exactly. All step arithmetic runs in float32 at least (float64 stays float64), whatever the
 model's dtype. Log-probs are averaged over the non-batch dimensions, as Flow-GRPO and DanceGRPO do.
+
+Log-prob forms. The flow-grpo and dance steps use the full Gaussian log-density, as both reference codes do
+(their constants cancel in the PPO ratio). For CPS, ``cps_log_prob`` chooses between
+    "flow-grpo"  −mean((z' − μ)²): Flow-GRPO's CPS code (``sd3_sde_with_logprob``, sde_type "cps") drops the
+                 constants AND the 1/(2·std²) factor, so log ρ is 2·std² times the Gaussian one and a clip range
+                 means what it means in Flow-GRPO's CPS configs (the default)
+    "gaussian"   log N(z'; μ, std²·I), averaged over the non-batch dims
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .backbones.base import Cond, VelocityFn, index_cond
 
 SDE_KINDS = ("flow-grpo", "dance", "cps")
+CPS_LOG_PROBS = ("flow-grpo", "gaussian")
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -76,19 +84,33 @@ def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) ->
     return logp.flatten(1).mean(dim=1)
 
 
+def squared_error_log_prob(x: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+    """−(x − mean)² per element, averaged over all non-batch dims. (B, ...) → (B,).
+
+    The CPS log-prob of Flow-GRPO's code ("remove all constants"): the Gaussian log-density without its
+    constants and without the 1/(2·std²) factor. ``x`` is detached, as in :func:`gaussian_log_prob`.
+    """
+    return (-((x.detach() - mean) ** 2)).flatten(1).mean(dim=1)
+
+
 def _finish(
     mean: torch.Tensor,
     std: torch.Tensor,
     prev_sample: torch.Tensor | None,
     noise: torch.Tensor | None,
     generator: torch.Generator | None,
+    log_prob_form: str = "gaussian",
 ) -> StepOutput:
     if prev_sample is None:
         if noise is None:
             noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
         prev_sample = mean + std * noise.to(mean.dtype)
     prev_sample = prev_sample.to(mean.dtype)
-    return StepOutput(prev_sample, gaussian_log_prob(prev_sample, mean, std), mean, std)
+    if log_prob_form == "gaussian":
+        log_prob = gaussian_log_prob(prev_sample, mean, std)
+    else:
+        log_prob = squared_error_log_prob(prev_sample, mean)
+    return StepOutput(prev_sample, log_prob, mean, std)
 
 
 def flow_grpo_step(
@@ -156,6 +178,7 @@ def cps_step(
     prev_sample: torch.Tensor | None = None,
     noise: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
+    log_prob_form: str = "flow-grpo",
 ) -> StepOutput:
     """Coefficients-preserving sampling (Flow-CPS, Wang & Yu 2025): the step keeps z' on the σ_next marginal.
 
@@ -163,9 +186,14 @@ def cps_step(
         x̂0   = z − σ·v̂          ε̂ = z + (1 − σ)·v̂
         μ    = (1 − σ_next)·x̂0 + sqrt(σ_next² − std²)·ε̂
 
+        log π = −mean((z' − μ)²)                                  log_prob_form "flow-grpo" (Flow-GRPO's code)
+              = mean(−(z' − μ)²/(2·std²) − log std − ½·log 2π)     log_prob_form "gaussian"
+
     Undefined at σ_next = 0 (std = 0): the last step must be an ODE step (outside the SDE window).
     Shapes: v, z (B, ...) → StepOutput with log_prob (B,).
     """
+    if log_prob_form not in CPS_LOG_PROBS:
+        raise ValueError(f"cps_log_prob: must be one of {', '.join(CPS_LOG_PROBS)}, got {log_prob_form!r}")
     v, z, sigma, sigma_next = _in_compute_dtype(v, z, sigma, sigma_next)
     if float(sigma_next) <= 0.0:
         raise ValueError("cps: the final step (σ_next = 0) has zero variance; keep it outside the SDE window")
@@ -173,7 +201,7 @@ def cps_step(
     x0 = z - sigma * v
     eps = z + (1 - sigma) * v
     mean = (1 - sigma_next) * x0 + torch.sqrt(sigma_next**2 - std**2) * eps
-    return _finish(mean, std, prev_sample, noise, generator)
+    return _finish(mean, std, prev_sample, noise, generator, log_prob_form)
 
 
 def ode_step(v: torch.Tensor, z: torch.Tensor, sigma: float | torch.Tensor, sigma_next: float | torch.Tensor):
@@ -192,6 +220,7 @@ class SamplerConfig:
     shift:      time shift of the schedule (1 = uniform).
     sde_window: (start, end): steps start … end−1 are SDE steps (and the ones trained); the others are ODE
                 steps (Flow-GRPO-Fast). None = every step, except that CPS never samples the last step.
+    cps_log_prob: "flow-grpo" | "gaussian" — the CPS log-prob form (module docstring); other kinds ignore it.
     """
 
     kind: str = "flow-grpo"
@@ -199,6 +228,7 @@ class SamplerConfig:
     eta: float = 0.7
     shift: float = 1.0
     sde_window: tuple[int, int] | None = None
+    cps_log_prob: str = "flow-grpo"
 
     def __post_init__(self) -> None:
         if self.kind not in SDE_KINDS:
@@ -207,6 +237,10 @@ class SamplerConfig:
             raise ValueError(f"steps: must be a positive integer, got {self.num_steps}")
         if not self.eta > 0:
             raise ValueError(f"eta: must be > 0, got {self.eta}")
+        if self.cps_log_prob not in CPS_LOG_PROBS:
+            raise ValueError(
+                f"cps_log_prob: must be one of {', '.join(CPS_LOG_PROBS)}, got {self.cps_log_prob!r}"
+            )
         if self.sde_window is not None:
             start, end = self.sde_window
             if not 0 <= start < end <= self.num_steps:
@@ -231,7 +265,18 @@ class SamplerConfig:
             return flow_grpo_step(v, z, s, s_next, self.eta, sigmas[1], prev_sample, noise, generator)
         if self.kind == "dance":
             return dance_step(v, z, s, s_next, self.eta, prev_sample, noise, generator)
-        return cps_step(v, z, s, s_next, self.eta, prev_sample, noise, generator)
+        return cps_step(v, z, s, s_next, self.eta, prev_sample, noise, generator, self.cps_log_prob)
+
+    def kl_step_size(self, j: int, sigmas: torch.Tensor) -> torch.Tensor | float:
+        """h_j of :func:`jagg_engine.grpo.step_kl`: the step std is g·sqrt(h_j) with g the noise scale Flow-GRPO's
+        ``sde_step_with_logprob`` returns as ``std_dev_t``.
+
+        flow-grpo, dance (Euler–Maruyama steps): h_j = σ_j − σ_{j+1}, g = η·sqrt(σ/(1 − σ)) resp. η.
+        cps: h_j = 1 — Flow-GRPO's CPS branch returns the step's own std, σ_next·sin(η·π/2).
+        """
+        if self.kind == "cps":
+            return 1.0
+        return sigmas[j] - sigmas[j + 1]  # scalar tensor, no device sync
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -165,6 +165,16 @@ class TrainConfig:
         "global", "Advantage std: per group, or of the group-centred rewards over the whole batch."
     )
     beta: float = _f(0.0, "KL penalty weight against the reference model (0 = none).")
+    kl_form: str = _f(
+        "flow-grpo",
+        "KL term: flow-grpo (Flow-GRPO's code, so its beta carries over) or gaussian (the step's closed-form"
+        " Gaussian KL, 1/|dsigma| times larger for the flow-grpo and dance SDEs).",
+    )
+    cps_log_prob: str = _f(
+        "flow-grpo",
+        "CPS log-prob: flow-grpo (-mean squared error, Flow-GRPO's code, so its clip_range carries over) or"
+        " gaussian (the full Gaussian log-density).",
+    )
 
     # --- logging and checkpoints (0 = never) ---
     sample_every: int = _f(10, "Save training sample images every N steps.")
@@ -240,6 +250,7 @@ class TrainConfig:
             eta=self.eta,
             shift=self.shift,
             sde_window=None if all_steps else self.sde_window(),
+            cps_log_prob=self.cps_log_prob,
         )
 
     def update_config(self) -> Any:
@@ -254,6 +265,7 @@ class TrainConfig:
             micro_batch=self.train_micro_batch,
             clip_range=self.clip_range,
             beta=self.beta,
+            kl_form=self.kl_form,
         )
 
     # ------------------------------------------------------------------ validation
@@ -378,6 +390,11 @@ class TrainConfig:
             _positive("adv_clip", self.adv_clip)
         _one_of("adv_std", self.adv_std, ADV_STDS)
         _at_least("beta", self.beta, 0.0)
+        from jagg_engine.grpo import KL_FORMS
+        from jagg_engine.sde import CPS_LOG_PROBS
+
+        _one_of("kl_form", self.kl_form, KL_FORMS)
+        _one_of("cps_log_prob", self.cps_log_prob, CPS_LOG_PROBS)
 
         for key in ("sample_every", "eval_every", "checkpoint_every", "probe_every"):
             _int_at_least(key, getattr(self, key), 0)
