@@ -4,9 +4,11 @@
 
 Starts two `jagg train` processes at once, one thread each (OMP/MKL threads 1): the config as shipped (plus
 any ``--set key=value``) and the same with the ``--baseline`` overrides. No eval, no sample images, no probes;
-the run folders go to a temporary directory. Reports, per run, the median over steps 2…steps of time/step,
-time/sampling, time/reward and time/update (step 1 pays one-off warm-up), and the ratios config / baseline.
-Both processes share the machine alike, so a load change hits both; the figure to quote is the ratio.
+the run folders go to a temporary directory. Only steps that both processes shared the machine for count:
+when the first run has done its ``--steps``, the other is stopped (SIGTERM, after its current step, which is
+left out). Reports, per run, the median over its counted steps from step 2 on (step 1 pays one-off warm-up)
+of time/step, time/sampling, time/reward and time/update, and the ratios config / baseline. A load change
+hits both processes alike; the figure to quote is the ratio.
 """
 
 from __future__ import annotations
@@ -14,14 +16,24 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 KEYS = ("time/step", "time/sampling", "time/reward", "time/update", "count/reused")
 QUIET = ["eval_every=0", "sample_every=0", "probe_every=0", "checkpoint_every=0"]
+
+
+def _steps_logged(runs_dir: Path) -> int:
+    from jagg_engine.store import open_store
+
+    runs = open_store(runs_dir).list_runs()
+    frame = open_store(runs_dir).metrics_frame(runs[0]["id"]) if runs else None
+    return 0 if frame is None or frame.empty else int(frame.step.max())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,25 +58,39 @@ def main(argv: list[str] | None = None) -> int:
             overrides = [f"steps={args.steps}", f"name=step-time-{name}", *QUIET, *args.set, *extra]
             cmd = [sys.executable, "-m", "jagg_engine.cli", "train", args.config, *overrides]
             cmd += ["--runs-dir", str(Path(tmp) / name)]
-            procs[name] = subprocess.Popen(
-                cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-            )
-        for name, proc in procs.items():
-            _, err = proc.communicate()
-            if proc.returncode != 0:
-                print(f"{name} run failed:\n{err[-3000:]}", file=sys.stderr)
-                return 1
+            log = open(Path(tmp) / f"{name}.log", "w")  # noqa: SIM115 (closed with the folder)
+            procs[name] = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log)
+        counted = {}  # run → the last step that finished while both processes ran
+        while len(counted) < 2:
+            time.sleep(2)
+            for name, proc in procs.items():
+                if name not in counted and proc.poll() is not None:
+                    if proc.returncode != 0:
+                        err = (Path(tmp) / f"{name}.log").read_text()[-3000:]
+                        print(f"{name} run failed:\n{err}", file=sys.stderr)
+                        for other in procs.values():
+                            if other.poll() is None:
+                                other.kill()
+                        return 1
+                    counted[name] = args.steps
+                    for other, other_proc in procs.items():
+                        if other not in counted:
+                            counted[other] = _steps_logged(Path(tmp) / other)
+                            other_proc.send_signal(signal.SIGTERM)  # cancel after its current step
+                            other_proc.wait()
         results = {}
         for name in runs:
             store = open_store(Path(tmp) / name)
             (run,) = store.list_runs()
             frame = store.metrics_frame(run["id"])
-            later = frame[frame.step >= 2]
-            results[name] = {k: statistics.median(later[k].dropna()) for k in KEYS if k in later}
+            later = frame[(frame.step >= 2) & (frame.step <= counted[name])]
+            results[name] = {
+                k: statistics.median(later[k].dropna()) for k in KEYS if k in later and len(later)
+            }
+            results[name]["steps"] = f"2..{counted[name]}"
     ratio = {k: results["config"][k] / results["baseline"][k] for k in KEYS[:4] if results["baseline"].get(k)}
     report = {
         "command": " ".join(["python scripts/step_time.py", *(argv if argv is not None else sys.argv[1:])]),
-        "steps_in_median": f"2..{args.steps}",
         "baseline_overrides": args.baseline,
         "medians": results,
         "ratio_config_over_baseline": ratio,
