@@ -61,8 +61,20 @@ def accelerate_argv(processes: int, run_id: int, runs_dir: str, resume: bool) ->
     return argv + (["--resume"] if resume else [])
 
 
+def writable_store(runs_dir: str | os.PathLike[str]):
+    """The store of ``runs_dir``, or a one-line UsageError when the folder cannot be written."""
+    from jagg_engine.store import StoreError, open_store
+
+    try:
+        store = open_store(runs_dir)
+    except (StoreError, OSError) as exc:
+        raise UsageError(f"runs dir: {runs_dir} cannot be opened for writing ({exc})") from None
+    if store.read_only:
+        raise UsageError(f"runs dir: {Path(runs_dir).resolve()} is read-only; nothing was written")
+    return store
+
+
 def run(args: argparse.Namespace) -> int:
-    from jagg_engine.store import open_store
     from jagg_engine.train.config import ConfigError, TrainConfig, load_config
     from jagg_engine.train.trainer import train
 
@@ -77,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
 
     if attach is not None:
         runs_dir = args.runs_dir or "runs"
-        store = open_store(runs_dir)
+        store = writable_store(runs_dir)
         store.check_liveness()
         run = store.get_run(attach)
         if run is None:
@@ -98,8 +110,9 @@ def run(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
         runs_dir = args.runs_dir or cfg.output_dir
-        store = open_store(runs_dir)
-        run_id = store.create_run(cfg.name, cfg.to_dict(), None)
+        store = writable_store(runs_dir)
+        # launcher "cli" and this process's pid, in one insert: the app never starts a run created here
+        run_id = store.create_run(cfg.name, cfg.to_dict(), None, launcher="cli", pid=os.getpid())
         run_dir = Path(runs_dir) / f"run-{run_id:04d}"
         run_dir.mkdir(parents=True, exist_ok=True)
         store.set_run_dir(run_id, run_dir)

@@ -1,0 +1,458 @@
+"""Checkpoints that cannot lie: tensors in safetensors, the rest in JSON, a sha256 manifest checked on load.
+
+One checkpoint is one folder ``<run_dir>/checkpoints/step_NNNNN/``::
+
+    weights.safetensors           trainable parameters "p0" … "p{n-1}", full tensors (gathered under FSDP)
+    optimizer.safetensors/.json   the optimizer: tensors "<index>/<name>" and the JSON rest (param_groups,
+                                  non-tensor state); under FSDP one pair per rank, ``optimizer_rankR.*``,
+                                  holding that rank's local shards
+    rng.safetensors               torch's CPU generator state and numpy's MT19937 key
+    state.json                    step, the numpy generator's scalars, world size, fsdp
+    manifest.json                 written last: format, step and every file above with its size and sha256
+
+Nothing here unpickles: safetensors holds raw tensors and JSON holds numbers and strings, so a file placed
+in a checkpoint folder can at worst be refused, never run.
+
+Writing (:func:`save`): every file goes into ``.step_NNNNN.partial/`` and is fsync'ed, the manifest last, then
+one ``rename`` makes the folder ``step_NNNNN`` — a kill leaves a ``.partial`` folder (removed by the next save)
+or nothing, never a checkpoint that looks complete. A failed write (a full disk: :class:`DiskFullError` naming
+the file) removes the partial folder before it raises. Only the newest ``keep`` checkpoints are kept.
+
+Reading (:func:`load_latest`): newest first, each candidate's manifest is read and the files this rank reads
+are hashed against it, decoded, and every floating tensor must be finite; a refused checkpoint is named in one
+line and the next older one is tried. Under several processes the ranks agree on the checkpoint (a shard
+that is corrupt on one rank makes every rank fall back).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from jagg_engine.errors import DiskFullError, is_disk_full
+
+log = logging.getLogger("jagg.train")
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+WEIGHTS = "weights.safetensors"
+RNG = "rng.safetensors"
+STATE = "state.json"
+STEP_DIR = re.compile(r"^step_(\d{5,})$")
+
+Gather = Callable[
+    [str], list[str]
+]  # every rank's string, in rank order (a collective under several processes)
+
+
+def _alone(value: str) -> list[str]:
+    return [value]
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used (missing file, hash mismatch, not finite …); the message is one line."""
+
+
+@dataclass
+class CheckpointState:
+    """What a checkpoint restores. ``optimizer`` is an optimizer ``state_dict`` with this rank's plain tensors
+    (under FSDP the trainer wraps them back into DTensors of its parameters' placements)."""
+
+    step: int
+    params: list[torch.Tensor]
+    optimizer: dict[str, Any]
+    torch_rng: torch.Tensor
+    numpy_rng: tuple[Any, ...]
+    path: Path
+    distributed: frozenset[tuple[int, str]] = frozenset()  # optimizer entries saved from DTensor shards
+
+
+# ------------------------------------------------------------------------------------------------ writing
+
+
+def step_name(step: int) -> str:
+    return f"step_{step:05d}"
+
+
+def optimizer_stem(sharded: bool, rank: int) -> str:
+    return f"optimizer_rank{rank}" if sharded else "optimizer"
+
+
+def save(
+    folder: Path,
+    step: int,
+    params: Sequence[torch.Tensor],
+    optimizer_state: dict[str, Any],
+    *,
+    rank: int = 0,
+    world: int = 1,
+    sharded: bool = False,
+    keep: int = 2,
+    gather: Gather = _alone,
+) -> Path | None:
+    """Write the checkpoint of ``step`` atomically; every rank calls it (a collective when ``world > 1``).
+
+    ``params`` are full tensors (only rank 0's are written); ``optimizer_state`` is this rank's
+    ``optimizer.state_dict()``, written by every rank when ``sharded`` (FSDP), else by rank 0 only.
+    Returns the checkpoint folder on rank 0, None elsewhere. Raises :class:`DiskFullError` (naming the
+    file) or :class:`CheckpointError` on every rank when any rank's write failed; nothing partial is left.
+    """
+    folder = Path(folder)
+    main = rank == 0
+    partial = folder / f".{step_name(step)}.partial"
+    final = folder / step_name(step)
+
+    def begin() -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        for stale in folder.glob(".step_*.partial"):  # left by a process killed while writing
+            shutil.rmtree(stale, ignore_errors=True)
+        partial.mkdir()
+
+    def write_shard() -> None:
+        _write_optimizer(partial, optimizer_stem(True, rank), optimizer_state)
+
+    def write_main() -> None:
+        _write_tensors(partial / WEIGHTS, {f"p{i}": p for i, p in enumerate(params)})
+        if not sharded:
+            _write_optimizer(partial, optimizer_stem(False, 0), optimizer_state)
+        kind, key, pos, has_gauss, cached = np.random.get_state()
+        _write_tensors(
+            partial / RNG,
+            {"torch": torch.get_rng_state(), "numpy_key": torch.from_numpy(key.astype(np.int64))},
+        )
+        _write_json(
+            partial / STATE,
+            {
+                "step": step,
+                "world": world,
+                "fsdp": sharded,
+                "numpy_rng": [kind, int(pos), int(has_gauss), float(cached)],
+            },
+        )
+        names = sorted(p.name for p in partial.iterdir())
+        _write_json(
+            partial / MANIFEST,
+            {
+                "format": FORMAT,
+                "step": step,
+                "files": {
+                    n: {"bytes": (partial / n).stat().st_size, "sha256": sha256(partial / n)} for n in names
+                },
+            },
+        )
+        _fsync_dir(partial)
+        if final.exists():  # the same step saved again (a cancel right after a resume): replace it
+            old = folder / f".{step_name(step)}.old.partial"
+            final.rename(old)
+            partial.rename(final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            partial.rename(final)
+        _fsync_dir(folder)
+        prune(folder, keep)
+
+    _collective(gather, begin if main else None, partial, main)
+    if sharded:
+        _collective(gather, write_shard, partial, main)
+    _collective(gather, write_main if main else None, partial, main)
+    if main:
+        log.info("checkpoint saved at step %d", step)
+        return final
+    return None
+
+
+def _collective(gather: Gather, action: Callable[[], None] | None, partial: Path, main: bool) -> None:
+    """Run ``action`` on this rank (if any), share every rank's outcome, and raise the first failure on
+    every rank after rank 0 has removed the partial folder."""
+    message, own = "", None
+    if action is not None:
+        try:
+            action()
+        except Exception as exc:  # noqa: BLE001 — every failure is shared so that no rank waits forever
+            own = _as_write_error(exc)
+            message = str(own)
+    outcomes = gather(message)
+    failed = next((m for m in outcomes if m), "")
+    if not failed:
+        return
+    if main:
+        shutil.rmtree(partial, ignore_errors=True)
+    if own is not None and str(own) == failed:
+        raise own
+    if failed.startswith("disk full: "):
+        raise DiskFullError(failed.removeprefix("disk full: "))
+    raise CheckpointError(f"checkpoint write failed on another process: {failed}")
+
+
+def _as_write_error(exc: Exception) -> Exception:
+    if isinstance(exc, (DiskFullError, CheckpointError)):
+        return exc
+    if is_disk_full(exc):
+        return DiskFullError(getattr(exc, "filename", None) or "checkpoint")
+    if isinstance(exc, OSError):
+        return CheckpointError(f"checkpoint write failed: {exc}")
+    return exc
+
+
+def prune(folder: Path, keep: int) -> None:
+    """Remove all but the newest ``keep`` checkpoints (by step)."""
+    for old in list_checkpoints(folder)[: -keep if keep > 0 else None]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_tensors(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    plain = {k: t.detach().cpu().contiguous() for k, t in tensors.items()}
+    try:
+        save_file(plain, str(path))
+    except SafetensorError as exc:
+        if "os error 28" in str(exc) or "No space left" in str(exc):
+            raise DiskFullError(path) from exc
+        raise CheckpointError(f"checkpoint write failed: {path}: {exc}") from exc
+    _fsync_file(path)
+
+
+def _write_json(path: Path, doc: Any) -> None:
+    try:
+        with path.open("w", encoding="utf-8") as fh:
+            json.dump(doc, fh, indent=1)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        raise (DiskFullError(path) if is_disk_full(exc) else exc) from exc
+
+
+def _fsync_file(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise (DiskFullError(path) if is_disk_full(exc) else exc) from exc
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on a folder
+    finally:
+        os.close(fd)
+
+
+def _local(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    from torch.distributed.tensor import DTensor
+
+    return (t.to_local(), True) if isinstance(t, DTensor) else (t, False)
+
+
+def _write_optimizer(folder: Path, stem: str, state_dict: dict[str, Any]) -> None:
+    """An optimizer state_dict as ``<stem>.safetensors`` (tensors) + ``<stem>.json`` (everything else)."""
+    tensors: dict[str, torch.Tensor] = {}
+    state: dict[str, dict[str, Any]] = {}
+    for index, entry in state_dict["state"].items():
+        doc: dict[str, Any] = {}
+        for name, value in entry.items():
+            if isinstance(value, torch.Tensor):
+                local, distributed = _local(value)
+                tensors[f"{index}/{name}"] = local
+                doc[name] = {"tensor": f"{index}/{name}", "dtensor": distributed}
+            else:
+                doc[name] = {"value": value}
+        state[str(index)] = doc
+    _write_tensors(folder / f"{stem}.safetensors", tensors)
+    _write_json(folder / f"{stem}.json", {"param_groups": state_dict["param_groups"], "state": state})
+
+
+# ------------------------------------------------------------------------------------------------ reading
+
+
+def list_checkpoints(folder: Path) -> list[Path]:
+    """Checkpoint folders (complete or not) of ``folder``, oldest first."""
+    if not Path(folder).is_dir():
+        return []
+    found = [
+        (int(m.group(1)), p) for p in Path(folder).iterdir() if (m := STEP_DIR.match(p.name)) and p.is_dir()
+    ]
+    return [p for _, p in sorted(found)]
+
+
+def has_any(folder: Path) -> bool:
+    """Whether the run ever wrote a checkpoint here (legacy ``step_*.pt`` files count: they are refused)."""
+    folder = Path(folder)
+    return bool(list_checkpoints(folder)) or (folder.is_dir() and any(folder.glob("step_*.pt")))
+
+
+def sha256(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+        files = doc["files"]
+        if doc.get("format") != FORMAT or not isinstance(files, dict):
+            raise ValueError("unknown format")
+        return doc
+    except FileNotFoundError:
+        raise CheckpointError(f"{path / MANIFEST}: missing (the checkpoint is incomplete)") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{path / MANIFEST}: unreadable ({type(exc).__name__})") from None
+
+
+def verify(path: Path, names: Sequence[str]) -> None:
+    """Check ``names`` of checkpoint ``path`` against its manifest (size, then sha256); one-line errors."""
+    files = read_manifest(path)["files"]
+    for name in names:
+        entry = files.get(name)
+        file = path / name
+        if entry is None:
+            raise CheckpointError(f"{file}: not in the manifest")
+        try:
+            size = file.stat().st_size
+        except FileNotFoundError:
+            raise CheckpointError(f"{file}: missing") from None
+        if size != entry["bytes"]:
+            raise CheckpointError(f"{file}: {size} bytes, the manifest says {entry['bytes']} (truncated?)")
+        if sha256(file) != entry["sha256"]:
+            raise CheckpointError(f"{file}: sha256 does not match the manifest (corrupt)")
+
+
+def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: unreadable safetensors ({exc})") from None
+
+
+def _load_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: unreadable JSON ({type(exc).__name__})") from None
+
+
+def _require_finite(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    for key, t in tensors.items():
+        if t.is_floating_point() and not torch.isfinite(t).all():
+            raise CheckpointError(f"{path}: tensor {key!r} has non-finite values")
+
+
+def read(path: Path, rank: int = 0) -> CheckpointState:
+    """Verify and decode checkpoint ``path`` as seen by ``rank``; raises :class:`CheckpointError`."""
+    path = Path(path)
+    doc = _load_json_checked(path)
+    sharded = bool(doc["state"].get("fsdp"))
+    stem = optimizer_stem(sharded, rank)
+    verify(path, [WEIGHTS, RNG, STATE, f"{stem}.safetensors", f"{stem}.json"])
+    state = _load_json(path / STATE)
+    weights = _load_tensors(path / WEIGHTS)
+    _require_finite(path / WEIGHTS, weights)
+    try:
+        params = [weights[f"p{i}"] for i in range(len(weights))]
+    except KeyError:
+        raise CheckpointError(
+            f"{path / WEIGHTS}: parameters are not numbered p0 … p{len(weights) - 1}"
+        ) from None
+    optim_tensors = _load_tensors(path / f"{stem}.safetensors")
+    _require_finite(path / f"{stem}.safetensors", optim_tensors)
+    optim_doc = _load_json(path / f"{stem}.json")
+    try:
+        optimizer = {
+            "param_groups": [_groups_from_json(g) for g in optim_doc["param_groups"]],
+            "state": {
+                int(index): {
+                    name: optim_tensors[v["tensor"]] if "tensor" in v else v["value"]
+                    for name, v in entry.items()
+                }
+                for index, entry in optim_doc["state"].items()
+            },
+        }
+        rng = _load_tensors(path / RNG)
+        kind, pos, has_gauss, cached = state["numpy_rng"]
+        numpy_rng = (
+            kind,
+            rng["numpy_key"].numpy().astype(np.uint32),
+            int(pos),
+            int(has_gauss),
+            float(cached),
+        )
+        distributed = frozenset(
+            (int(index), name)
+            for index, entry in optim_doc["state"].items()
+            for name, v in entry.items()
+            if v.get("dtensor")
+        )
+        return CheckpointState(
+            int(state["step"]), params, optimizer, rng["torch"], numpy_rng, path, distributed
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{path}: inconsistent contents ({type(exc).__name__}: {exc})") from None
+
+
+def _load_json_checked(path: Path) -> dict[str, Any]:
+    """The manifest, with state.json verified and decoded (it says whether optimizer files are per rank)."""
+    read_manifest(path)
+    verify(path, [STATE])
+    return {"state": _load_json(path / STATE)}
+
+
+def _groups_from_json(group: dict[str, Any]) -> dict[str, Any]:
+    """JSON turned tuples (AdamW's betas) into lists; the optimizer saved them as tuples."""
+    return {k: (tuple(v) if isinstance(v, list) and k != "params" else v) for k, v in group.items()}
+
+
+def load_latest(folder: Path, rank: int = 0, gather: Gather = _alone) -> CheckpointState | None:
+    """The newest checkpoint every rank can read, or None when the run never wrote one.
+
+    Each refused checkpoint is logged in one line naming the file; when an older one is used instead, that
+    is logged too. Raises :class:`CheckpointError` when checkpoints exist and none of them is intact (the run's
+    history is then left as it is rather than restarted from scratch)."""
+    folder = Path(folder)
+    candidates = list_checkpoints(folder)[::-1]
+    legacy = sorted(folder.glob("step_*.pt")) if folder.is_dir() else []
+    refused: list[str] = [
+        f"{p}: pickle checkpoint of an older version, not loaded (it could run code)" for p in legacy
+    ]
+    for message in refused:
+        log.warning("checkpoint refused: %s", message)
+    for i, path in enumerate(candidates):
+        try:
+            state, message = read(path, rank), ""
+        except CheckpointError as exc:
+            state, message = None, str(exc)
+        outcomes = gather(message)
+        failed = next((m for m in outcomes if m), "")
+        if failed:
+            log.warning("checkpoint refused: %s", failed)
+            refused.append(failed)
+            continue
+        if i > 0 or refused:
+            log.warning("resuming from %s, the newest intact checkpoint", path)
+        return state
+    if refused:
+        raise CheckpointError(f"resume: no intact checkpoint in {folder} (refused: {refused[0]})")
+    return None
