@@ -101,6 +101,7 @@ def mounts():
 # ------------------------------------------------------------------------------------------------ resume
 
 
+@pytest.mark.slow
 def test_resume_refuses_bad_checkpoints_and_ends_like_the_uninterrupted_run(tmp_path):
     """One run, three resumes. Every checkpoint truncated (and a pickle with a payload beside them): the
     resume fails with that NEW error, the history untouched. A flipped 4 KB block in the newest: refused in
@@ -263,6 +264,7 @@ def test_a_read_only_view_of_a_database_being_written_reads_its_latest_rows(hist
 # ------------------------------------------------------------------------------------------------ disk full
 
 
+@pytest.mark.slow
 def test_disk_full_while_writing_a_checkpoint_fails_the_run_and_leaves_no_partial(mounts, tmp_path, capsys):
     """A 40 MiB runs folder: the step-1 checkpoint (~28 MB) fits, the step-2 one does not."""
     runs = tmp_path / "runs"
@@ -283,6 +285,7 @@ def test_disk_full_while_writing_a_checkpoint_fails_the_run_and_leaves_no_partia
     assert "failed" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", ["images", "metrics"])
 def test_disk_full_while_writing_images_or_metrics_fails_the_run_and_keeps_the_history(
     mounts, tmp_path, capsys, what
