@@ -296,12 +296,6 @@ def list_checkpoints(folder: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def has_any(folder: Path) -> bool:
-    """Whether the run ever wrote a checkpoint here (legacy ``step_*.pt`` files count: they are refused)."""
-    folder = Path(folder)
-    return bool(list_checkpoints(folder)) or (folder.is_dir() and any(folder.glob("step_*.pt")))
-
-
 def sha256(path: Path, chunk: int = 1 << 20) -> str:
     digest = hashlib.sha256()
     with Path(path).open("rb") as fh:
