@@ -3,6 +3,7 @@ with a payload, non-finite values, pruning, per-rank shards, and a full disk (a 
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -270,7 +271,11 @@ def test_per_rank_optimizer_shards_are_in_the_manifest_and_verified(tmp_path):
 
     shard = results[0] / "optimizer_rank1.safetensors"
     _flip(shard, _tensor_offset(shard, "0/exp_avg"), 64)  # corrupt on rank 1 only: both ranks fall back
-    loaded, errors = _two_ranks(lambda rank, gather: checkpoint.load_latest(tmp_path, rank, gather))
+    loaded, errors = _two_ranks(
+        lambda rank, gather: checkpoint.load_latest(
+            tmp_path, rank, gather, broadcast=lambda v: copy.deepcopy(gather(v)[0])
+        )
+    )
     assert errors == [None, None] and [s.step for s in loaded] == [1, 1]
 
 
@@ -307,3 +312,49 @@ def test_safetensors_files_hold_tensors_only(tmp_path):
 
     with safe_open(str(path / checkpoint.WEIGHTS), framework="pt") as fh:
         assert sorted(fh.keys(), key=lambda k: int(k[1:])) == [f"p{i}" for i in range(4)]
+
+
+def test_shards_of_another_machine_stay_there_and_are_checked_against_rank_0s_manifest(tmp_path):
+    """Two machines (two folders): rank 1's shard is written and committed in its machine's folder, its hash
+    is in rank 0's manifest, rank 0 sends the rest of the checkpoint, and a corrupt remote shard is refused."""
+    folders = [tmp_path / "machine0", tmp_path / "machine1"]
+    models = [_model_and_optimizer(seed=r) for r in (0, 1)]
+
+    def save(step):
+        return lambda rank, gather: _save(
+            folders[rank],
+            step,
+            *models[rank],
+            rank=rank,
+            world=2,
+            sharded=True,
+            gather=gather,
+            local_main=True,
+        )
+
+    for step in (1, 2):
+        for m, o in models:
+            _train(m, o, 1)
+        results, errors = _two_ranks(save(step))
+        assert errors == [None, None]
+    assert sorted(p.name for p in (folders[1] / "step_00002").iterdir()) == [
+        "optimizer_rank1.json",
+        "optimizer_rank1.safetensors",
+    ]
+    assert "optimizer_rank1.safetensors" in checkpoint.read_manifest(folders[0] / "step_00002")["files"]
+
+    def load(rank, gather):
+        return checkpoint.load_latest(
+            folders[rank], rank, gather, broadcast=lambda v: copy.deepcopy(gather(v)[0])
+        )
+
+    loaded, errors = _two_ranks(load)
+    assert errors == [None, None] and [s.step for s in loaded] == [2, 2]
+    assert torch.equal(loaded[1].params[0], loaded[0].params[0])  # rank 0's weights reached rank 1
+    expected = models[1][1].state_dict()["state"][0]["exp_avg"]
+    assert torch.equal(loaded[1].optimizer["state"][0]["exp_avg"], expected)
+
+    shard = folders[1] / "step_00002" / "optimizer_rank1.safetensors"
+    _flip(shard, _tensor_offset(shard, "0/exp_avg"), 64)
+    loaded, errors = _two_ranks(load)
+    assert errors == [None, None] and [s.step for s in loaded] == [1, 1]

@@ -33,7 +33,7 @@ import os
 import re
 import shutil
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +78,8 @@ class CheckpointState:
     numpy_rng: tuple[Any, ...]
     path: Path
     distributed: frozenset[tuple[int, str]] = frozenset()  # optimizer entries saved from DTensor shards
+    sharded: bool = False  # the optimizer is in per-rank files (FSDP)
+    files: dict[str, Any] = field(default_factory=dict)  # the manifest's entries
 
 
 # ------------------------------------------------------------------------------------------------ writing
@@ -102,29 +104,37 @@ def save(
     sharded: bool = False,
     keep: int = 2,
     gather: Gather = _alone,
+    local_main: bool | None = None,
 ) -> Path | None:
     """Write the checkpoint of ``step`` atomically; every rank calls it (a collective when ``world > 1``).
 
     ``params`` are full tensors (only rank 0's are written); ``optimizer_state`` is this rank's
     ``optimizer.state_dict()``, written by every rank when ``sharded`` (FSDP), else by rank 0 only.
-    Returns the checkpoint folder on rank 0, None elsewhere. Raises :class:`DiskFullError` (naming the
-    file) or :class:`CheckpointError` on every rank when any rank's write failed; nothing partial is left.
+    ``folder`` is this machine's: under FSDP on several machines each rank's shard stays on its machine, its
+    size and sha256 go into rank 0's manifest, and ``local_main`` (the first process of each machine,
+    default: rank 0) prepares and commits that machine's folder. Returns the checkpoint folder on rank 0,
+    None elsewhere. Raises :class:`DiskFullError` (naming the file) or :class:`CheckpointError` on every rank
+    when any rank's write failed; nothing partial is left.
     """
     folder = Path(folder)
     main = rank == 0
+    local_main = main if local_main is None else local_main
     partial = folder / f".{step_name(step)}.partial"
     final = folder / step_name(step)
 
-    def begin() -> None:
+    def begin() -> dict[str, Any]:
         folder.mkdir(parents=True, exist_ok=True)
         for stale in folder.glob(".step_*.partial"):  # left by a process killed while writing
             shutil.rmtree(stale, ignore_errors=True)
         partial.mkdir()
+        return {}
 
-    def write_shard() -> None:
-        _write_optimizer(partial, optimizer_stem(True, rank), optimizer_state)
+    def write_shard() -> dict[str, Any]:
+        stem = optimizer_stem(True, rank)
+        _write_optimizer(partial, stem, optimizer_state)
+        return {n: _entry(partial / n) for n in (f"{stem}.safetensors", f"{stem}.json")}
 
-    def write_main() -> None:
+    def write_main(shards: dict[str, Any]) -> dict[str, Any]:
         _write_tensors(partial / WEIGHTS, {f"p{i}": p for i, p in enumerate(params)})
         if not sharded:
             _write_optimizer(partial, optimizer_stem(False, 0), optimizer_state)
@@ -142,17 +152,15 @@ def save(
                 "numpy_rng": [kind, int(pos), int(has_gauss), float(cached)],
             },
         )
-        names = sorted(p.name for p in partial.iterdir())
+        own = [WEIGHTS, RNG, STATE] + ([] if sharded else [f"{optimizer_stem(False, 0)}.{x}" for x in EXTS])
+        files = {**shards, **{n: _entry(partial / n) for n in own}}
         _write_json(
-            partial / MANIFEST,
-            {
-                "format": FORMAT,
-                "step": step,
-                "files": {
-                    n: {"bytes": (partial / n).stat().st_size, "sha256": sha256(partial / n)} for n in names
-                },
-            },
+            partial / MANIFEST, {"format": FORMAT, "step": step, "files": dict(sorted(files.items()))}
         )
+        commit()
+        return {}
+
+    def commit() -> None:
         _fsync_dir(partial)
         if final.exists():  # the same step saved again (a cancel right after a resume): replace it
             old = folder / f".{step_name(step)}.old.partial"
@@ -164,31 +172,46 @@ def save(
         _fsync_dir(folder)
         prune(folder, keep)
 
-    _collective(gather, begin if main else None, partial, main)
+    _collective(gather, begin if local_main else None, partial, local_main)
+    shards: dict[str, Any] = {}
     if sharded:
-        _collective(gather, write_shard, partial, main)
-    _collective(gather, write_main if main else None, partial, main)
+        for files in _collective(gather, write_shard, partial, local_main):
+            shards.update(files)
+    _collective(gather, (lambda: write_main(shards)) if main else None, partial, local_main)
+    if local_main and not main and partial.exists():  # another machine: its shards become its checkpoint
+        commit()
     if main:
         log.info("checkpoint saved at step %d", step)
         return final
     return None
 
 
-def _collective(gather: Gather, action: Callable[[], None] | None, partial: Path, main: bool) -> None:
-    """Run ``action`` on this rank (if any), share every rank's outcome, and raise the first failure on
-    every rank after rank 0 has removed the partial folder."""
-    message, own = "", None
+EXTS = ("safetensors", "json")
+
+
+def _entry(path: Path) -> dict[str, Any]:
+    return {"bytes": path.stat().st_size, "sha256": sha256(path)}
+
+
+def _collective(
+    gather: Gather, action: Callable[[], dict[str, Any]] | None, partial: Path, local_main: bool
+) -> list[dict[str, Any]]:
+    """Run ``action`` on this rank (if any), share every rank's outcome (what it returned, or its error), and
+    raise the first failure on every rank after each machine's first process has removed its partial folder.
+    Returns every rank's result."""
+    outcome: dict[str, Any] = {"error": "", "result": {}}
+    own = None
     if action is not None:
         try:
-            action()
+            outcome["result"] = action()
         except Exception as exc:  # noqa: BLE001 — every failure is shared so that no rank waits forever
             own = _as_write_error(exc)
-            message = str(own)
-    outcomes = gather(message)
-    failed = next((m for m in outcomes if m), "")
+            outcome["error"] = str(own)
+    outcomes = [json.loads(o) for o in gather(json.dumps(outcome))]
+    failed = next((o["error"] for o in outcomes if o["error"]), "")
     if not failed:
-        return
-    if main:
+        return [o["result"] for o in outcomes]
+    if local_main:
         shutil.rmtree(partial, ignore_errors=True)
     if own is not None and str(own) == failed:
         raise own
@@ -317,9 +340,10 @@ def read_manifest(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path / MANIFEST}: unreadable ({type(exc).__name__})") from None
 
 
-def verify(path: Path, names: Sequence[str]) -> None:
-    """Check ``names`` of checkpoint ``path`` against its manifest (size, then sha256); one-line errors."""
-    files = read_manifest(path)["files"]
+def verify(path: Path, names: Sequence[str], files: dict[str, Any] | None = None) -> None:
+    """Check ``names`` of checkpoint ``path`` against its manifest (or the manifest entries ``files``, for a
+    folder of another machine's shards): size, then sha256. One-line errors."""
+    files = read_manifest(path)["files"] if files is None else files
     for name in names:
         entry = files.get(name)
         file = path / name
@@ -351,18 +375,33 @@ def _load_json(path: Path) -> Any:
 
 def _require_finite(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     for key, t in tensors.items():
-        if t.is_floating_point() and not torch.isfinite(t).all():
+        # a finite sum proves every element finite (one cheap reduction); a non-finite sum may be an overflow
+        if t.is_floating_point() and not torch.isfinite(t.sum()) and not torch.isfinite(t).all():
             raise CheckpointError(f"{path}: tensor {key!r} has non-finite values")
 
 
 def read(path: Path, rank: int = 0) -> CheckpointState:
-    """Verify and decode checkpoint ``path`` as seen by ``rank``; raises :class:`CheckpointError`."""
+    """Verify and decode checkpoint ``path`` (one folder holding every file) as seen by ``rank``."""
+    state = read_main(path)
+    if state.sharded:
+        state.optimizer, state.distributed = read_optimizer(path, optimizer_stem(True, rank), state.files)
+    return state
+
+
+def read_main(path: Path) -> CheckpointState:
+    """Verify and decode what rank 0 reads: weights, RNG, step, and the optimizer unless it is per rank
+    (then ``optimizer`` is empty: :func:`read_optimizer` reads each rank's own). Raises CheckpointError."""
     path = Path(path)
-    doc = _load_json_checked(path)
-    sharded = bool(doc["state"].get("fsdp"))
-    stem = optimizer_stem(sharded, rank)
-    verify(path, [WEIGHTS, RNG, STATE, f"{stem}.safetensors", f"{stem}.json"])
+    files = read_manifest(path)["files"]
+    verify(path, [STATE], files)
     state = _load_json(path / STATE)
+    try:
+        sharded = bool(state["fsdp"])
+        step = int(state["step"])
+        kind, pos, has_gauss, cached = state["numpy_rng"]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{path / STATE}: inconsistent contents ({type(exc).__name__})") from None
+    verify(path, [WEIGHTS, RNG], files)
     weights = _load_tensors(path / WEIGHTS)
     _require_finite(path / WEIGHTS, weights)
     try:
@@ -371,22 +410,8 @@ def read(path: Path, rank: int = 0) -> CheckpointState:
         raise CheckpointError(
             f"{path / WEIGHTS}: parameters are not numbered p0 … p{len(weights) - 1}"
         ) from None
-    optim_tensors = _load_tensors(path / f"{stem}.safetensors")
-    _require_finite(path / f"{stem}.safetensors", optim_tensors)
-    optim_doc = _load_json(path / f"{stem}.json")
+    rng = _load_tensors(path / RNG)
     try:
-        optimizer = {
-            "param_groups": [_groups_from_json(g) for g in optim_doc["param_groups"]],
-            "state": {
-                int(index): {
-                    name: optim_tensors[v["tensor"]] if "tensor" in v else v["value"]
-                    for name, v in entry.items()
-                }
-                for index, entry in optim_doc["state"].items()
-            },
-        }
-        rng = _load_tensors(path / RNG)
-        kind, pos, has_gauss, cached = state["numpy_rng"]
         numpy_rng = (
             kind,
             rng["numpy_key"].numpy().astype(np.uint32),
@@ -394,24 +419,45 @@ def read(path: Path, rank: int = 0) -> CheckpointState:
             int(has_gauss),
             float(cached),
         )
+        torch_rng = rng["torch"]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{path / RNG}: inconsistent contents ({type(exc).__name__})") from None
+    optimizer, distributed = (
+        ({}, frozenset()) if sharded else read_optimizer(path, optimizer_stem(False, 0), files)
+    )
+    return CheckpointState(step, params, optimizer, torch_rng, numpy_rng, path, distributed, sharded, files)
+
+
+def read_optimizer(
+    path: Path, stem: str, files: dict[str, Any]
+) -> tuple[dict[str, Any], frozenset[tuple[int, str]]]:
+    """Verify (against the manifest entries ``files``) and decode ``<stem>.safetensors`` + ``<stem>.json``:
+    an optimizer state_dict and the entries that were DTensor shards."""
+    verify(path, [f"{stem}.{x}" for x in EXTS], files)
+    tensors = _load_tensors(path / f"{stem}.safetensors")
+    _require_finite(path / f"{stem}.safetensors", tensors)
+    doc = _load_json(path / f"{stem}.json")
+    try:
+        optimizer = {
+            "param_groups": [_groups_from_json(g) for g in doc["param_groups"]],
+            "state": {
+                int(index): {
+                    name: tensors[v["tensor"]] if "tensor" in v else v["value"] for name, v in entry.items()
+                }
+                for index, entry in doc["state"].items()
+            },
+        }
         distributed = frozenset(
             (int(index), name)
-            for index, entry in optim_doc["state"].items()
+            for index, entry in doc["state"].items()
             for name, v in entry.items()
             if v.get("dtensor")
         )
-        return CheckpointState(
-            int(state["step"]), params, optimizer, rng["torch"], numpy_rng, path, distributed
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{path}: inconsistent contents ({type(exc).__name__}: {exc})") from None
-
-
-def _load_json_checked(path: Path) -> dict[str, Any]:
-    """The manifest, with state.json verified and decoded (it says whether optimizer files are per rank)."""
-    read_manifest(path)
-    verify(path, [STATE])
-    return {"state": _load_json(path / STATE)}
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CheckpointError(
+            f"{path / stem}.json: inconsistent contents ({type(exc).__name__}: {exc})"
+        ) from None
+    return optimizer, distributed
 
 
 def _groups_from_json(group: dict[str, Any]) -> dict[str, Any]:
@@ -419,34 +465,64 @@ def _groups_from_json(group: dict[str, Any]) -> dict[str, Any]:
     return {k: (tuple(v) if isinstance(v, list) and k != "params" else v) for k, v in group.items()}
 
 
-def load_latest(folder: Path, rank: int = 0, gather: Gather = _alone) -> CheckpointState | None:
+def _same(value: Any) -> Any:
+    return value
+
+
+def load_latest(
+    folder: Path, rank: int = 0, gather: Gather = _alone, broadcast: Callable[[Any], Any] = _same
+) -> CheckpointState | None:
     """The newest checkpoint every rank can read, or None when the run never wrote one.
 
-    Each refused checkpoint is logged in one line naming the file; when an older one is used instead, that
-    is logged too. Raises :class:`CheckpointError` when checkpoints exist and none of them is intact (the run's
-    history is then left as it is rather than restarted from scratch)."""
+    Rank 0 reads and verifies the candidates in ``folder`` (its machine's), newest first, and ``broadcast``s
+    the first intact one (ranks on other machines cannot read its disk); under FSDP each rank then verifies
+    and reads its own optimizer shard from its machine's ``folder`` against rank 0's manifest, and the ranks
+    agree (``gather``): a shard refused on any rank makes every rank move on to the next older checkpoint.
+    Each refusal is logged in one line naming the file, and so is the fallback. Raises
+    :class:`CheckpointError` when checkpoints exist and none is intact (the history is then left as it is
+    rather than restarted from scratch)."""
     folder = Path(folder)
-    candidates = list_checkpoints(folder)[::-1]
-    legacy = sorted(folder.glob("step_*.pt")) if folder.is_dir() else []
-    refused: list[str] = [
-        f"{p}: pickle checkpoint of an older version, not loaded (it could run code)" for p in legacy
-    ]
-    for message in refused:
-        log.warning("checkpoint refused: %s", message)
-    for i, path in enumerate(candidates):
-        try:
-            state, message = read(path, rank), ""
-        except CheckpointError as exc:
-            state, message = None, str(exc)
-        outcomes = gather(message)
-        failed = next((m for m in outcomes if m), "")
+    main = rank == 0
+    refused: list[str] = []
+    candidates: list[Path] = []
+    if main:
+        candidates = list_checkpoints(folder)[::-1]
+        legacy = sorted(folder.glob("step_*.pt")) if folder.is_dir() else []
+        refused = [
+            f"{p}: pickle checkpoint of an older version, not loaded (it could run code)" for p in legacy
+        ]
+        for message in refused:
+            log.warning("checkpoint refused: %s", message)
+    tried = 0
+    while True:
+        found = None
+        while main and found is None and tried < len(candidates):
+            tried += 1
+            try:
+                found = read_main(candidates[tried - 1])
+            except CheckpointError as exc:
+                log.warning("checkpoint refused: %s", exc)
+                refused.append(str(exc))
+        state, first_refusal = broadcast((found, refused[0] if refused else None))
+        if state is None:
+            if first_refusal is not None:
+                raise CheckpointError(f"resume: no intact checkpoint in {folder} (refused: {first_refusal})")
+            return None
+        state.path = folder / state.path.name
+        message = ""
+        if state.sharded:
+            try:
+                state.optimizer, state.distributed = read_optimizer(
+                    state.path, optimizer_stem(True, rank), state.files
+                )
+            except CheckpointError as exc:
+                message = str(exc)
+        failed = next((m for m in gather(message) if m), "")
         if failed:
-            log.warning("checkpoint refused: %s", failed)
-            refused.append(failed)
+            if main:
+                log.warning("checkpoint refused: %s", failed)
+                refused.append(failed)
             continue
-        if i > 0 or refused:
-            log.warning("resuming from %s, the newest intact checkpoint", path)
+        if main and (tried > 1 or refused):
+            log.warning("resuming from %s, the newest intact checkpoint", state.path)
         return state
-    if refused:
-        raise CheckpointError(f"resume: no intact checkpoint in {folder} (refused: {refused[0]})")
-    return None

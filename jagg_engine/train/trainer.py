@@ -403,6 +403,16 @@ class Trainer:
 
         return list(gather_object([value]))
 
+    def broadcast(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank (how a checkpoint read on machine 0 reaches the others)."""
+        if self.world == 1:
+            return value
+        from accelerate.utils import broadcast_object_list
+
+        box = [value]
+        broadcast_object_list(box, from_process=0)
+        return box[0]
+
     def save_checkpoint(self, step: int) -> None:
         """Trainable weights (gathered in full under FSDP), optimizer, RNG states and step: see
         :mod:`jagg_engine.train.checkpoint` (safetensors + JSON, sha256 manifest, atomic, pruned)."""
@@ -417,11 +427,14 @@ class Trainer:
             sharded=self.fsdp,
             keep=self.cfg.keep_checkpoints,
             gather=self.gather_strings,
+            local_main=self.acc.is_local_main_process,
         )
 
     def load_checkpoint(self) -> int:
         """Restore the newest intact checkpoint (refused ones are named in the log); its step, or 0."""
-        state = checkpoint.load_latest(self.checkpoint_dir(), self.rank, gather=self.gather_strings)
+        state = checkpoint.load_latest(
+            self.checkpoint_dir(), self.rank, gather=self.gather_strings, broadcast=self.broadcast
+        )
         if state is None:
             return 0
         if len(state.params) != len(self.params) or any(
@@ -582,6 +595,7 @@ def train(run_id: int, runs_dir: str, resume: bool = False) -> int:
         signal.signal(signal.SIGTERM, on_signal)
         status = trainer.run()
         if main:
+            reserve.unlink(missing_ok=True)  # room for the final status, whatever the disk holds now
             store.set_status(run_id, status)
             log.info("run %d %s", run_id, status)
         return 0
