@@ -172,6 +172,7 @@ def save(
         _fsync_dir(folder)
         prune(folder, keep)
 
+    local_main = main or (sharded and local_main)  # other machines write only FSDP shards
     _collective(gather, begin if local_main else None, partial, local_main)
     shards: dict[str, Any] = {}
     if sharded:
