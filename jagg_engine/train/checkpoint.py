@@ -18,10 +18,15 @@ one ``rename`` makes the folder ``step_NNNNN`` — a kill leaves a ``.partial`` 
 or nothing, never a checkpoint that looks complete. A failed write (a full disk: :class:`DiskFullError` naming
 the file) removes the partial folder before it raises. Only the newest ``keep`` checkpoints are kept.
 
-Reading (:func:`load_latest`): newest first, each candidate's manifest is read and the files this rank reads
-are hashed against it, decoded, and every floating tensor must be finite; a refused checkpoint is named in one
-line and the next older one is tried. Under several processes the ranks agree on the checkpoint (a shard
-that is corrupt on one rank makes every rank fall back).
+Reading (:func:`load_latest`): rank 0 tries its candidates newest first: the manifest is read, the files are
+hashed against it, decoded, and every floating tensor must be finite; a refused checkpoint is named in one line
+and the next older one is tried. Rank 0 sends the checkpoint it found to every rank (ranks on other machines
+cannot read its disk); under FSDP each rank checks its own optimizer shard against rank 0's manifest and the
+ranks agree, so a shard that is corrupt on one rank makes every rank fall back together.
+
+Several machines: each machine has its own ``checkpoints/`` folder. Machine 0's holds the whole checkpoint;
+under FSDP the others hold only their ranks' shards (in a folder of the same name, committed after machine 0's),
+whose sizes and hashes are in machine 0's manifest.
 """
 
 from __future__ import annotations
