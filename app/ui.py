@@ -229,9 +229,9 @@ def build_app(
         try:
             refuse_if_busy()
             cfg = form_config(root, *form, space_mode=space)
-        except ConfigError as exc:
+            run_id = manager.create(cfg.to_dict())
+        except (ConfigError, StoreError) as exc:
             return f"**Not launched.** {exc}", None, gr.skip()
-        run_id = manager.create(cfg.to_dict())
         started = manager.tick()
         where = "started" if run_id in started else "queued (starts when the current run finishes)"
         return f"Run #{run_id} {where}.", run_id, gr.update(choices=run_choices(), value=run_id)
@@ -240,9 +240,9 @@ def build_app(
         try:
             refuse_if_busy()
             cfg = form_config(root, *form, space_mode=space)
-        except ConfigError as exc:
+            exact_id, jagg_id = manager.create_pair(cfg.to_dict())
+        except (ConfigError, StoreError) as exc:
             return f"**Not launched.** {exc}", None, gr.skip()
-        exact_id, jagg_id = manager.create_pair(cfg.to_dict())
         manager.tick()
         return (
             f"Pair queued: exact #{exact_id}, then JAGG #{jagg_id} (same config, prompts and seeds; the second "
@@ -351,6 +351,8 @@ def build_app(
             csv_path, json_path = manager.store.export_run(int(run_id), root / "exports")
         except StoreError as exc:
             return f"**Error:** {exc}", None
+        except OSError as exc:  # a read-only or full runs folder
+            return f"**Error:** cannot write {root / 'exports'}: {exc.strerror or exc}", None
         return f"Exported run #{int(run_id)}.", [str(csv_path), str(json_path)]
 
     # ------------------------------------------------------------------ layout
