@@ -18,6 +18,7 @@ import json
 import math
 import os
 import shutil
+import sqlite3
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,9 @@ def install(
         and all(r is not None and r["status"] == "finished" for r in present)
     ):
         return ids
+    if getattr(store, "read_only", False):  # a read-only history is shown as it is
+        print("jagg app: the runs folder is read-only; the showcase is not loaded into it", flush=True)
+        return []
     for run in present:  # an older showcase, or one half deleted: replace it
         if run is not None and str(run.get("run_dir") or "").startswith(str(folder)):
             store.delete_run(run["id"])
@@ -161,7 +165,7 @@ def install(
         tmp = marker.with_suffix(".tmp")
         tmp.write_text(json.dumps({"digest": digest, "ids": created}), encoding="utf-8")
         os.replace(tmp, marker)
-    except (OSError, ValueError, KeyError, StoreError) as exc:
+    except (OSError, ValueError, KeyError, StoreError, sqlite3.Error) as exc:
         for run_id in created:
             try:
                 store.delete_run(run_id)

@@ -120,6 +120,10 @@ class TrainConfig:
     cfg_scale: float = _f(1.0, "Classifier-free guidance scale during rollouts (1 = no guidance).")
     group_size: int = _f(8, "Samples per prompt (the GRPO group).")
     prompts_per_step: int = _f(18, "Prompts per step; a step has group_size × prompts_per_step samples.")
+    rollout_micro_batch: int | None = _f(
+        None,
+        "Samples per model call while sampling; null = the rank's whole batch. The split changes no sample.",
+    )
 
     # --- update ---
     strategy: str = _f(
@@ -138,7 +142,19 @@ class TrainConfig:
     auto_route_threshold: float = _f(0.7, "Cosine a group must reach to stay on JAGG under auto_route.")
     auto_route_every: int = _f(10, "Steps between two routing probes under auto_route.")
     reuse_rollout_velocity: str = _f(
-        "off", "auto: JAGG inner steps reuse the rollout's velocities while the policy is unchanged; or off."
+        "auto",
+        "auto: JAGG inner steps take the rollout's velocities where the policy is provably the sampling one"
+        " (exact; the first mini-batch of a rollout); off: always a forward.",
+    )
+    train_micro_batch: int | None = _f(
+        None,
+        "Samples per forward/backward in the update (the joint JAGG endpoint call holds twice as many);"
+        " gradients are accumulated to the mini-batch's exactly; null = the whole mini-batch.",
+    )
+    updates_per_rollout: int = _f(
+        1,
+        "Optimizer steps per rollout: the rank's samples are shuffled and split into this many mini-batches,"
+        " one step each; on the later ones the policy has moved, so the PPO ratio and clip act.",
     )
     lr: float = _f(5e-5, "AdamW learning rate.")
     weight_decay: float = _f(1e-4, "AdamW weight decay.")
@@ -149,11 +165,22 @@ class TrainConfig:
         "global", "Advantage std: per group, or of the group-centred rewards over the whole batch."
     )
     beta: float = _f(0.0, "KL penalty weight against the reference model (0 = none).")
+    kl_form: str = _f(
+        "flow-grpo",
+        "KL term: flow-grpo (Flow-GRPO's code, so its beta carries over) or gaussian (the step's closed-form"
+        " Gaussian KL, 1/|dsigma| times larger for the flow-grpo and dance SDEs).",
+    )
+    cps_log_prob: str = _f(
+        "flow-grpo",
+        "CPS log-prob: flow-grpo (-mean squared error, Flow-GRPO's code, so its clip_range carries over) or"
+        " gaussian (the full Gaussian log-density).",
+    )
 
     # --- logging and checkpoints (0 = never) ---
     sample_every: int = _f(10, "Save training sample images every N steps.")
     eval_every: int = _f(10, "Run the deterministic (ODE) eval every N steps.")
     checkpoint_every: int = _f(25, "Save a resumable checkpoint every N steps (and at the end).")
+    keep_checkpoints: int = _f(2, "Keep the newest N checkpoints of a run (older ones are deleted; >= 1).")
     probe_every: int = _f(0, "Measure JAGG-vs-exact gradient fidelity every N steps.")
 
     # ------------------------------------------------------------------ building
@@ -224,6 +251,7 @@ class TrainConfig:
             eta=self.eta,
             shift=self.shift,
             sde_window=None if all_steps else self.sde_window(),
+            cps_log_prob=self.cps_log_prob,
         )
 
     def update_config(self) -> Any:
@@ -235,8 +263,10 @@ class TrainConfig:
             jagg_frac=self.jagg_frac,
             endpoint_backward=self.endpoint_backward,
             reuse_rollout_velocity=self.reuse_rollout_velocity,
+            micro_batch=self.train_micro_batch,
             clip_range=self.clip_range,
             beta=self.beta,
+            kl_form=self.kl_form,
         )
 
     # ------------------------------------------------------------------ validation
@@ -327,6 +357,7 @@ class TrainConfig:
                 f"prompts_per_step: must be a multiple of processes ({self.processes}), got {self.prompts_per_step}"
             )
 
+        self._validate_batches()
         _one_of("strategy", self.strategy, STRATEGIES)
         _int_at_least("window", self.window, 2)
         if self.window > self.num_trained_steps:
@@ -360,9 +391,15 @@ class TrainConfig:
             _positive("adv_clip", self.adv_clip)
         _one_of("adv_std", self.adv_std, ADV_STDS)
         _at_least("beta", self.beta, 0.0)
+        from jagg_engine.grpo import KL_FORMS
+        from jagg_engine.sde import CPS_LOG_PROBS
+
+        _one_of("kl_form", self.kl_form, KL_FORMS)
+        _one_of("cps_log_prob", self.cps_log_prob, CPS_LOG_PROBS)
 
         for key in ("sample_every", "eval_every", "checkpoint_every", "probe_every"):
             _int_at_least(key, getattr(self, key), 0)
+        _int_at_least("keep_checkpoints", self.keep_checkpoints, 1)
         if self.probe_every and self.strategy == "exact":
             raise ConfigError("probe_every: probes compare JAGG with exact; needs strategy jagg or endpoint")
 
@@ -384,6 +421,24 @@ class TrainConfig:
                 except RewardConfigError as exc:
                     raise ConfigError(f"rewards: {_one_line(str(exc))}") from None
         return self
+
+    @property
+    def rank_batch(self) -> int:
+        """Samples per rank per step: prompts_per_step / processes × group_size (groups never straddle ranks)."""
+        return self.prompts_per_step // self.processes * self.group_size
+
+    def _validate_batches(self) -> None:
+        """rollout_micro_batch, train_micro_batch, updates_per_rollout (after prompts_per_step and processes)."""
+        for key in ("rollout_micro_batch", "train_micro_batch"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise ConfigError(f"{key}: must be an integer >= 1 or null (the whole batch), got {value}")
+        _int_at_least("updates_per_rollout", self.updates_per_rollout, 1)
+        if self.rank_batch % self.updates_per_rollout:
+            raise ConfigError(
+                f"updates_per_rollout: must divide the {self.rank_batch} samples of a rank's step"
+                f" (prompts_per_step / processes × group_size), got {self.updates_per_rollout}"
+            )
 
 
 # ---------------------------------------------------------------------- loading
