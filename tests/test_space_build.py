@@ -4,8 +4,8 @@ of the repository with SPACE_ID set, and a 3-step run launched through gradio_cl
 
 The CPU wheel torch==2.13.0 is installed first (as `make` does): requirements.txt leaves torch open so that a
 Space keeps the build it brings, and on this machine plain `torch` would resolve to a multi-GB CUDA build.
-The install takes about 3 minutes on an idle 2-core machine (pip; the wheels come from pip's index and
-cache), the run about 1 minute; the test writes its timings to test-artifacts/space-build.txt.
+Measured on the shared 2-core machine (load average ~19): install 3.0 min (pip cache warm), app start 1.9 min,
+the run 3.5 min; the test writes its timings to test-artifacts/space-build.txt.
 """
 
 from __future__ import annotations
