@@ -126,6 +126,23 @@ def test_cancel_and_resume_across_machines(tmp_path):
     assert not (tmp_path / "m1" / "jagg.db").exists() and not list((tmp_path / "m1").rglob("*.pt"))
 
 
+@pytest.mark.slow
+def test_a_machine_given_another_config_fails_both(tmp_path):
+    """Machine 1 checks the config it was given against machine 0's: a difference fails every rank at once."""
+    address = f"127.0.0.1:{free_port()}"
+    common = ["eval_every=0", "prompts_per_step=2", "--processes", "2", "--machines", "2"]
+    common += ["--main-address", address]
+    procs = [
+        start(["jagg", "train", f"steps={1 + rank}", *common, "--machine-rank", str(rank)], tmp_path / f"m{rank}",
+              tmp_path / f"m{rank}.log")
+        for rank in (0, 1)
+    ]  # fmt: skip
+    assert [p.wait(timeout=600) for p in procs] == [1, 1]
+    (run,) = open_store(tmp_path / "m0").list_runs()
+    assert run["status"] == "failed"
+    assert "machine 1 (rank 1): config: differs from machine 0's in steps" in run["error"]
+
+
 def test_a_missing_machine_ends_the_other_in_time_with_one_line(tmp_path):
     """Machine 0 without machine 1, and machine 1 without machine 0 (another address): each ends within the
     join timeout with exit code 1 and one error line naming the address; machine 0's run reads failed."""
