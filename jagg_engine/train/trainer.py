@@ -195,7 +195,7 @@ def update_metrics(results: list[UpdateResult]) -> dict[str, float]:
     out["count/forward"] = out["count/forward_grad"] + out["count/forward_nograd"]
     out["count/optimizer_steps"] = float(len(results))
     if len(results) > 1:  # the off-policy mini-batches: where the ratio and the clip act
-        later = [r for r in rows[1:]]
+        later = rows[1:]
         out["loss/clipfrac_offpolicy"] = float(np.mean([r["loss/clipfrac"] for r in later]))
         out["loss/ratio_dev_offpolicy"] = float(np.mean([abs(r["loss/ratio_mean"] - 1) for r in later]))
     return out
