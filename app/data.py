@@ -9,6 +9,7 @@ Metric keys are the store's (``reward/mean``, ``time/update`` …, see :mod:`jag
 
 from __future__ import annotations
 
+import html
 import math
 import os
 import time
@@ -583,6 +584,65 @@ def side_by_side_first_last(
     for key in keys[::stride][:limit_keys]:
         items += [found[cell][key] for cell in cells]
     return items
+
+
+def reward_svg(frames: Mapping[str, pd.DataFrame], width: int = 900, height: int = 300) -> str:
+    """Each run's training reward per step (reward/mean, solid) and eval reward (eval/reward/mean, dashed, with
+    dots) as a static SVG: the curves of :func:`reward_figure` without plotly, so a page shows them at its
+    first paint. Polylines carry ``data-run`` (the label) and ``data-kind`` (train | eval). "" without data."""
+    series = []
+    for i, (label, frame) in enumerate(frames.items()):
+        for key, kind in (("reward/mean", "train"), ("eval/reward/mean", "eval")):
+            if key in frame.columns:
+                rows = frame[["step", key]].dropna()
+                if not rows.empty:
+                    series.append(
+                        (label, _COLORS[i % len(_COLORS)], kind, list(rows["step"]), list(rows[key]))
+                    )
+    if not series:
+        return ""
+    xs = [float(x) for s in series for x in s[3]]
+    ys = [float(y) for s in series for y in s[4]]
+    x0, x1 = min(xs), max(xs)
+    pad = max(0.05 * (max(ys) - min(ys)), 1e-3)
+    y0, y1 = min(ys) - pad, max(ys) + pad
+    left, right, top, bottom = 56, 16, 16, 56
+
+    def px(x: float) -> float:
+        return left + (x - x0) / ((x1 - x0) or 1.0) * (width - left - right)
+
+    def py(y: float) -> float:
+        return top + (y1 - y) / (y1 - y0) * (height - top - bottom)
+
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="100%" role="img" '
+        'aria-label="reward per step" style="font: 12px sans-serif; background: #fff">',
+        f'<line x1="{left}" y1="{height - bottom}" x2="{width - right}" y2="{height - bottom}" stroke="#888"/>',
+        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{height - bottom}" stroke="#888"/>',
+    ]
+    for y in (y0 + pad, (y0 + y1) / 2, y1 - pad):
+        out.append(f'<text x="{left - 6}" y="{py(y) + 4:.1f}" text-anchor="end">{y:.3f}</text>')
+    for x in sorted({x0, x1, round((x0 + x1) / 2)}):
+        out.append(f'<text x="{px(x):.1f}" y="{height - bottom + 16}" text-anchor="middle">{x:g}</text>')
+    out.append(
+        f'<text x="{(left + width - right) / 2}" y="{height - bottom + 32}" text-anchor="middle">step</text>'
+    )
+    for j, (label, color, kind, x, y) in enumerate(series):
+        points = " ".join(f"{px(a):.1f},{py(b):.1f}" for a, b in zip(x, y))
+        style = 'stroke-width="2.5" stroke-dasharray="6 4"' if kind == "eval" else 'stroke-width="1.5"'
+        name = html.escape(f"{label} · {'eval' if kind == 'eval' else 'train'}")
+        out.append(
+            f'<polyline class="curve" data-run="{html.escape(label)}" data-kind="{kind}" fill="none" '
+            f'stroke="{color}" {style} points="{points}"><title>{name}</title></polyline>'
+        )
+        if kind == "eval":
+            out += [f'<circle cx="{px(a):.1f}" cy="{py(b):.1f}" r="4" fill="{color}"/>' for a, b in zip(x, y)]
+        lx = left + 10 + j * 200
+        out.append(
+            f'<line x1="{lx}" y1="{height - 10}" x2="{lx + 24}" y2="{height - 10}" stroke="{color}" {style}/>'
+            f'<text x="{lx + 30}" y="{height - 6}">{name}</text>'
+        )
+    return "".join(out) + "</svg>"
 
 
 # ---------------------------------------------------------------------------------------------- logs

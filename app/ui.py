@@ -373,7 +373,7 @@ def build_app(
         }
         configs = {f"#{run['id']}": run["config"] for run in runs}
         return (
-            data.reward_figure(frames, title="Reward"),
+            gr.update(value=data.reward_figure(frames, title="Reward"), visible=True),
             data.compare_frame(manager.store, ids, float(r or r0)),
             data.config_diff(configs),
             publish.items(data.side_by_side_first_last(manager.store, ids, root)),
@@ -528,6 +528,15 @@ def build_app(
                         "recorded with `jagg train configs/tiny-shapes-cpu.yaml`, same seed, prompts and eval seeds "
                         f"(`{showcase.RECORD_COMMAND}` records them again). Pick other runs and press Compare."
                     )
+                    # Drawn without plotly, so that the curves are there at the first paint; Compare draws the
+                    # interactive plot below.
+                    showcase_frames = {
+                        f"#{run['id']} {run['config'].get('strategy')}": manager.store.metrics_frame(
+                            run["id"]
+                        )
+                        for run in (manager.store.get_run(i) for i in showcase_ids)
+                    }
+                    gr.HTML(data.reward_svg(showcase_frames), elem_id="showcase-curves")
                 with gr.Row():
                     compare_runs = gr.Dropdown(
                         choices=run_choices(),
@@ -538,9 +547,7 @@ def build_app(
                         scale=4,
                     )
                     compare_btn = gr.Button("Compare", scale=1)
-                compare_plot = gr.Plot(
-                    label="reward", value=shown[0] if shown else None, elem_id="compare-plot"
-                )
+                compare_plot = gr.Plot(label="reward", visible=not shown, elem_id="compare-plot")
                 compare_table = gr.Dataframe(
                     label="summary: final reward and update-phase speedup (measured vs predicted)",
                     interactive=False,

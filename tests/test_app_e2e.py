@@ -205,7 +205,10 @@ def test_browser_fresh_app_opens_on_the_showcase_comparison(app):
         loaded = time.monotonic()
 
         def shown(d) -> bool:
-            legend = " ".join(e.text for e in d.find_elements(By.CSS_SELECTOR, "#compare-plot .legendtext"))
+            legend = " ".join(
+                e.get_attribute("data-run")
+                for e in d.find_elements(By.CSS_SELECTOR, "#showcase-curves .curve")
+            )
             images = d.find_elements(By.CSS_SELECTOR, "#compare-gallery img")
             decoded = d.execute_script(
                 "return [...document.querySelectorAll('#compare-gallery img')]"
@@ -215,7 +218,7 @@ def test_browser_fresh_app_opens_on_the_showcase_comparison(app):
 
         WebDriverWait(driver, 60, poll_frequency=0.1).until(shown)
         elapsed = time.monotonic() - loaded
-        traces = driver.find_elements(By.CSS_SELECTOR, "#compare-plot .scatterlayer .trace")
+        traces = driver.find_elements(By.CSS_SELECTOR, "#showcase-curves .curve")
         names = [
             img.get_attribute("src").rsplit("/", 1)[-1]
             for img in driver.find_elements(By.CSS_SELECTOR, "#compare-gallery img")

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from PIL import Image
 
 from app import data, showcase
@@ -135,3 +137,20 @@ def test_the_shipped_showcase(tmp_path):
         runs = [store.get_run(i) for i in ids]
         assert [r["status"] for r in runs] == ["finished", "finished"]
         assert all(r["last_step"] == r["config"]["steps"] for r in runs)
+
+
+def test_reward_svg_draws_each_runs_train_and_eval_curve(tmp_path):
+    ids = _recorded(tmp_path)
+    with open_store(tmp_path) as store:
+        frames = {f"#{i} {k}": store.metrics_frame(i) for k, i in ids.items()}
+    svg = data.reward_svg(frames)
+    assert svg.startswith("<svg") and svg.endswith("</svg>")
+    curves = re.findall(
+        r'<polyline class="curve" data-run="([^"]+)" data-kind="(\w+)"[^>]*points="([^"]+)"', svg
+    )
+    assert [(run, kind) for run, kind, _ in curves] == [
+        (f"#{ids['exact']} exact", "train"),
+        (f"#{ids['jagg']} jagg", "train"),
+    ]
+    assert all(len(points.split()) == 3 for _, _, points in curves)  # steps 0, 1, 2
+    assert data.reward_svg({"empty": pd.DataFrame({"step": []})}) == ""
