@@ -373,7 +373,7 @@ def build_app(
         }
         configs = {f"#{run['id']}": run["config"] for run in runs}
         return (
-            gr.update(value=data.reward_figure(frames, title="Reward"), visible=True),
+            data.reward_figure(frames, title="Reward"),
             data.compare_frame(manager.store, ids, float(r or r0)),
             data.config_diff(configs),
             publish.items(data.side_by_side_first_last(manager.store, ids, root)),
@@ -547,7 +547,8 @@ def build_app(
                         scale=4,
                     )
                     compare_btn = gr.Button("Compare", scale=1)
-                compare_plot = gr.Plot(label="reward", visible=not shown, elem_id="compare-plot")
+                # Empty until Compare: plotly's first load is what makes a page slow to show.
+                compare_plot = gr.Plot(label="reward (interactive: press Compare)", elem_id="compare-plot")
                 compare_table = gr.Dataframe(
                     label="summary: final reward and update-phase speedup (measured vs predicted)",
                     interactive=False,
