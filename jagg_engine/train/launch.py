@@ -61,14 +61,22 @@ def accelerate_argv(processes: int, run_id: int, runs_dir: str, resume: bool) ->
     return argv + (["--resume"] if resume else [])
 
 
+RUN_ID_MAX = 2**63 - 1  # SQLite's INTEGER
+
+
 def run(args: argparse.Namespace) -> int:
-    from jagg_engine.store import open_store
-    from jagg_engine.train.config import ConfigError, TrainConfig, load_config
+    from jagg_engine.store import DB_NAME, open_store
+    from jagg_engine.train.config import ConfigError, TrainConfig, check_runs_dir, load_config
     from jagg_engine.train.trainer import train
 
     if args.resume is not None and args.run_id is not None:
         raise UsageError("--resume and --run-id: give one of them")
     attach = args.resume if args.resume is not None else args.run_id
+    flag = "--resume" if args.resume is not None else "--run-id"
+    if attach is not None and not 1 <= attach <= RUN_ID_MAX:
+        raise UsageError(f"{flag}: must be a run id from 1 to {RUN_ID_MAX}, got {attach}")
+    if args.processes is not None and args.processes < 1:
+        raise UsageError(f"--processes: must be an integer >= 1, got {args.processes}")
     if args.overrides and args.config and "=" in args.config:  # `jagg train steps=3` without a file
         args.overrides.insert(0, args.config)
         args.config = None
@@ -77,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
 
     if attach is not None:
         runs_dir = args.runs_dir or "runs"
+        if not (Path(runs_dir) / DB_NAME).is_file():  # opening the store would create an empty history
+            raise UsageError(f"{flag}: no run history in {runs_dir} (no {DB_NAME}); give --runs-dir")
         store = open_store(runs_dir)
         store.check_liveness()
         run = store.get_run(attach)
@@ -95,9 +105,10 @@ def run(args: argparse.Namespace) -> int:
             cfg = load_config(args.config, args.overrides)
             if args.processes is not None:
                 cfg = cfg.apply_overrides([f"processes={args.processes}"]).validate()
+            runs_dir = args.runs_dir or cfg.output_dir
+            check_runs_dir(runs_dir, "--runs-dir" if args.runs_dir else "output_dir")
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
-        runs_dir = args.runs_dir or cfg.output_dir
         store = open_store(runs_dir)
         run_id = store.create_run(cfg.name, cfg.to_dict(), None)
         run_dir = Path(runs_dir) / f"run-{run_id:04d}"
