@@ -466,6 +466,14 @@ class RunStore:
         with self._lock:
             return list(self.db.query(sql + " ORDER BY step, path", [run_id, kind] if kind else [run_id]))
 
+    def sample_count(self, run_id: int) -> tuple[int, int | None]:
+        """(number of sample rows, largest step) of a run, through the (run_id, step) index."""
+        with self._lock:
+            count, last = self.db.execute(
+                "SELECT COUNT(*), MAX(step) FROM samples WHERE run_id = ?", [run_id]
+            ).fetchone()
+        return int(count), last
+
     def export_run(self, run_id: int, out_dir: str | os.PathLike[str]) -> tuple[Path, Path]:
         """Write ``run-<id>-<name>.csv`` (the wide metrics frame) and ``run-<id>-<name>.json`` (the run
         row with its config, every metric in long form, probes and samples). Returns (csv_path, json_path)."""
