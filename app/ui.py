@@ -557,6 +557,7 @@ def build_app(
         demo.load(history, None, history_table, api_visibility="private")
 
     demo.jagg_manager = manager  # type: ignore[attr-defined]
+    demo.jagg_shared = shared  # type: ignore[attr-defined]
     demo.jagg_runs_dir = root  # type: ignore[attr-defined]
     if background_ticks:
         _start_ticker(shared.tick)
