@@ -605,9 +605,9 @@ class SharedTick:
         with self._lock:
             now = self.clock()
             hit = self._memo.get(key)
-            if hit is not None and now - hit[0] < self.max_age:
+            if hit is not None and 0 <= now - hit[0] < self.max_age:
                 return hit[1]
-            for old in [k for k, (t, _) in self._memo.items() if now - t >= self.max_age]:
+            for old in [k for k, (t, _) in self._memo.items() if not 0 <= now - t < self.max_age]:
                 del self._memo[old]  # runs no tab watches any more
             value = read()
             self._memo[key] = (now, value)
