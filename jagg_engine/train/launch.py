@@ -101,10 +101,9 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
         run_id = attach
     else:
-        try:
-            cfg = load_config(args.config, args.overrides)
-            if args.processes is not None:
-                cfg = cfg.apply_overrides([f"processes={args.processes}"]).validate()
+        try:  # --processes is one more override, validated with the rest (fsdp and batch checks need it)
+            extra = [f"processes={args.processes}"] if args.processes is not None else []
+            cfg = load_config(args.config, [*args.overrides, *extra])
             runs_dir = args.runs_dir or cfg.output_dir
             check_runs_dir(runs_dir, "--runs-dir" if args.runs_dir else "output_dir")
         except ConfigError as exc:
