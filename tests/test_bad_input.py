@@ -406,3 +406,58 @@ def test_the_app_handlers_refuse_a_bad_cost_ratio(runs: Path, app) -> None:
         assert (
             app["compare"]([1, 1], bad)[0].layout.annotations[0].text.startswith("r: must be a finite number")
         )
+
+
+# ---------------------------------------------------------------------------------------------- one table
+
+
+def test_every_backbone_says_which_model_fields_it_uses() -> None:
+    """BACKBONE_FIELDS is the one table: every registered backbone has an entry, every option it maps is a
+    parameter of the backbone's factory, and backbone_kwargs passes a model field exactly to the backbones
+    that map it (elsewhere the validator refuses it instead of the factory ignoring it)."""
+    import importlib
+    import inspect
+
+    from jagg_engine.backbones import BACKBONES
+    from jagg_engine.train.config import BACKBONE_FIELDS, MODEL_FIELDS
+
+    assert set(BACKBONE_FIELDS) == set(BACKBONES)
+    changed = {
+        "model_path": "/models/x",
+        "lora_rank": 8,
+        "lora_alpha": 16.0,
+        "lora_targets": ["to_q"],
+        "gradient_checkpointing": True,
+        "precision": "bf16",
+        "cfg_scale": 2.5,
+    }
+    assert set(changed) == set(MODEL_FIELDS)
+    for backbone, mapped in BACKBONE_FIELDS.items():
+        module, name = BACKBONES[backbone].split(":")
+        params = inspect.signature(getattr(importlib.import_module(module), name)).parameters
+        assert set(mapped) <= set(params), (backbone, set(mapped) - set(params))
+        base = TrainConfig(backbone=backbone).backbone_kwargs()
+        for field_name, value in changed.items():
+            kwargs = TrainConfig(backbone=backbone, **{field_name: value}).backbone_kwargs()
+            assert (kwargs != base) == (field_name in mapped.values()), (backbone, field_name)
+
+
+def test_fsdp_is_accepted_with_the_processes_flag(runs: Path, no_training, monkeypatch, capsys) -> None:
+    import jagg_engine.train.launch as launch
+
+    launched = []
+    monkeypatch.setattr(
+        launch.subprocess,
+        "run",
+        lambda argv, env: launched.append(argv) or subprocess.CompletedProcess(argv, 0),
+    )
+    small = [
+        "prompts_per_step=2",
+        "group_size=4",
+        "sampling_steps=6",
+        "sde_window_end=4",
+        "eval_num_prompts=4",
+    ]
+    code, lines = _cli(["train", "fsdp=true", *small, "--processes", "2", "--runs-dir", str(runs)], capsys)
+    assert code == 0 and len(launched) == 1 and "--num_processes" in launched[0]
+    assert _snapshot(runs)[0] == 2  # the run was created: a valid config is not refused
