@@ -24,9 +24,17 @@ which other jobs do not inflate. Every strategy but ``paper-code`` is :func:`jag
 same code the trainer calls. ``r`` is measured on the same model and batch: median(grad forward + backward)
 over median(no-grad forward), both interleaved with the updates.
 
-Peak memory: on a GPU ``torch.cuda.max_memory_allocated`` over one extra (untimed) update per strategy. On the
-CPU, the peak of live autograd-saved tensor bytes during that update (``saved_tensors_hooks``; storages counted
-once, model parameters and rollout tensors excluded) — the activation memory the strategies differ in.
+Micro-batches (``--micro-batch m``): every strategy of the engine runs with ``UpdateConfig.micro_batch = m`` (the
+update forwards and backwards m samples at a time and accumulates the gradient), and ``r`` is measured on a
+micro-batch, the unit the update runs. ``paper-code`` is a schedule of this module, not of the engine, and is
+left out then.
+
+Peak memory, over one extra (untimed) update per strategy: the peak of live autograd-saved tensor bytes
+(``saved_tensors_hooks``; storages counted once, model parameters and rollout tensors excluded) — the
+activation memory the strategies differ in, the same figure on every device — and, on a GPU, also
+``torch.cuda.max_memory_allocated`` (everything: weights, optimizer-free gradients, activations, workspace) and
+its rise over the memory allocated before the update. Activations saved inside gradient-checkpointed blocks
+are recomputed, not saved, so the saved-activation figure leaves them out.
 """
 
 from __future__ import annotations
@@ -153,23 +161,25 @@ def paper_code_update(
 UpdateFn = Callable[[VelocityFn, Trajectory, torch.Tensor, SamplerConfig], UpdateResult]
 
 
-def strategy_update(name: str, window: int, jagg_frac: float) -> UpdateFn:
-    """The update routine of bench strategy ``name``: policy_update with its UpdateConfig, or paper-code."""
-    configs = {
-        "exact": UpdateConfig(strategy="exact", window=window, jagg_frac=jagg_frac),
-        "jagg": UpdateConfig(strategy="jagg", window=window, jagg_frac=jagg_frac, endpoint_backward="joint"),
-        "jagg-sequential": UpdateConfig(
-            strategy="jagg", window=window, jagg_frac=jagg_frac, endpoint_backward="sequential"
-        ),
-        "endpoint": UpdateConfig(strategy="endpoint", window=window, jagg_frac=jagg_frac),
-        "paper-code": UpdateConfig(strategy="jagg", window=window, jagg_frac=jagg_frac),
-        "jagg+reuse": UpdateConfig(
-            strategy="jagg", window=window, jagg_frac=jagg_frac, reuse_rollout_velocity="auto"
-        ),
+def strategy_update(name: str, window: int, jagg_frac: float, micro_batch: int | None = None) -> UpdateFn:
+    """The update routine of bench strategy ``name``: policy_update with its UpdateConfig, or paper-code.
+
+    ``micro_batch``: the engine's ``UpdateConfig.micro_batch`` (None = the whole batch at once); paper-code has none.
+    """
+    extra: dict[str, Any] = {} if micro_batch is None else {"micro_batch": micro_batch}
+    options = {
+        "exact": dict(strategy="exact"),
+        "jagg": dict(strategy="jagg", endpoint_backward="joint"),
+        "jagg-sequential": dict(strategy="jagg", endpoint_backward="sequential"),
+        "endpoint": dict(strategy="endpoint"),
+        "paper-code": dict(strategy="jagg"),
+        "jagg+reuse": dict(strategy="jagg", reuse_rollout_velocity="auto"),
     }
-    if name not in configs:
+    if name not in options:
         raise ValueError(f"strategy: must be one of {', '.join(BENCH_STRATEGIES)}, got {name!r}")
-    update = configs[name]
+    if name == "paper-code" and micro_batch is not None:
+        raise ValueError("strategy: paper-code has no micro-batches; leave it out with --micro-batch")
+    update = UpdateConfig(window=window, jagg_frac=jagg_frac, **options[name], **extra)
     if name == "paper-code":
         return lambda model, traj, adv, sampler: paper_code_update(model, traj, adv, update, sampler)
     return lambda model, traj, adv, sampler: policy_update(model, traj, adv, update, sampler)
@@ -305,6 +315,9 @@ class _Saved:
 def _tensors(tree: Any) -> list[torch.Tensor]:
     if isinstance(tree, torch.Tensor):
         return [tree]
+    if isinstance(tree, Trajectory):
+        parts = (tree.latents, tree.log_probs, tree.sigmas, tree.velocities, tree.cond)
+        return [t for v in parts for t in _tensors(v)]
     if isinstance(tree, dict):
         return [t for v in tree.values() for t in _tensors(v)]
     if isinstance(tree, (list, tuple)):
@@ -338,11 +351,13 @@ def bench_update(
     strategies: Sequence[str] = BENCH_STRATEGIES,
     r_samples: int = 2,
     clock: str = "wall",
+    micro_batch: int | None = None,
 ) -> dict[str, Any]:
     """Time the update phase of each strategy on one rollout batch; see the module docstring.
 
     Round-robin: one warm-up round, then ``repeats`` rounds; each round runs every strategy once (gradients
-    zeroed before each) and ``r_samples`` no-grad forwards and grad forward+backward passes of step 0.
+    zeroed before each) and ``r_samples`` no-grad forwards and grad forward+backward passes of step 0 on the
+    first ``micro_batch`` samples (all of them when None), the unit of work the update runs.
     ``clock``: "wall" (``time.perf_counter``, CUDA-synchronised) or "cpu" (``time.process_time``: the CPU time
     of this process, which other processes on a shared CPU do not inflate; meant for one intra-op thread).
     Returns the ``jagg bench --json`` object minus the run description.
@@ -351,17 +366,18 @@ def bench_update(
         raise ValueError(f"clock: must be one of {', '.join(CLOCKS)}, got {clock!r}")
     now = time.perf_counter if clock == "wall" else time.process_time
     device = traj.latents.device
-    updates = {name: strategy_update(name, window, jagg_frac) for name in strategies}
-    B = traj.batch_size
-    z0, t0_ = traj.latents[0], traj.sigmas[0].expand(B)
+    updates = {name: strategy_update(name, window, jagg_frac, micro_batch) for name in strategies}
+    unit = traj.select(slice(0, micro_batch or traj.batch_size))  # the samples one model call sees
+    B = unit.batch_size
+    z0, t0_ = unit.latents[0], unit.sigmas[0].expand(B)
     upstream = torch.randn(z0.shape, generator=torch.Generator().manual_seed(0)).to(device)
 
     def forward_only() -> None:
         with torch.no_grad():
-            model(z0, t0_, traj.cond)
+            model(z0, t0_, unit.cond)
 
     def forward_backward() -> None:
-        v = model(z0, t0_, traj.cond)
+        v = model(z0, t0_, unit.cond)
         torch.autograd.backward([v], [upstream.to(v.dtype)])
 
     def timed(fn: Callable[[], object]) -> tuple[float, object]:
@@ -399,14 +415,15 @@ def bench_update(
     exact = times.get("exact")
     out: dict[str, Any] = {
         "r": r,
+        "micro_batch": micro_batch,
         "clock": clock,
         "forward_s": _spread(r_fwd),
         "forward_backward_s": _spread(r_fb),
         "trained_steps": K,
         "strategies": {},
     }
-    mem_kind, mems = peak_memory(model, params, traj, advantages, sampler, updates)
-    out["peak_mem_measure"] = mem_kind
+    mems = peak_memory(model, params, traj, advantages, sampler, updates)
+    out["peak_mem_measure"] = "cuda_max_memory_allocated" if "cuda" in mems else "peak_saved_activation_bytes"
     for name in strategies:
         med = statistics.median(times[name])
         row: dict[str, Any] = {
@@ -416,9 +433,13 @@ def bench_update(
             "median_forward_s": statistics.median(fwd_times[name]),
             "median_backward_s": statistics.median(bwd_times[name]),
             "predicted_speedup": cost_model_speedup(window, r, jagg_frac, name, K),
-            "peak_mem_bytes": mems[name],
+            "peak_saved_activation_bytes": mems["saved"][name],
+            "peak_mem_bytes": mems["cuda" if "cuda" in mems else "saved"][name],
             "counts": counts[name],
         }
+        if "cuda" in mems:
+            row["peak_cuda_bytes"] = mems["cuda"][name]
+            row["peak_cuda_over_baseline_bytes"] = mems["cuda_rise"][name]
         if exact is not None:
             paired = [e / s for e, s in zip(exact, times[name])]
             row["speedup_vs_exact"] = statistics.median(exact) / med
@@ -435,30 +456,32 @@ def peak_memory(
     advantages: torch.Tensor,
     sampler: SamplerConfig,
     updates: dict[str, UpdateFn],
-) -> tuple[str, dict[str, int]]:
-    """One untimed update per strategy; peak bytes by ``torch.cuda.max_memory_allocated`` on a GPU, else by
-    :class:`SavedActivationMeter`. Returns (name of the measure, {strategy: bytes})."""
+) -> dict[str, dict[str, int]]:
+    """One untimed update per strategy under :class:`SavedActivationMeter`; on a GPU the same update also gives
+    ``torch.cuda.max_memory_allocated`` and its rise over the memory allocated before it.
+
+    Returns {"saved": {strategy: bytes}} plus, on a GPU, "cuda" and "cuda_rise" of the same shape.
+    """
     device = traj.latents.device
-    peaks = {}
-    if device.type == "cuda":
-        for name, fn in updates.items():
-            _zero(params)
-            torch.cuda.synchronize(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            fn(model, traj, advantages, sampler)
-            torch.cuda.synchronize(device)
-            peaks[name] = int(torch.cuda.max_memory_allocated(device))
-        _zero(params)
-        return "cuda_max_memory_allocated", peaks
+    cuda = device.type == "cuda"
     buffers = list(model.buffers()) if isinstance(model, torch.nn.Module) else []
-    exclude = [*params, *buffers, traj.latents, traj.log_probs, traj.sigmas, advantages, *_tensors(traj.cond)]
+    exclude = [*params, *buffers, *_tensors(traj), advantages]
+    peaks: dict[str, dict[str, int]] = {"saved": {}, **({"cuda": {}, "cuda_rise": {}} if cuda else {})}
     for name, fn in updates.items():
         _zero(params)
+        if cuda:
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device)
         with SavedActivationMeter(exclude) as meter:
             fn(model, traj, advantages, sampler)
-        peaks[name] = meter.peak
+        peaks["saved"][name] = meter.peak
+        if cuda:
+            torch.cuda.synchronize(device)
+            peak = torch.cuda.max_memory_allocated(device)
+            peaks["cuda"][name], peaks["cuda_rise"][name] = int(peak), int(peak - before)
     _zero(params)
-    return "peak_saved_activation_bytes", peaks
+    return peaks
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -481,6 +504,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--clock",
         default="wall",
         help="wall | cpu: CPU time of this process (with --threads 1, robust to other jobs on a shared CPU)",
+    )
+    p.add_argument(
+        "--micro-batch",
+        type=int,
+        default=None,
+        help="micro-batch of the update (train_micro_batch): samples per model call (default: the whole batch)",
+    )
+    p.add_argument(
+        "--memory-only",
+        action="store_true",
+        help="only the peak-memory pass (one update per strategy), no timing rounds",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -522,6 +556,10 @@ def _check_args(args: argparse.Namespace) -> None:
     for field in ("repeats", "batch", "steps"):
         if getattr(args, field) < 1:
             raise UsageError(f"{field}: must be an integer >= 1, got {getattr(args, field)}")
+    if args.micro_batch is not None and not 1 <= args.micro_batch <= args.batch:
+        raise UsageError(
+            f"micro_batch: must be an integer in 1..{args.batch} (the batch), got {args.micro_batch}"
+        )
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"threads: must be an integer >= 1, got {args.threads}")
     if args.dtype not in (None, "float32", "fp32", "bfloat16", "bf16"):
@@ -563,6 +601,8 @@ def run(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         seed=args.seed,
         clock=args.clock,
+        micro_batch=args.micro_batch,
+        memory_only=args.memory_only,
     )
     if args.json:
         print(json.dumps(report))
@@ -581,8 +621,13 @@ def bench_backbone(
     repeats: int = 7,
     seed: int = 0,
     clock: str = "wall",
+    micro_batch: int | None = None,
+    memory_only: bool = False,
+    strategies: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """One seeded rollout batch of ``backbone``, then :func:`bench_update`; the full `jagg bench` report."""
+    """One seeded rollout batch of ``backbone``, then :func:`bench_update` (or, with ``memory_only``, only
+    :func:`peak_memory`); the full `jagg bench` report. ``strategies`` default: all of
+    :data:`BENCH_STRATEGIES`, less paper-code with a ``micro_batch``."""
     from .cli import default_prompts
 
     sampler = SamplerConfig(num_steps=steps)
@@ -591,12 +636,29 @@ def bench_backbone(
     device = params[0].device
     cond = backbone.encode_prompts(default_prompts(backbone, batch, seed))
     noise = torch.randn(batch, *backbone.latent_shape, generator=gen).to(device, params[0].dtype)
-    traj = rollout(backbone, cond, noise, sampler, generator=gen, store_velocities=True)  # for jagg+reuse
+    sde_gen = torch.Generator(device).manual_seed(seed)  # the SDE draws its noise on the model's device
+    traj = rollout(backbone, cond, noise, sampler, generator=sde_gen, store_velocities=True)  # for jagg+reuse
     # Timing needs a policy-gradient signal, not a good one: seeded N(0, 1) advantages.
     advantages = torch.randn(traj.batch_size, generator=gen, dtype=torch.float64).to(device)
-    result = bench_update(
-        backbone, params, traj, advantages, sampler, window, jagg_frac, repeats=repeats, clock=clock
-    )
+    if strategies is None:
+        strategies = [n for n in BENCH_STRATEGIES if micro_batch is None or n != "paper-code"]
+    if memory_only:
+        updates = {n: strategy_update(n, window, jagg_frac, micro_batch) for n in strategies}
+        result = memory_report(peak_memory(backbone, params, traj, advantages, sampler, updates), micro_batch)
+    else:
+        result = bench_update(
+            backbone,
+            params,
+            traj,
+            advantages,
+            sampler,
+            window,
+            jagg_frac,
+            repeats=repeats,
+            strategies=strategies,
+            clock=clock,
+            micro_batch=micro_batch,
+        )
     return {
         "backbone": name,
         "window": window,
@@ -612,17 +674,42 @@ def bench_backbone(
     }
 
 
+def memory_report(mems: dict[str, dict[str, int]], micro_batch: int | None) -> dict[str, Any]:
+    """The `--memory-only` report body: per strategy, the peaks of :func:`peak_memory`."""
+    rows: dict[str, dict[str, int]] = {}
+    for name, saved in mems["saved"].items():
+        rows[name] = {"peak_saved_activation_bytes": saved}
+        if "cuda" in mems:
+            rows[name]["peak_cuda_bytes"] = mems["cuda"][name]
+            rows[name]["peak_cuda_over_baseline_bytes"] = mems["cuda_rise"][name]
+    return {"micro_batch": micro_batch, "memory_only": True, "strategies": rows}
+
+
 def format_table(report: dict[str, Any]) -> str:
     """The human-readable form of a bench report."""
+    head = (
+        f"jagg bench: backbone={report['backbone']} W={report['window']} jagg_frac={report['jagg_frac']:g} "
+        f"T={report['steps']} B={report['batch']} micro_batch={report.get('micro_batch') or report['batch']} "
+        f"device={report['device']} dtype={report['dtype']} threads={report['threads']} "
+        f"params={report['params']:,}"
+    )
+    if report.get("memory_only"):
+        lines = [head, f"{'strategy':<16} {'saved_act_MiB':>13} {'cuda_peak_MiB':>13} {'cuda_rise_MiB':>13}"]
+        for name, row in report["strategies"].items():
+            cuda = [
+                row.get(k, math.nan) / 2**20 for k in ("peak_cuda_bytes", "peak_cuda_over_baseline_bytes")
+            ]
+            lines.append(
+                f"{name:<16} {row['peak_saved_activation_bytes'] / 2**20:>13.2f} {cuda[0]:>13.2f} {cuda[1]:>13.2f}"
+            )
+        return "\n".join(lines)
     f, fb = report["forward_s"], report["forward_backward_s"]
     lines = [
-        f"jagg bench: backbone={report['backbone']} W={report['window']} jagg_frac={report['jagg_frac']:g} "
-        f"T={report['steps']} B={report['batch']} repeats={report['repeats']} device={report['device']} "
-        f"dtype={report['dtype']} threads={report['threads']} params={report['params']:,} clock={report['clock']}",
+        f"{head} repeats={report['repeats']} clock={report['clock']}",
         f"r = {report['r']:.3f}  (forward {1e3 * f['median']:.1f} ms [{1e3 * f['min']:.1f}–{1e3 * f['max']:.1f}], "
         f"forward+backward {1e3 * fb['median']:.1f} ms [{1e3 * fb['min']:.1f}–{1e3 * fb['max']:.1f}])",
         f"{'strategy':<16} {'median_s':>9} {'min–max_s':>15} {'speedup':>8} {'paired min–max':>15} "
-        f"{'predicted':>9} {'meas/pred':>9} {'peak_mem_MiB':>12}",
+        f"{'predicted':>9} {'meas/pred':>9} {'peak_mem_MiB':>12} {'saved_act_MiB':>13}",
     ]
     for name, row in report["strategies"].items():
         paired = row.get("paired_speedup", {"min": math.nan, "max": math.nan})
@@ -630,7 +717,7 @@ def format_table(report: dict[str, Any]) -> str:
             f"{name:<16} {row['median_s']:>9.3f} {row['min_s']:>7.3f}–{row['max_s']:<7.3f} "
             f"{row.get('speedup_vs_exact', math.nan):>8.3f} {paired['min']:>7.3f}–{paired['max']:<7.3f} "
             f"{row['predicted_speedup']:>9.3f} {row.get('measured_over_predicted', math.nan):>9.3f} "
-            f"{row['peak_mem_bytes'] / 2**20:>12.2f}"
+            f"{row['peak_mem_bytes'] / 2**20:>12.2f} {row['peak_saved_activation_bytes'] / 2**20:>13.2f}"
         )
     lines.append(f"peak memory: {report['peak_mem_measure']}")
     return "\n".join(lines)

@@ -5,6 +5,7 @@ Pure torch. Notation:
     A_i          advantage
     ρ_i          probability ratio π_θ(z_{j+1}|z_j) / π_old(z_{j+1}|z_j) = exp(log π_θ − log π_old)
     ε            PPO clip range
+    μ, μ_ref     means of one SDE step's Gaussian under the policy and the reference policy; s its std
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+
+KL_FORMS = ("flow-grpo", "gaussian")
 
 
 def group_advantages(
@@ -93,3 +96,29 @@ def gaussian_kl(mean: torch.Tensor, ref_mean: torch.Tensor, std: torch.Tensor) -
     Shapes: mean, ref_mean (B, ...), std scalar → (B,).
     """
     return ((mean - ref_mean.detach()) ** 2 / (2 * std**2)).flatten(1).mean(dim=1)
+
+
+def step_kl(
+    mean: torch.Tensor,
+    ref_mean: torch.Tensor,
+    std: torch.Tensor,
+    form: str = "flow-grpo",
+    step_size: torch.Tensor | float = 1.0,
+) -> torch.Tensor:
+    """The KL term of one SDE step, per sample, in the form ``form``:
+
+        gaussian   mean((μ − μ_ref)²) / (2·s²)           the closed-form KL of the step's two Gaussians
+        flow-grpo  mean((μ − μ_ref)²) / (2·s²/h) = h × gaussian
+
+    "flow-grpo" is what Flow-GRPO's training code computes (train_sd3.py: ``kl_loss = ((prev_sample_mean −
+    prev_sample_mean_ref)²).mean() / (2·std_dev_t²)``): it divides by the squared noise scale g² = s²/h that
+    its step returns, not by the step's variance s², so a β from a Flow-GRPO config means the same here.
+    h is :meth:`jagg_engine.sde.SamplerConfig.kl_step_size`: σ_j − σ_{j+1} for the Euler–Maruyama samplers
+    (flow-grpo, dance), so the Gaussian KL is 1/h = T times larger on a uniform T-step schedule; 1 for cps.
+
+    Shapes: mean, ref_mean (B, ...), std and step_size scalars → (B,).
+    """
+    if form not in KL_FORMS:
+        raise ValueError(f"kl_form: must be one of {', '.join(KL_FORMS)}, got {form!r}")
+    kl = gaussian_kl(mean, ref_mean, std)
+    return kl if form == "gaussian" else kl * step_size

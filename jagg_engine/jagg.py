@@ -25,6 +25,11 @@ A group of one step is always exact; a group of two is the same gradient under e
 
 Routing (jagg_frac = f): with G groups in denoising order (high noise first), the first ceil(f·G) groups use
 the chosen strategy (jagg or endpoint) and the rest use exact.
+
+Micro-batches (``micro_batch`` = b): the update walks the B samples in slices of b (the last may be shorter)
+and accumulates into ``.grad``. L_j is a mean over the B samples, so a slice of b_m samples contributes
+(b_m / B)·mean over its samples, and Σ_m (b_m / B)·mean_m = mean over B: the accumulated gradient is the
+whole-batch one. Every model call holds b samples (the joint endpoint forward 2b).
 """
 
 from __future__ import annotations
@@ -36,8 +41,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .backbones.base import VelocityFn, cat_cond
-from .grpo import PPOStats, gaussian_kl, ppo_clip_loss
-from .sde import SamplerConfig, Trajectory, compute_dtype, param_version
+from .grpo import KL_FORMS, PPOStats, ppo_clip_loss, step_kl
+from .sde import SamplerConfig, Trajectory, compute_dtype, same_policy
 
 STRATEGIES = ("exact", "jagg", "endpoint")
 ENDPOINT_BACKWARDS = ("joint", "sequential")
@@ -54,10 +59,15 @@ class UpdateConfig:
     endpoint_backward: joint (one backward over both endpoints) | sequential (half the activation memory)
     clip_range:        PPO clip range ε
     beta:              weight of the KL to the reference policy (0 = no reference forwards)
+    kl_form:           flow-grpo | gaussian — the KL term's form (:func:`jagg_engine.grpo.step_kl`); flow-grpo
+                       (default) is Flow-GRPO's, so its β carries over
+    micro_batch:       samples per model call in the update (None = the whole batch); the gradient is the
+                       whole batch's, accumulated over micro-batches
     reuse_rollout_velocity: auto | off. With auto, the inner steps of a JAGG group take v̂_j stored by the
                        rollout instead of a no-grad forward, when and only when the policy is the one that
-                       sampled (same parameter version, no active dropout, velocities
-                       stored in the compute dtype) — a group then costs 2r instead of W − 2 + 2r.
+                       sampled (:func:`can_reuse_velocities`: same model object, every parameter at the
+                       in-place version it had, no dropout active, velocities stored in the compute dtype)
+                       — a group then costs 2r instead of W − 2 + 2r.
     """
 
     strategy: str = "jagg"
@@ -67,6 +77,8 @@ class UpdateConfig:
     clip_range: float = 1e-3
     beta: float = 0.0
     reuse_rollout_velocity: str = "off"
+    kl_form: str = "flow-grpo"
+    micro_batch: int | None = None
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -83,10 +95,18 @@ class UpdateConfig:
             raise ValueError(f"clip_range: must be > 0, got {self.clip_range}")
         if self.beta < 0:
             raise ValueError(f"beta: must be >= 0, got {self.beta}")
+        if self.kl_form not in KL_FORMS:
+            raise ValueError(f"kl_form: must be one of {', '.join(KL_FORMS)}, got {self.kl_form!r}")
         if self.reuse_rollout_velocity not in REUSE_MODES:
             raise ValueError(
                 f"reuse_rollout_velocity: must be one of {', '.join(REUSE_MODES)}, got {self.reuse_rollout_velocity!r}"
             )
+        if self.micro_batch is not None and (
+            isinstance(self.micro_batch, bool)
+            or int(self.micro_batch) != self.micro_batch
+            or self.micro_batch < 1
+        ):
+            raise ValueError(f"micro_batch: must be an integer >= 1 or None, got {self.micro_batch}")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -211,12 +231,32 @@ class _Update:
             sampler,
             ref_model,
         )
-        self.advantages = advantages
         self.K = len(traj.sde_steps)  # number of trained steps: L = (1/K) Σ_j L_j
-        self.B = traj.batch_size
+        self.full_traj, self.full_advantages = traj, advantages
         self.result = UpdateResult()
         self._sums = torch.zeros(5, dtype=torch.float64)
-        self.reuse = update.reuse_rollout_velocity == "auto" and can_reuse_velocities(model, traj)
+        self._weight = (
+            0.0  # Σ over computed (step, micro-batch) of b_m / B: the number of whole steps computed
+        )
+        self._reuse: bool | None = (
+            None  # decided at the first inner step (the guard runs a one-sample forward)
+        )
+        self.use_samples(slice(0, traj.batch_size))
+
+    def use_samples(self, index: slice) -> None:
+        """Compute on the samples ``index`` of the rollout from now on (one micro-batch); their losses are
+        weighted by b_m / B so that the micro-batches' gradients sum to the whole batch's."""
+        whole = index == slice(0, self.full_traj.batch_size)
+        self.traj = self.full_traj if whole else self.full_traj.select(index)
+        self.advantages = self.full_advantages if whole else self.full_advantages[index]
+        self.B = self.traj.batch_size
+        self.scale = 1.0 if whole else self.B / self.full_traj.batch_size  # b_m / B
+
+    def micro_batches(self) -> list[slice]:
+        """The slices of the update's micro-batches (one slice, the whole batch, when micro_batch is None)."""
+        B = self.full_traj.batch_size
+        b = self.update.micro_batch or B
+        return [slice(i, min(i + b, B)) for i in range(0, B, b)]
 
     # -- model calls, counted and timed
     def t(self, j: int) -> torch.Tensor:
@@ -247,6 +287,14 @@ class _Update:
         self.result.time_backward += time.perf_counter() - t0
         self.result.counts.backward += 1
 
+    @property
+    def reuse(self) -> bool:
+        if self._reuse is None:
+            self._reuse = self.update.reuse_rollout_velocity == "auto" and can_reuse_velocities(
+                self.model, self.full_traj
+            )
+        return self._reuse
+
     def inner_velocity(self, j: int) -> torch.Tensor:
         if self.reuse:
             self.result.counts.reused += 1
@@ -265,15 +313,18 @@ class _Update:
                 v_ref = self.ref_model(traj.latents[j], self.t(j), traj.cond)
                 self.result.counts.ref_forward += 1
             ref = self.sampler.step(v_ref, traj.latents[j], j, traj.sigmas, prev_sample=traj.latents[j + 1])
-            kl = gaussian_kl(out.mean, ref.mean, out.std).mean()
+            h = self.sampler.kl_step_size(j, traj.sigmas)
+            kl = step_kl(out.mean, ref.mean, out.std, self.update.kl_form, h).mean()
             loss = loss + self.update.beta * kl
         self._record(stats, loss, kl)
-        return loss / self.K
+        return loss * self.scale / self.K if self.scale != 1.0 else loss / self.K
 
     def _record(self, stats: PPOStats, loss: torch.Tensor, kl: torch.Tensor) -> None:
+        """Batch means of one step on one micro-batch, weighted b_m / B: summed over micro-batches they are
+        the whole batch's means."""
         vals = [loss.detach(), stats.approx_kl, stats.clipfrac, stats.ratio_mean, kl.detach()]
-        self._sums += torch.stack([x.double().cpu() for x in vals])
-        self.result.steps_computed += 1
+        self._sums += self.scale * torch.stack([x.double().cpu() for x in vals])
+        self._weight += self.scale
 
     def upstream(self, v: torch.Tensor, j: int) -> torch.Tensor:
         """Phase 2: s_j = ∂L_j/∂v̂_j through a detached proxy — autograd only through the SDE step and PPO."""
@@ -283,9 +334,10 @@ class _Update:
         return s  # (B, *S)
 
     def finish(self) -> UpdateResult:
-        n = max(self.result.steps_computed, 1)
-        loss, akl, cf, rm, kl = (self._sums / n).tolist()
         r = self.result
+        r.steps_computed = round(self._weight)
+        n = self._weight or 1.0
+        loss, akl, cf, rm, kl = (self._sums / n).tolist()
         r.loss, r.approx_kl, r.clipfrac, r.ratio_mean, r.kl = loss * n / self.K, akl, cf, rm, kl
         return r
 
@@ -335,16 +387,14 @@ class _Update:
 
 
 def can_reuse_velocities(model: VelocityFn, traj: Trajectory) -> bool:
-    """Whether the rollout's stored v̂_j are the current policy's: stored, same parameter version, no dropout."""
-    if traj.velocities is None or traj.param_version is None:
+    """Whether the rollout's stored v̂_j are the current policy's: stored in the compute dtype, and ``model``
+    is the policy that sampled — the same object with every parameter and buffer at the in-place version it
+    had then, and no forward that draws random numbers (dropout) then or now (:func:`jagg_engine.sde.same_policy`).
+    """
+    if traj.velocities is None or traj.velocities.dtype != compute_dtype(traj.velocities.dtype):
         return False
-    if traj.param_version != param_version(model):
-        return False
-    if isinstance(model, torch.nn.Module) and any(
-        isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.training and m.p > 0 for m in model.modules()
-    ):
-        return False  # an active dropout makes the update's velocities differ from the sampled ones
-    return traj.velocities.dtype == compute_dtype(traj.velocities.dtype)
+    z, t = traj.latents[0], traj.sigmas[0].expand(traj.batch_size)
+    return same_policy(traj.policy, model, z, t, traj.cond)
 
 
 def group_plan(traj_steps: list[int], update: UpdateConfig) -> list[tuple[list[int], str]]:
@@ -368,15 +418,19 @@ def policy_update(
 
     The objective is L = (1/K) Σ_{j ∈ trained steps} L_j with L_j the batch-mean PPO-clipped loss of step j
     (+ β·KL to ``ref_model``). Each group of W trained steps is computed by the strategy its routing gives
-    (module docstring). Shapes: advantages (B,), traj as produced by :func:`jagg_engine.sde.rollout`.
+    (module docstring), on micro-batches of ``update.micro_batch`` samples whose gradients add up to the
+    whole batch's. Shapes: advantages (B,), traj as produced by :func:`jagg_engine.sde.rollout`.
     """
     if update.beta > 0 and ref_model is None:
         raise ValueError("beta: a reference model is needed when beta > 0")
     t0 = time.perf_counter()
     state = _Update(model, traj, advantages, update, sampler, ref_model)
-    for steps, kind in group_plan(traj.sde_steps, update):
-        state.run_group(steps, kind)
-        state.result.group_kinds.append(kind if len(steps) > 1 else "exact")
+    plan = group_plan(traj.sde_steps, update)
+    for index in state.micro_batches():  # (b_m samples each; the loss of each is weighted b_m / B)
+        state.use_samples(index)
+        for steps, kind in plan:
+            state.run_group(steps, kind)
+    state.result.group_kinds = [kind if len(steps) > 1 else "exact" for steps, kind in plan]
     result = state.finish()
     result.time_total = time.perf_counter() - t0
     return result
@@ -394,8 +448,10 @@ def run_single_group(
 ) -> UpdateResult:
     """Accumulate the gradient of ONE group under strategy ``kind`` — the same routine the update uses.
 
-    Used by the gradient-fidelity probe to compare strategies group by group.
+    Used by the gradient-fidelity probe to compare strategies group by group (on micro-batches as the update).
     """
     state = _Update(model, traj, advantages, update, sampler, ref_model)
-    state.run_group(steps, kind)
+    for index in state.micro_batches():
+        state.use_samples(index)
+        state.run_group(steps, kind)
     return state.finish()

@@ -13,6 +13,7 @@ figure can hide a weak group: read both.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -88,10 +89,18 @@ def probe_groups(
     update: UpdateConfig,
     sampler: SamplerConfig,
     with_endpoint: bool = False,
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[list[GroupProbe], dict[str, float]]:
-    """Per-group fidelity table and whole-update cosines ``{"jagg_frac=F": cos}`` for F in 0.2 … 1.0."""
+    """Per-group fidelity table and whole-update cosines ``{"jagg_frac=F": cos}`` for F in 0.2 … 1.0.
+
+    ``reduce``: applied to the stacked gradients (G, kinds, P) before any cosine, e.g. a sum over
+    data-parallel ranks, so that every rank measures the gradient of the batch of all ranks.
+    """
     kinds = ("exact", "jagg", "endpoint") if with_endpoint else ("exact", "jagg")
     grads = group_gradients(model, params, traj, advantages, update, sampler, kinds)
+    if reduce is not None:
+        stacked = reduce(torch.stack([torch.stack([g[k] for k in kinds]) for g in grads]))  # (G, kinds, P)
+        grads = [{k: stacked[i, j] for j, k in enumerate(kinds)} for i in range(len(grads))]
     groups = make_groups(traj.sde_steps, update.window)
     rows = []
     for k, (steps, g) in enumerate(zip(groups, grads)):

@@ -10,19 +10,29 @@ Each SDE step is a pure function of (v̂, z, σ, σ_next, η) and, optionally, t
 ``prev_sample`` (the name diffusers and ddpo-pytorch use), so the old log-prob of a stored z_{j+1} is
 recomputed exactly. All step arithmetic runs in float32 at least (float64 stays float64), whatever the
 model's dtype. Log-probs are averaged over the non-batch dimensions, as Flow-GRPO and DanceGRPO do.
+
+Log-prob forms. The flow-grpo and dance steps use the full Gaussian log-density, as both reference codes do
+(their constants cancel in the PPO ratio). For CPS, ``cps_log_prob`` chooses between
+    "flow-grpo"  −mean((z' − μ)²): Flow-GRPO's CPS code (``sd3_sde_with_logprob``, sde_type "cps") drops the
+                 constants AND the 1/(2·std²) factor, so log ρ is 2·std² times the Gaussian one and a clip range
+                 means what it means in Flow-GRPO's CPS configs (the default)
+    "gaussian"   log N(z'; μ, std²·I), averaged over the non-batch dims
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .backbones.base import Cond, VelocityFn, index_cond
 
 SDE_KINDS = ("flow-grpo", "dance", "cps")
+CPS_LOG_PROBS = ("flow-grpo", "gaussian")
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -74,19 +84,33 @@ def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) ->
     return logp.flatten(1).mean(dim=1)
 
 
+def squared_error_log_prob(x: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+    """−(x − mean)² per element, averaged over all non-batch dims. (B, ...) → (B,).
+
+    The CPS log-prob of Flow-GRPO's code ("remove all constants"): the Gaussian log-density without its
+    constants and without the 1/(2·std²) factor. ``x`` is detached, as in :func:`gaussian_log_prob`.
+    """
+    return (-((x.detach() - mean) ** 2)).flatten(1).mean(dim=1)
+
+
 def _finish(
     mean: torch.Tensor,
     std: torch.Tensor,
     prev_sample: torch.Tensor | None,
     noise: torch.Tensor | None,
     generator: torch.Generator | None,
+    log_prob_form: str = "gaussian",
 ) -> StepOutput:
     if prev_sample is None:
         if noise is None:
             noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
         prev_sample = mean + std * noise.to(mean.dtype)
     prev_sample = prev_sample.to(mean.dtype)
-    return StepOutput(prev_sample, gaussian_log_prob(prev_sample, mean, std), mean, std)
+    if log_prob_form == "gaussian":
+        log_prob = gaussian_log_prob(prev_sample, mean, std)
+    else:
+        log_prob = squared_error_log_prob(prev_sample, mean)
+    return StepOutput(prev_sample, log_prob, mean, std)
 
 
 def flow_grpo_step(
@@ -154,6 +178,7 @@ def cps_step(
     prev_sample: torch.Tensor | None = None,
     noise: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
+    log_prob_form: str = "flow-grpo",
 ) -> StepOutput:
     """Coefficients-preserving sampling (Flow-CPS, Wang & Yu 2025): the step keeps z' on the σ_next marginal.
 
@@ -161,9 +186,14 @@ def cps_step(
         x̂0   = z − σ·v̂          ε̂ = z + (1 − σ)·v̂
         μ    = (1 − σ_next)·x̂0 + sqrt(σ_next² − std²)·ε̂
 
+        log π = −mean((z' − μ)²)                                  log_prob_form "flow-grpo" (Flow-GRPO's code)
+              = mean(−(z' − μ)²/(2·std²) − log std − ½·log 2π)     log_prob_form "gaussian"
+
     Undefined at σ_next = 0 (std = 0): the last step must be an ODE step (outside the SDE window).
     Shapes: v, z (B, ...) → StepOutput with log_prob (B,).
     """
+    if log_prob_form not in CPS_LOG_PROBS:
+        raise ValueError(f"cps_log_prob: must be one of {', '.join(CPS_LOG_PROBS)}, got {log_prob_form!r}")
     v, z, sigma, sigma_next = _in_compute_dtype(v, z, sigma, sigma_next)
     if float(sigma_next) <= 0.0:
         raise ValueError("cps: the final step (σ_next = 0) has zero variance; keep it outside the SDE window")
@@ -171,7 +201,7 @@ def cps_step(
     x0 = z - sigma * v
     eps = z + (1 - sigma) * v
     mean = (1 - sigma_next) * x0 + torch.sqrt(sigma_next**2 - std**2) * eps
-    return _finish(mean, std, prev_sample, noise, generator)
+    return _finish(mean, std, prev_sample, noise, generator, log_prob_form)
 
 
 def ode_step(v: torch.Tensor, z: torch.Tensor, sigma: float | torch.Tensor, sigma_next: float | torch.Tensor):
@@ -190,6 +220,7 @@ class SamplerConfig:
     shift:      time shift of the schedule (1 = uniform).
     sde_window: (start, end): steps start … end−1 are SDE steps (and the ones trained); the others are ODE
                 steps (Flow-GRPO-Fast). None = every step, except that CPS never samples the last step.
+    cps_log_prob: "flow-grpo" | "gaussian" — the CPS log-prob form (module docstring); other kinds ignore it.
     """
 
     kind: str = "flow-grpo"
@@ -197,6 +228,7 @@ class SamplerConfig:
     eta: float = 0.7
     shift: float = 1.0
     sde_window: tuple[int, int] | None = None
+    cps_log_prob: str = "flow-grpo"
 
     def __post_init__(self) -> None:
         if self.kind not in SDE_KINDS:
@@ -205,6 +237,10 @@ class SamplerConfig:
             raise ValueError(f"steps: must be a positive integer, got {self.num_steps}")
         if not self.eta > 0:
             raise ValueError(f"eta: must be > 0, got {self.eta}")
+        if self.cps_log_prob not in CPS_LOG_PROBS:
+            raise ValueError(
+                f"cps_log_prob: must be one of {', '.join(CPS_LOG_PROBS)}, got {self.cps_log_prob!r}"
+            )
         if self.sde_window is not None:
             start, end = self.sde_window
             if not 0 <= start < end <= self.num_steps:
@@ -229,20 +265,114 @@ class SamplerConfig:
             return flow_grpo_step(v, z, s, s_next, self.eta, sigmas[1], prev_sample, noise, generator)
         if self.kind == "dance":
             return dance_step(v, z, s, s_next, self.eta, prev_sample, noise, generator)
-        return cps_step(v, z, s, s_next, self.eta, prev_sample, noise, generator)
+        return cps_step(v, z, s, s_next, self.eta, prev_sample, noise, generator, self.cps_log_prob)
+
+    def kl_step_size(self, j: int, sigmas: torch.Tensor) -> torch.Tensor | float:
+        """h_j of :func:`jagg_engine.grpo.step_kl`: the step std is g·sqrt(h_j) with g the noise scale Flow-GRPO's
+        ``sde_step_with_logprob`` returns as ``std_dev_t``.
+
+        flow-grpo, dance (Euler–Maruyama steps): h_j = σ_j − σ_{j+1}, g = η·sqrt(σ/(1 − σ)) resp. η.
+        cps: h_j = 1 — Flow-GRPO's CPS branch returns the step's own std, σ_next·sin(η·π/2).
+        """
+        if self.kind == "cps":
+            return 1.0
+        return sigmas[j] - sigmas[j + 1]  # scalar tensor, no device sync
 
 
-def param_version(model: object) -> int:
-    """The parameter version of a policy: 0 until :func:`bump_param_version` is called after an optimizer step.
+# ----------------------------------------------------------------------------------------------------------
+# The policy a rollout sampled with, and the guard of velocity reuse
 
-    A rollout records it; the update reuses the rollout's velocities only while it is unchanged.
+
+def _draws_random(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> bool:
+    """Whether an aten op consumes random numbers: seeded ops (bernoulli, rand, native_dropout, …), except a
+    dropout with p = 0 or train = False (attention kernels are tagged seeded whatever their ``dropout_p``)."""
+    if torch.Tag.nondeterministic_seeded not in func.tags:
+        return False
+    schema = func._schema.arguments
+    named = {a.name: args[i] if i < len(args) else kwargs.get(a.name) for i, a in enumerate(schema)}
+    if "dropout_p" in named:
+        return bool(named["dropout_p"])
+    if func.overloadpacket is torch.ops.aten.native_dropout:
+        return bool(named["train"]) and bool(named["p"])
+    return True
+
+
+class _RandomOpWatch(TorchDispatchMode):
+    """Records whether any op dispatched under it draws random numbers (module or functional dropout, …)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.seen = self.seen or _draws_random(func, args, kwargs)
+        return func(*args, **kwargs)
+
+
+@torch.no_grad()
+def forward_draws_random(model: VelocityFn, z: torch.Tensor, t: torch.Tensor, cond: Cond) -> bool:
+    """Whether one forward of ``model`` on the first sample of (z, t, cond) draws random numbers — an active
+    dropout, as a module or a functional call, in train mode. The RNG state is restored afterwards, so the
+    check changes no later draw."""
+    devices = [z.device] if z.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), _RandomOpWatch() as watch:
+        model(z[:1], t[:1], index_cond(cond, slice(0, 1)))
+    return watch.seen
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    """The policy as a rollout sampled it, read from PyTorch's own state (nothing to bump by hand):
+
+    model:    a weak reference to the model object
+    tensors:  its parameters and buffers (trainable and frozen), and ``versions``, their in-place version
+              counters — every in-place write (an optimizer step, ``load_state_dict``, ``copy_``) increments it
+    random:   whether a forward drew random numbers (an active dropout)
+
+    Writes through ``.data`` bypass the version counter and are not seen.
     """
-    return int(getattr(model, "_jagg_param_version", 0))
+
+    model: weakref.ref
+    tensors: tuple[torch.Tensor, ...]
+    versions: tuple[int, ...]
+    random: bool
 
 
-def bump_param_version(model: object) -> None:
-    """Mark the policy's parameters as changed (call after every optimizer step or weight load)."""
-    model._jagg_param_version = param_version(model) + 1
+def _policy_tensors(model: VelocityFn) -> tuple[torch.Tensor, ...] | None:
+    if isinstance(model, torch.nn.Module):
+        return (*model.parameters(), *model.buffers())
+    params = getattr(model, "trainable_parameters", None)
+    return tuple(params()) if callable(params) else None
+
+
+def policy_state(model: VelocityFn, z: torch.Tensor, t: torch.Tensor, cond: Cond) -> PolicyState | None:
+    """The state of ``model`` now (see :class:`PolicyState`); None when it cannot be read (a model that is
+    not weak-referenceable or exposes no parameters), which disables reuse. Runs one one-sample forward."""
+    tensors = _policy_tensors(model)
+    try:
+        ref = weakref.ref(model)
+    except TypeError:
+        return None
+    if tensors is None:
+        return None
+    versions = tuple(x._version for x in tensors)
+    return PolicyState(ref, tensors, versions, forward_draws_random(model, z, t, cond))
+
+
+def same_policy(
+    state: PolicyState | None, model: VelocityFn, z: torch.Tensor, t: torch.Tensor, cond: Cond
+) -> bool:
+    """Whether ``model`` is still the policy recorded in ``state``: the same object, the same parameter and
+    buffer objects at the same versions, and neither then nor now a forward that draws random numbers."""
+    if state is None or state.random or state.model() is not model:
+        return False
+    tensors = _policy_tensors(model)
+    if tensors is None or len(tensors) != len(state.tensors):
+        return False
+    if any(a is not b or a._version != v for a, b, v in zip(tensors, state.tensors, state.versions)):
+        return False
+    return not forward_draws_random(model, z, t, cond)
 
 
 @dataclass
@@ -255,7 +385,7 @@ class Trajectory:
     sde_steps:  the stochastic steps, in order (only these are trained)
     cond:       batch-first conditioning pytree
     velocities: (T, B, *S) or None — v̂_j as sampled (kept with ``store_velocities=True``)
-    param_version: the policy's parameter version when it was sampled (see :func:`param_version`)
+    policy:     the policy that sampled, with the velocities (see :class:`PolicyState`)
     """
 
     latents: torch.Tensor
@@ -264,7 +394,7 @@ class Trajectory:
     sde_steps: list[int]
     cond: Cond
     velocities: torch.Tensor | None = None
-    param_version: int | None = None
+    policy: PolicyState | None = None
 
     @property
     def batch_size(self) -> int:
@@ -279,7 +409,7 @@ class Trajectory:
             sde_steps=self.sde_steps,
             cond=index_cond(self.cond, index),
             velocities=None if self.velocities is None else self.velocities[:, index],
-            param_version=self.param_version,
+            policy=self.policy,
         )
 
 
@@ -291,38 +421,79 @@ def rollout(
     sampler: SamplerConfig,
     generator: torch.Generator | None = None,
     store_velocities: bool = False,
+    micro_batch: int | None = None,
 ) -> Trajectory:
     """Sample a batch from z_0 = ``noise`` (B, *S), recording latents and old log-probs.
 
-    SDE steps draw fresh noise from ``generator``; ODE steps (outside the SDE window) are deterministic.
+    SDE steps add noise drawn from ``generator`` for the whole batch before the first model call,
+    ε (n_sde, B, *S), so sample i's trajectory is a function of (noise[i], ε[:, i]) whatever the split into
+    micro-batches of ``micro_batch`` samples (None = one call per step for the whole batch). ODE steps (outside
+    the SDE window) are deterministic. With ``store_velocities`` the v̂_j and the sampling policy's state are kept.
     """
+    if micro_batch is not None and micro_batch < 1:
+        raise ValueError(f"micro_batch: must be an integer >= 1 or None, got {micro_batch}")
     dtype = compute_dtype(noise.dtype)
     sigmas = sampler.sigmas(dtype).to(noise.device)
-    sde = set(sampler.sde_steps())
+    sde_steps = sampler.sde_steps()
     B = noise.shape[0]
-    z = noise.to(dtype)
+    eps = torch.randn((len(sde_steps), *noise.shape), generator=generator, device=noise.device, dtype=dtype)
+    b = micro_batch or B
+    parts = []
+    for i in range(0, B, b):
+        index = slice(i, min(i + b, B))
+        part = _rollout_part(
+            model,
+            index_cond(cond, index),
+            noise[index].to(dtype),
+            eps[:, index],
+            sampler,
+            sigmas,
+            store_velocities,
+        )
+        parts.append(part)
+    latents, log_probs, velocities = (
+        None if parts[0][k] is None else torch.cat([p[k] for p in parts], 1) for k in range(3)
+    )
+    policy = None
+    if store_velocities:
+        policy = policy_state(model, noise.to(dtype), sigmas[0].expand(B), cond)
+    return Trajectory(
+        latents=latents,  # (T + 1, B, *S)
+        log_probs=log_probs,  # (T, B)
+        sigmas=sigmas,
+        sde_steps=sde_steps,
+        cond=cond,
+        velocities=velocities,  # (T, B, *S) or None
+        policy=policy,
+    )
+
+
+def _rollout_part(
+    model: VelocityFn,
+    cond: Cond,
+    z: torch.Tensor,
+    eps: torch.Tensor,
+    sampler: SamplerConfig,
+    sigmas: torch.Tensor,
+    store_velocities: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The T steps of one micro-batch: z (b, *S), eps (n_sde, b, *S) → latents (T + 1, b, *S), log-probs
+    (T, b), velocities (T, b, *S) or None."""
+    b = z.shape[0]
+    sde = {j: k for k, j in enumerate(sampler.sde_steps())}
     latents, log_probs, velocities = [z], [], []
     for j in range(sampler.num_steps):
-        t = sigmas[j].expand(B)
-        v = model(z, t, cond)
+        v = model(z, sigmas[j].expand(b), cond)
         if store_velocities:
-            velocities.append(v.to(dtype))
+            velocities.append(v.to(z.dtype))
         if j in sde:
-            out = sampler.step(v, z, j, sigmas, generator=generator)
+            out = sampler.step(v, z, j, sigmas, noise=eps[sde[j]])
             z, lp = out.prev_sample, out.log_prob
         else:
-            z, lp = ode_step(v, z, sigmas[j], sigmas[j + 1]), torch.zeros(B, dtype=dtype, device=z.device)
+            z, lp = ode_step(v, z, sigmas[j], sigmas[j + 1]), torch.zeros(b, dtype=z.dtype, device=z.device)
         latents.append(z)
         log_probs.append(lp)
-    return Trajectory(
-        latents=torch.stack(latents),  # (T + 1, B, *S)
-        log_probs=torch.stack(log_probs),  # (T, B)
-        sigmas=sigmas,
-        sde_steps=sorted(sde),
-        cond=cond,
-        velocities=torch.stack(velocities) if store_velocities else None,
-        param_version=param_version(model),
-    )
+    return torch.stack(latents), torch.stack(log_probs), torch.stack(velocities) if store_velocities else None
 
 
 @torch.no_grad()

@@ -446,11 +446,7 @@ def test_fsdp_is_accepted_with_the_processes_flag(runs: Path, no_training, monke
     import jagg_engine.train.launch as launch
 
     launched = []
-    monkeypatch.setattr(
-        launch.subprocess,
-        "run",
-        lambda argv, env: launched.append(argv) or subprocess.CompletedProcess(argv, 0),
-    )
+    monkeypatch.setattr(launch, "launch", lambda argv, env: (launched.append(argv), (0, "", True))[1])
     small = [
         "prompts_per_step=2",
         "group_size=4",

@@ -127,6 +127,8 @@ def test_tiny_shapes_config_is_the_setting_that_learned() -> None:
         (["adv_std=batch"], "adv_std: must be one of group, global, got 'batch'"),
         (["precision=fp16"], "precision: must be one of fp32, bf16, got 'fp16'"),
         (["endpoint_backward=both"], "endpoint_backward: must be one of joint, sequential, got 'both'"),
+        (["kl_form=closed"], "kl_form: must be one of flow-grpo, gaussian, got 'closed'"),
+        (["cps_log_prob=full"], "cps_log_prob: must be one of flow-grpo, gaussian, got 'full'"),
         (["jagg_frac=1.5"], "jagg_frac: must be a number in [0, 1], got 1.5"),
         (["eta=0"], "eta: must be a number > 0, got 0.0"),
         (["algorithm=cps", "eta=1.5", "sde_window_end=null"], "eta: cps needs 0 < eta <= 1, got 1.5"),
@@ -390,3 +392,6 @@ def test_engine_configs_are_built() -> None:
         "joint",
     )
     assert (update.clip_range, update.beta) == (1e-3, 0.1)
+    assert (update.kl_form, sampler.cps_log_prob) == ("flow-grpo", "flow-grpo")  # the reference codes' forms
+    other = cfg.apply_overrides(["kl_form=gaussian", "cps_log_prob=gaussian"])
+    assert (other.update_config().kl_form, other.sampler_config().cps_log_prob) == ("gaussian", "gaussian")

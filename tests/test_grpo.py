@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from jagg_engine.grpo import gaussian_kl, group_advantages, ppo_clip_loss
+from jagg_engine.grpo import gaussian_kl, group_advantages, ppo_clip_loss, step_kl
 
 REWARDS = torch.tensor([1.0, 3.0, 2.0, 2.0, 0.0, 6.0])
 GROUPS = torch.tensor([0, 0, 1, 1, 2, 2])
@@ -51,3 +51,19 @@ def test_gaussian_kl_by_hand():
     ref = torch.tensor([[0.0, 0.0]])
     # ((1² + 2²)/2) / (2·0.5²) = 2.5 / 0.5 = 5
     assert gaussian_kl(mean, ref, torch.tensor(0.5)).item() == pytest.approx(5.0)
+
+
+@pytest.mark.parametrize("form", ["flow-grpo", "gaussian"])
+def test_step_kl_by_hand(form):
+    mean = torch.tensor([[1.0, 2.0]], dtype=torch.float64)
+    ref = torch.tensor([[0.0, 0.0]], dtype=torch.float64)
+    # Flow-GRPO step σ 0.75 → 0.5, η 0.7: g = std_dev_t = 0.7·sqrt(0.75/0.25) = 0.7·sqrt(3), step std s = g·sqrt(0.25)
+    g = 0.7 * math.sqrt(3)
+    s = g * 0.5
+    sq = (1**2 + 2**2) / 2  # mean((μ − μ_ref)²) = 2.5
+    # Flow-GRPO's train_sd3.py divides by 2·std_dev_t²; the closed-form Gaussian KL by 2·s² (= 2·g²·|Δσ|)
+    expected = sq / (2 * g**2) if form == "flow-grpo" else sq / (2 * s**2)
+    kl = step_kl(mean, ref, torch.tensor(s, dtype=torch.float64), form, step_size=0.25)
+    assert kl.item() == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(ValueError, match="^kl_form: must be one of flow-grpo, gaussian"):
+        step_kl(mean, ref, torch.tensor(s), "closed")

@@ -48,15 +48,42 @@ def test_dance_step_by_hand():
     assert out.log_prob.item() == pytest.approx(_logp(X, 0.7265, std), abs=1e-12)
 
 
-def test_cps_step_by_hand():
+@pytest.mark.parametrize("form", ["flow-grpo", "gaussian"])
+def test_cps_step_by_hand(form):
     # std = 0.6·sin(0.35π); x̂0 = 0.2; ε̂ = 1 + 0.2·1 = 1.2; μ = 0.4·0.2 + sqrt(0.36 − std²)·1.2
     std = 0.6 * math.sin(0.35 * math.pi)
     mean = 0.4 * 0.2 + math.sqrt(0.36 - std**2) * 1.2
-    out = cps_step(_t(V), _t(Z), S, SN, ETA, prev_sample=_t(X))
+    # Flow-GRPO's CPS log-prob drops the constants and the 1/(2·std²) factor: −(z' − μ)²
+    expected = -((X - mean) ** 2) if form == "flow-grpo" else _logp(X, mean, std)
+    out = cps_step(_t(V), _t(Z), S, SN, ETA, prev_sample=_t(X), log_prob_form=form)
     assert out.mean.item() == pytest.approx(mean, abs=1e-12)
-    assert out.log_prob.item() == pytest.approx(_logp(X, mean, std), abs=1e-12)
+    assert out.std.item() == pytest.approx(std, abs=1e-12)
+    assert out.log_prob.item() == pytest.approx(expected, abs=1e-12)
+    sampler = SamplerConfig(kind="cps", num_steps=5, cps_log_prob=form)  # σ = 1, .8, .6, …: step 1 is S → SN
+    via_sampler = sampler.step(_t(V), _t(Z), 1, sampler.sigmas(), prev_sample=_t(X))
+    assert via_sampler.log_prob.item() == pytest.approx(expected, abs=1e-12)
     with pytest.raises(ValueError, match="σ_next = 0"):
         cps_step(_t(V), _t(Z), 0.1, 0.0, ETA)
+
+
+def test_cps_default_is_flow_grpo_form_and_averages_over_dims():
+    g = torch.Generator().manual_seed(0)
+    v, z, x = (torch.randn(3, 2, 5, generator=g, dtype=torch.float64) for _ in range(3))
+    std = SN * math.sin(ETA * math.pi / 2)
+    mean = (1 - SN) * (z - S * v) + math.sqrt(SN**2 - std**2) * (z + (1 - S) * v)
+    out = cps_step(v, z, S, SN, ETA, prev_sample=x)  # the default form
+    torch.testing.assert_close(out.log_prob, (-((x - mean) ** 2)).mean(dim=(1, 2)))
+    gaussian = cps_step(v, z, S, SN, ETA, prev_sample=x, log_prob_form="gaussian")
+    per_elem = -((x - mean) ** 2) / (2 * std**2) - math.log(std) - HALF_LOG_2PI
+    torch.testing.assert_close(gaussian.log_prob, per_elem.mean(dim=(1, 2)))
+    # the PPO log-ratio of the flow-grpo form is 2·std² times the Gaussian one (the constants cancel)
+    other = cps_step(v + 0.1, z, S, SN, ETA, prev_sample=x)
+    other_g = cps_step(v + 0.1, z, S, SN, ETA, prev_sample=x, log_prob_form="gaussian")
+    torch.testing.assert_close(
+        other.log_prob - out.log_prob, 2 * std**2 * (other_g.log_prob - gaussian.log_prob)
+    )
+    with pytest.raises(ValueError, match="^cps_log_prob: must be one of flow-grpo, gaussian"):
+        SamplerConfig(kind="cps", cps_log_prob="full")
 
 
 def test_log_prob_is_mean_over_non_batch_dims():

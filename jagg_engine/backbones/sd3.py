@@ -61,25 +61,7 @@ class SD3Backbone(DiffusersBackbone):
         self, transformer: torch.nn.Module, z: torch.Tensor, t: torch.Tensor, cond: Cond
     ) -> torch.Tensor:
         """(B, C, h, w) latents at flow time t (B,) → velocity (B, C, h, w), guided when cfg_scale > 1."""
-        dtype = transformer.dtype
-        embeds, pooled = cond["prompt_embeds"], cond["pooled"]
-        guided = self.cfg_scale > 1
-        if guided:  # one batch [uncond; cond] of 2B
-            z = torch.cat([z, z])
-            t = torch.cat([t, t])
-            embeds = torch.cat([cond["negative_prompt_embeds"], embeds])
-            pooled = torch.cat([cond["negative_pooled"], pooled])
-        v = transformer(
-            hidden_states=z.to(dtype),  # (B', C, h, w)
-            timestep=(t * 1000).to(dtype),  # (B',) on the scheduler's 0..1000 scale
-            encoder_hidden_states=embeds.to(dtype),  # (B', L, D_joint)
-            pooled_projections=pooled.to(dtype),  # (B', D_pool)
-            return_dict=False,
-        )[0]
-        if guided:
-            v_uncond, v_cond = v.chunk(2)
-            v = v_uncond + self.cfg_scale * (v_cond - v_uncond)
-        return v
+        return sd3_velocity(transformer, z, t, cond, self.cfg_scale)
 
     @torch.no_grad()
     def encode_prompts(self, prompts: Sequence[str]) -> Cond:
@@ -102,6 +84,35 @@ class SD3Backbone(DiffusersBackbone):
     def _decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
         vae = self.pipe.vae
         return vae_decode(vae, latents / vae.config.scaling_factor + vae.config.shift_factor)
+
+
+def sd3_velocity(
+    transformer: torch.nn.Module, z: torch.Tensor, t: torch.Tensor, cond: Cond, cfg_scale: float = 1.0
+) -> torch.Tensor:
+    """v̂ of an SD3Transformer2DModel: (B, C, h, w) latents at flow time t (B,) → (B, C, h, w).
+
+    With ``cfg_scale > 1`` the unconditional and conditional branches run as one batch of 2B and are combined
+    as v = v_u + s·(v_c − v_u); ``cond`` then also holds the negative prompt's embeddings.
+    """
+    dtype = transformer.dtype
+    embeds, pooled = cond["prompt_embeds"], cond["pooled"]
+    guided = cfg_scale > 1
+    if guided:  # one batch [uncond; cond] of 2B
+        z = torch.cat([z, z])
+        t = torch.cat([t, t])
+        embeds = torch.cat([cond["negative_prompt_embeds"], embeds])
+        pooled = torch.cat([cond["negative_pooled"], pooled])
+    v = transformer(
+        hidden_states=z.to(dtype),  # (B', C, h, w)
+        timestep=(t * 1000).to(dtype),  # (B',) on the scheduler's 0..1000 scale
+        encoder_hidden_states=embeds.to(dtype),  # (B', L, D_joint)
+        pooled_projections=pooled.to(dtype),  # (B', D_pool)
+        return_dict=False,
+    )[0]
+    if guided:
+        v_uncond, v_cond = v.chunk(2)
+        v = v_uncond + cfg_scale * (v_cond - v_uncond)
+    return v
 
 
 def build(

@@ -172,6 +172,11 @@ class TrainConfig:
     prompts_per_step: int = _f(
         18, "Prompts per step; a step has group_size × prompts_per_step samples.", low=1
     )
+    rollout_micro_batch: int | None = _f(
+        None,
+        "Samples per model call while sampling; null = the rank's whole batch. The split changes no sample.",
+        low=1,
+    )
 
     # --- update ---
     strategy: str = _f(
@@ -192,6 +197,18 @@ class TrainConfig:
     reuse_rollout_velocity: str = _f(
         "off", "auto: JAGG inner steps reuse the rollout's velocities while the policy is unchanged; or off."
     )
+    train_micro_batch: int | None = _f(
+        None,
+        "Samples per forward/backward in the update (the joint JAGG endpoint call holds twice as many);"
+        " gradients are accumulated to the mini-batch's exactly; null = the whole mini-batch.",
+        low=1,
+    )
+    updates_per_rollout: int = _f(
+        1,
+        "Optimizer steps per rollout: the rank's samples are shuffled and split into this many mini-batches,"
+        " one step each; on the later ones the policy has moved, so the PPO ratio and clip act.",
+        low=1,
+    )
     lr: float = _f(5e-5, "AdamW learning rate.")
     weight_decay: float = _f(1e-4, "AdamW weight decay.")
     grad_clip: float | None = _f(1.0, "Gradient-norm clip; null = no clipping.")
@@ -201,6 +218,16 @@ class TrainConfig:
         "global", "Advantage std: per group, or of the group-centred rewards over the whole batch."
     )
     beta: float = _f(0.0, "KL penalty weight against the reference model (0 = none).")
+    kl_form: str = _f(
+        "flow-grpo",
+        "KL term: flow-grpo (Flow-GRPO's code, so its beta carries over) or gaussian (the step's closed-form"
+        " Gaussian KL, 1/|dsigma| times larger for the flow-grpo and dance SDEs).",
+    )
+    cps_log_prob: str = _f(
+        "flow-grpo",
+        "CPS log-prob: flow-grpo (-mean squared error, Flow-GRPO's code, so its clip_range carries over) or"
+        " gaussian (the full Gaussian log-density).",
+    )
 
     # --- logging and checkpoints (0 = never) ---
     sample_every: int = _f(10, "Save training sample images every N steps.")
@@ -276,6 +303,7 @@ class TrainConfig:
             eta=self.eta,
             shift=self.shift,
             sde_window=None if all_steps else self.sde_window(),
+            cps_log_prob=self.cps_log_prob,
         )
 
     def update_config(self) -> Any:
@@ -287,8 +315,10 @@ class TrainConfig:
             jagg_frac=self.jagg_frac,
             endpoint_backward=self.endpoint_backward,
             reuse_rollout_velocity=self.reuse_rollout_velocity,
+            micro_batch=self.train_micro_batch,
             clip_range=self.clip_range,
             beta=self.beta,
+            kl_form=self.kl_form,
         )
 
     def backbone_kwargs(self, device: str = "cpu") -> dict[str, Any]:
@@ -437,6 +467,7 @@ class TrainConfig:
                 f"max_batch ({self.max_batch}); lower them, or raise max_batch on a machine with the memory"
             )
 
+        self._validate_batches()
         _one_of("strategy", self.strategy, STRATEGIES)
         if self.window > self.num_trained_steps:
             raise ConfigError(
@@ -469,6 +500,11 @@ class TrainConfig:
             _positive("adv_clip", self.adv_clip)
         _one_of("adv_std", self.adv_std, ADV_STDS)
         _at_least("beta", self.beta, 0.0)
+        from jagg_engine.grpo import KL_FORMS
+        from jagg_engine.sde import CPS_LOG_PROBS
+
+        _one_of("kl_form", self.kl_form, KL_FORMS)
+        _one_of("cps_log_prob", self.cps_log_prob, CPS_LOG_PROBS)
 
         if self.probe_every and self.strategy == "exact":
             raise ConfigError("probe_every: probes compare JAGG with exact; needs strategy jagg or endpoint")
@@ -503,6 +539,24 @@ class TrainConfig:
                 except RewardConfigError as exc:
                     raise ConfigError(f"rewards: {_one_line(str(exc))}") from None
         return self
+
+    @property
+    def rank_batch(self) -> int:
+        """Samples per rank per step: prompts_per_step / processes × group_size (groups never straddle ranks)."""
+        return self.prompts_per_step // self.processes * self.group_size
+
+    def _validate_batches(self) -> None:
+        """rollout_micro_batch, train_micro_batch, updates_per_rollout (after prompts_per_step and processes)."""
+        for key in ("rollout_micro_batch", "train_micro_batch"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise ConfigError(f"{key}: must be an integer >= 1 or null (the whole batch), got {value}")
+        _int_at_least("updates_per_rollout", self.updates_per_rollout, 1)
+        if self.rank_batch % self.updates_per_rollout:
+            raise ConfigError(
+                f"updates_per_rollout: must divide the {self.rank_batch} samples of a rank's step"
+                f" (prompts_per_step / processes × group_size), got {self.updates_per_rollout}"
+            )
 
 
 # ---------------------------------------------------------------------- loading
@@ -802,7 +856,8 @@ def _check_ranges(cfg: TrainConfig) -> None:
 
 
 def _check_value(key: str, tp: Any, value: Any, low: int, high: int) -> None:
-    base, _ = _split_optional(tp)
+    base, optional = _split_optional(tp)
+    null = " or null" if optional else ""
     if value is None:
         return
     origin = typing.get_origin(base)
@@ -816,9 +871,9 @@ def _check_value(key: str, tp: Any, value: Any, low: int, high: int) -> None:
             _check_value(f"{key}.{k}", vtype, v, low, high)
     elif base is int:
         if value < low:
-            raise ConfigError(f"{key}: must be an integer >= {low}, got {value}")
+            raise ConfigError(f"{key}: must be an integer >= {low}{null}, got {value}")
         if value > high:
-            raise ConfigError(f"{key}: must be an integer <= {high}, got {value}")
+            raise ConfigError(f"{key}: must be an integer <= {high}{null}, got {value}")
     elif base is float and not math.isfinite(value):
         raise ConfigError(f"{key}: must be a finite number, got {value}")
 

@@ -6,29 +6,175 @@
 
 One process runs the trainer here; N > 1 processes go through ``accelerate launch`` (gloo on CPU, NCCL on
 GPUs). Nothing is written before the config validates: a bad field is one line and exit code 2.
+
+Several machines: the same command runs on each, with ``--machines M --machine-rank R --main-address
+HOST:PORT`` or ``--accelerate-config FILE`` (accelerate's own config file, passed through). ``--processes``
+counts the processes of ALL machines (accelerate's ``--num_processes``). Only machine 0 opens the runs
+database and creates (or attaches to) the run; the trainer processes of the other machines receive the run id,
+its config and the resume flag from global rank 0 after the rendezvous, and check their own CONFIG and flags
+against it. The machines meet at HOST:PORT within ``--join-timeout`` seconds, or the command ends with exit
+code 1 and one line naming the address (the run, on machine 0, reads failed).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import subprocess
 import sys
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from jagg_engine.errors import UsageError
+
+JOIN_TIMEOUT_S = 300
+# What torch's elastic agent prints when the machines did not meet at the rendezvous address in time.
+_RENDEZVOUS_FAILURES = ("timed out", "DistStoreError", "DistNetworkError", "clients joined")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", nargs="?", help="YAML config (see configs/); omitted = the tiny-shapes defaults")
     p.add_argument("overrides", nargs="*", help="key=value overrides of config fields, e.g. steps=3 window=4")
-    p.add_argument("--processes", type=int, default=None, help="training processes (default: the config's)")
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=None,
+        help="training processes of all machines (default: the config's)",
+    )
     p.add_argument(
         "--runs-dir", default=None, help="runs root holding jagg.db (default: the config's output_dir)"
     )
     p.add_argument("--run-id", type=int, default=None, help="train a queued run that already exists")
     p.add_argument("--resume", type=int, default=None, metavar="RUN_ID", help="resume a failed/cancelled run")
+    scale = p.add_argument_group("several machines (accelerate launch)")
+    scale.add_argument(
+        "--machines", type=int, default=None, metavar="M", help="machines of the run (default 1)"
+    )
+    scale.add_argument(
+        "--machine-rank", type=int, default=None, metavar="R", help="this machine's rank, 0..M-1 (default 0)"
+    )
+    scale.add_argument(
+        "--main-address",
+        default=None,
+        metavar="HOST:PORT",
+        help="machine 0's address, where the machines meet",
+    )
+    scale.add_argument(
+        "--accelerate-config",
+        default=None,
+        metavar="FILE",
+        help="an `accelerate config` file (num_processes, num_machines, machine_rank, main_process_ip/port)"
+        " instead of --processes/--machines/--machine-rank/--main-address",
+    )
+    scale.add_argument(
+        "--join-timeout",
+        type=float,
+        default=JOIN_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"how long the machines wait for each other at the main address (default {JOIN_TIMEOUT_S})",
+    )
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where this `jagg train` sits: ``processes`` counts all machines' processes (accelerate's meaning)."""
+
+    processes: int
+    machines: int = 1
+    machine_rank: int = 0
+    host: str | None = None
+    port: int | None = None
+    config_file: str | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` → (host, port); a one-line UsageError otherwise."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"main-address: must be HOST:PORT with a port in 1..65535, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def topology(args: argparse.Namespace, config_processes: int | None) -> Topology:
+    """The machines and processes from the flags, or from an accelerate config file; checked."""
+    flags = [
+        name
+        for name, value in (
+            ("--processes", args.processes),
+            ("--machines", args.machines),
+            ("--machine-rank", args.machine_rank),
+            ("--main-address", args.main_address),
+        )
+        if value is not None
+    ]
+    if args.accelerate_config is not None:
+        if flags:
+            raise UsageError(f"accelerate-config: the file sets the machines; drop {', '.join(flags)}")
+        return _topology_from_accelerate_config(args.accelerate_config)
+    if args.join_timeout <= 0:
+        raise UsageError(f"join-timeout: must be a number of seconds > 0, got {args.join_timeout:g}")
+    machines = 1 if args.machines is None else args.machines
+    rank = 0 if args.machine_rank is None else args.machine_rank
+    processes = args.processes or config_processes
+    if processes is None:
+        raise UsageError(
+            f"processes: machine {rank} cannot read the run's config; give --processes N or the same CONFIG"
+            " as machine 0"
+        )
+    if machines < 1:
+        raise UsageError(f"machines: must be an integer >= 1, got {machines}")
+    if not 0 <= rank < machines:
+        raise UsageError(f"machine-rank: must be in 0..{machines - 1} (--machines {machines}), got {rank}")
+    if processes % machines:
+        raise UsageError(f"processes: must be a multiple of --machines ({machines}), got {processes}")
+    if machines == 1:
+        if args.main_address is not None:
+            raise UsageError("main-address: only used with --machines > 1")
+        return Topology(processes)
+    if args.main_address is None:
+        raise UsageError(f"main-address: required with --machines {machines} (HOST:PORT of machine 0)")
+    host, port = parse_address(args.main_address)
+    return Topology(processes, machines, rank, host, port)
+
+
+def _topology_from_accelerate_config(path: str) -> Topology:
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise UsageError(f"accelerate-config: cannot read {path}: {' '.join(str(exc).split())}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"accelerate-config: {path} is not a mapping of accelerate settings")
+    try:
+        processes = int(data.get("num_processes") or 1)
+        machines = int(data.get("num_machines") or 1)
+        rank = int(data.get("machine_rank") or 0)
+        port = data.get("main_process_port")
+        port = None if port is None else int(port)
+    except (TypeError, ValueError):
+        raise UsageError(
+            f"accelerate-config: num_processes, num_machines, machine_rank, main_process_port in {path}"
+            " must be integers"
+        ) from None
+    if machines < 1 or not 0 <= rank < machines or processes % machines:
+        raise UsageError(
+            f"accelerate-config: {path} needs num_machines >= 1, machine_rank in 0..num_machines-1 and"
+            f" num_processes a multiple of num_machines; got {processes}, {machines}, {rank}"
+        )
+    host = data.get("main_process_ip")
+    if machines > 1 and (not host or port is None):
+        raise UsageError(
+            f"accelerate-config: {path} needs main_process_ip and main_process_port for {machines} machines"
+        )
+    return Topology(processes, machines, rank, host, port, config_file=str(path))
 
 
 def free_port() -> int:
@@ -38,30 +184,53 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def accelerate_argv(processes: int, run_id: int, runs_dir: str, resume: bool) -> list[str]:
-    """The ``accelerate launch`` command line for ``processes`` trainer processes on this machine."""
-    argv = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--num_processes",
-        str(processes),
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-    ]
-    if processes > 1:
-        argv.append("--multi_gpu")  # also the multi-process switch on CPU (with ACCELERATE_USE_CPU)
-    if processes > 1:
-        argv += ["--main_process_port", str(free_port())]  # two runs at once must not share a port
-    argv += ["-m", "jagg_engine.train.trainer", "--run-id", str(run_id), "--runs-dir", runs_dir]
+def accelerate_argv(
+    processes: int,
+    run_id: int | None,
+    runs_dir: str,
+    resume: bool,
+    topo: Topology | None = None,
+    join_timeout: float = JOIN_TIMEOUT_S,
+) -> list[str]:
+    """The ``accelerate launch`` command line of this machine's trainer processes.
+
+    One machine: ``--num_processes N --num_machines 1`` on a free loopback port. Several: accelerate's
+    multi-node flags (``--num_machines --machine_rank --main_process_ip --main_process_port``), or the user's
+    ``--config_file``; the static rendezvous of torch's elastic agent waits ``join_timeout`` seconds for the
+    other machines (``--rdzv_conf timeout=…``). ``run_id`` is None on machines other than 0.
+    """
+    topo = topo or Topology(processes)
+    argv = [sys.executable, "-m", "accelerate.commands.launch"]
+    if topo.config_file is not None:
+        argv += ["--config_file", topo.config_file]
+    else:
+        argv += ["--num_processes", str(processes), "--num_machines", str(topo.machines)]
+        argv += ["--mixed_precision", "no", "--dynamo_backend", "no"]
+        if processes > 1:
+            argv.append("--multi_gpu")  # also the multi-process switch on CPU (with ACCELERATE_USE_CPU)
+        if topo.machines > 1:
+            argv += ["--machine_rank", str(topo.machine_rank), "--main_process_ip", str(topo.host)]
+            argv += ["--main_process_port", str(topo.port)]
+        elif processes > 1:
+            argv += ["--main_process_port", str(free_port())]  # two runs at once must not share a port
+    if topo.machines > 1:
+        argv += ["--rdzv_conf", f"timeout={max(1, round(join_timeout))}"]
+    argv += ["-m", "jagg_engine.train.trainer", "--runs-dir", runs_dir]
+    argv += ["--machine-rank", str(topo.machine_rank)]
+    if run_id is not None:
+        argv += ["--run-id", str(run_id)]
     return argv + (["--resume"] if resume else [])
 
 
 RUN_ID_MAX = 2**63 - 1  # SQLite's INTEGER
+
+
+def _processes_override(args: argparse.Namespace) -> list[str]:
+    """``--processes`` (or the accelerate config file's num_processes) as one more ``key=value``, so the config
+    is validated with the processes it runs with (fsdp, prompts_per_step and max_batch depend on them)."""
+    if args.accelerate_config is not None:
+        return [f"processes={_topology_from_accelerate_config(args.accelerate_config).processes}"]
+    return [f"processes={args.processes}"] if args.processes is not None else []
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,8 +251,25 @@ def run(args: argparse.Namespace) -> int:
         args.config = None
     elif args.config and "=" in args.config:
         args.overrides, args.config = [args.config, *args.overrides], None
+    given = args.config is not None or bool(args.overrides)
+    machine_rank = args.machine_rank or 0
+    if args.accelerate_config is not None and args.machine_rank is None:
+        machine_rank = _topology_from_accelerate_config(args.accelerate_config).machine_rank
 
-    if attach is not None:
+    cfg, run_id, store, expect = None, None, None, {}
+    if machine_rank != 0:
+        # No store here: the run id and config come from machine 0; what is given is checked against them.
+        if given:
+            try:
+                cfg = load_config(args.config, [*args.overrides, *_processes_override(args)])
+            except ConfigError as exc:
+                raise UsageError(str(exc)) from None
+        if given:
+            expect["config"] = cfg.to_dict()
+        if attach is not None:
+            expect["run_id"] = attach
+        runs_dir = args.runs_dir or (cfg.output_dir if cfg is not None else "runs")
+    elif attach is not None:
         runs_dir = args.runs_dir or "runs"
         if not (Path(runs_dir) / DB_NAME).is_file():  # opening the store would create an empty history
             raise UsageError(f"{flag}: no run history in {runs_dir} (no {DB_NAME}); give --runs-dir")
@@ -101,10 +287,22 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
         run_id = attach
     else:
-        try:  # --processes is one more override, validated with the rest (fsdp and batch checks need it)
-            extra = [f"processes={args.processes}"] if args.processes is not None else []
-            cfg = load_config(args.config, [*args.overrides, *extra])
-            runs_dir = args.runs_dir or cfg.output_dir
+        try:
+            cfg = load_config(args.config, [*args.overrides, *_processes_override(args)])
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
+        runs_dir = args.runs_dir or cfg.output_dir
+
+    topo = topology(args, cfg.processes if cfg is not None else None)
+    if cfg is not None and topo.processes != cfg.processes:
+        try:
+            cfg = cfg.apply_overrides([f"processes={topo.processes}"]).validate()
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
+        if "config" in expect:
+            expect["config"] = cfg.to_dict()
+    if machine_rank == 0 and attach is None:
+        try:  # the last check: the folder must take a history before the store writes one
             check_runs_dir(runs_dir, "--runs-dir" if args.runs_dir else "output_dir")
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
@@ -115,9 +313,8 @@ def run(args: argparse.Namespace) -> int:
         store.set_run_dir(run_id, run_dir)
         print(f"run {run_id}: {run_dir}", file=sys.stderr)
 
-    processes = args.processes or cfg.processes
     resume = args.resume is not None
-    if processes == 1:
+    if topo.processes == 1 and topo.config_file is None:
         return train(run_id, str(runs_dir), resume=resume)
     env = dict(os.environ)
     try:
@@ -127,5 +324,103 @@ def run(args: argparse.Namespace) -> int:
             env["ACCELERATE_USE_CPU"] = "true"
     except ImportError:
         pass
-    proc = subprocess.run(accelerate_argv(processes, run_id, str(runs_dir), resume), env=env)
-    return proc.returncode
+    if expect:
+        env["JAGG_EXPECT"] = json.dumps(expect)
+    argv = accelerate_argv(topo.processes, run_id, str(runs_dir), resume, topo, args.join_timeout)
+    if topo.machines > 1:
+        who = "machine 0: waiting" if topo.machine_rank == 0 else f"machine {topo.machine_rank}: joining"
+        print(
+            f"{who} at {topo.address} ({topo.machines} machines, {topo.processes} processes,"
+            f" join timeout {args.join_timeout:g} s)",
+            file=sys.stderr,
+        )
+    rc, output, started = launch(argv, env)
+    if rc == 0:
+        return 0
+    message = None
+    if not started:
+        log_path = _keep_output(output, store, run_id)
+        if topo.machines > 1 and any(s in output for s in _RENDEZVOUS_FAILURES):
+            peers = "machine 0" if topo.machine_rank else "machine 1"
+            peers = peers if topo.machine_rank or topo.machines == 2 else f"machines 1..{topo.machines - 1}"
+            message = (
+                f"main-address: {peers} did not meet machine {topo.machine_rank} at {topo.address}"
+                f" within {args.join_timeout:g} s (launcher output: {log_path})"
+            )
+        else:
+            sys.stderr.write(output)
+            message = f"accelerate launch: exit code {rc} before the trainer started (output: {log_path})"
+        print(f"jagg train: error: {message}", file=sys.stderr)
+        rc = 1
+    if store is not None and run_id is not None:
+        _mark_failed(store, run_id, message or f"trainer processes ended with exit code {rc}")
+    return rc
+
+
+def launch(argv: list[str], env: dict[str, str]) -> tuple[int, str, bool]:
+    """Run ``accelerate launch``; its stderr is held back until a trainer process has started (the marker
+    file), then passed through live. Returns (exit code, held-back output, whether the trainer started).
+
+    A launch that fails before any trainer process starts (the machines did not meet) thus ends with one
+    line of ours instead of the elastic agent's traceback, which is kept in a file.
+    """
+    fd, marker = tempfile.mkstemp(prefix="jagg-started-")
+    os.close(fd)
+    os.unlink(marker)
+    env = {**env, "JAGG_STARTED_FILE": marker}
+    held = bytearray()
+    live = False
+    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE)
+    interrupted = 0
+    while True:
+        try:
+            chunk = os.read(proc.stderr.fileno(), 1 << 16)
+        except KeyboardInterrupt:  # the trainer stops cooperatively on the same SIGINT: keep draining
+            interrupted += 1
+            if interrupted > 1:
+                proc.kill()
+                raise
+            continue
+        if not chunk:
+            break
+        if not live and os.path.exists(marker):
+            live = True
+            sys.stderr.buffer.write(bytes(held))
+            held.clear()
+        if live:
+            sys.stderr.buffer.write(chunk)
+            sys.stderr.buffer.flush()
+        else:
+            held += chunk
+    rc = proc.wait()
+    started = live or os.path.exists(marker)
+    if started and held:
+        sys.stderr.buffer.write(bytes(held))
+        held.clear()
+    if os.path.exists(marker):
+        os.unlink(marker)
+    return rc, held.decode("utf-8", "replace"), started
+
+
+def _keep_output(output: str, store, run_id: int | None) -> str:
+    """Write the held-back launcher output where the user can read it: the run folder on machine 0."""
+    folder = None
+    if store is not None and run_id is not None:
+        run = store.get_run(run_id)
+        folder = Path(run["run_dir"]) if run and run["run_dir"] else None
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / "launch.log"
+    else:
+        fd, name = tempfile.mkstemp(prefix="jagg-launch-", suffix=".log")
+        os.close(fd)
+        path = Path(name)
+    path.write_text(output, encoding="utf-8")
+    return str(path)
+
+
+def _mark_failed(store, run_id: int, message: str) -> None:
+    """A launch that ended badly leaves the run failed, whatever stage it stopped at."""
+    run = store.get_run(run_id)
+    if run is not None and run["status"] in ("queued", "running"):
+        store.set_status(run_id, "failed", error=message)

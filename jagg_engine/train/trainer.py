@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -33,10 +34,10 @@ from tqdm import tqdm
 
 from jagg_engine.backbones import build_backbone
 from jagg_engine.grpo import group_advantages
-from jagg_engine.jagg import auto_jagg_frac, policy_update
+from jagg_engine.jagg import UpdateResult, auto_jagg_frac, policy_update
 from jagg_engine.probe import probe_groups
 from jagg_engine.rewards.registry import WeightedReward
-from jagg_engine.sde import Trajectory, bump_param_version, ode_sample, rollout
+from jagg_engine.sde import Trajectory, ode_sample, rollout
 from jagg_engine.store import RunStore, open_store
 from jagg_engine.train.config import TrainConfig, read_prompts
 
@@ -65,6 +66,41 @@ def shard_fsdp2(model: Any) -> None:
 
 class TrainingError(RuntimeError):
     """A run cannot go on (non-finite loss or reward, …); the message is stored as the run's error."""
+
+
+def average_gradients(params: list[torch.nn.Parameter], world: int, bucket_bytes: int = 1 << 28) -> None:
+    """Data parallelism without a wrapper: replace every ``.grad`` by its mean over the ``world`` ranks.
+
+    The gradients are packed into flat buckets (one dtype and device each, at most ``bucket_bytes``) and each
+    bucket is one all-reduce, as DDP does, but once after the whole update rather than from backward hooks:
+    a JAGG update makes several ``autograd.backward`` calls through backbone methods that are not the
+    module's ``forward``, which DDP's reducer does not follow. A missing ``.grad`` counts as zeros.
+    """
+    import torch.distributed as dist
+
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    buckets: dict[tuple[torch.dtype, torch.device], list[list[torch.nn.Parameter]]] = {}
+    filled: dict[tuple[torch.dtype, torch.device], int] = {}
+    for p in params:
+        key, size = (p.grad.dtype, p.grad.device), p.grad.numel() * p.grad.element_size()
+        chunks = buckets.setdefault(key, [[]])
+        if chunks[-1] and filled[key] + size > bucket_bytes:
+            chunks.append([])
+            filled[key] = 0
+        chunks[-1].append(p)
+        filled[key] = filled.get(key, 0) + size
+    for chunks in buckets.values():
+        for bucket in chunks:
+            flat = torch.cat([p.grad.reshape(-1) for p in bucket])  # (Σ numel,)
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            flat.div_(world)
+            offset = 0
+            for p in bucket:
+                n = p.grad.numel()
+                p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
+                offset += n
 
 
 # ------------------------------------------------------------------------------------------------ setup
@@ -113,20 +149,60 @@ def step_generator(
     return torch.Generator(device=device).manual_seed((cfg.seed * 1_000_003 + step) * 1009 + rank)
 
 
+def minibatch_indices(cfg: TrainConfig, step: int, rank: int, n: int) -> list[torch.Tensor | None]:
+    """The samples of each of the ``updates_per_rollout`` mini-batches of a rank's ``n`` samples: slices of a
+    permutation seeded by (seed, step, rank), as Flow-GRPO shuffles before splitting; ``[None]`` (the whole
+    batch, in order) when there is one."""
+    m = cfg.updates_per_rollout
+    if m == 1:
+        return [None]
+    perm = torch.from_numpy(np.random.default_rng([cfg.seed, step, rank, 1]).permutation(n))
+    return list(perm.reshape(m, n // m))  # (M, n / M)
+
+
+def update_metrics(results: list[UpdateResult]) -> dict[str, float]:
+    """One step's update metrics from its mini-batches: loss/ means, time/ and count/ sums."""
+    rows = [r.metrics() for r in results]
+    out = {
+        k: float(sum(r[k] for r in rows))
+        if k.startswith(("time/", "count/"))
+        else float(np.mean([r[k] for r in rows]))
+        for k in rows[0]
+    }
+    out["loss/kl"] = out["loss/kl_ref"]
+    out["count/forward"] = out["count/forward_grad"] + out["count/forward_nograd"]
+    out["count/optimizer_steps"] = float(len(results))
+    if len(results) > 1:  # the off-policy mini-batches: where the ratio and the clip act
+        later = [r for r in rows[1:]]
+        out["loss/clipfrac_offpolicy"] = float(np.mean([r["loss/clipfrac"] for r in later]))
+        out["loss/ratio_dev_offpolicy"] = float(np.mean([abs(r["loss/ratio_mean"] - 1) for r in later]))
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ trainer
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, run_id: int, runs_dir: str, resume: bool = False):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        run_id: int,
+        runs_dir: str,
+        resume: bool = False,
+        accelerator: Any = None,
+        run_dir: str | os.PathLike[str] | None = None,
+    ):
         from accelerate import Accelerator
 
         self.cfg, self.run_id, self.resume = cfg, run_id, resume
-        self.acc = Accelerator(cpu=not torch.cuda.is_available())
+        self.acc = accelerator or Accelerator(cpu=not torch.cuda.is_available())
         self.main = self.acc.is_main_process
         self.world, self.rank = self.acc.num_processes, self.acc.process_index
+        # Only global rank 0 opens the runs database; the other ranks (other machines too) never touch it.
         self.store: RunStore | None = open_store(runs_dir) if self.main else None
-        run = open_store(runs_dir).get_run(run_id) if not self.main else self.store.get_run(run_id)
-        self.run_dir = Path(run["run_dir"])
+        if run_dir is None:
+            run_dir = (self.store or open_store(runs_dir)).get_run(run_id)["run_dir"]
+        self.run_dir = Path(run_dir)
         self.stop_signal = False
         torch.manual_seed(cfg.seed)
         self.model = build_model(cfg, self.acc.device)
@@ -163,7 +239,15 @@ class Trainer:
             cond = self.model.encode_prompts(prompts)
         reuse = self.update.reuse_rollout_velocity == "auto" and self.update.strategy == "jagg"
         noise = noise.to(self.acc.device, self.params[0].dtype)
-        return rollout(self.model, cond, noise, self.sampler, sde_gen, store_velocities=reuse)
+        return rollout(
+            self.model,
+            cond,
+            noise,
+            self.sampler,
+            sde_gen,
+            store_velocities=reuse,
+            micro_batch=self.cfg.rollout_micro_batch,
+        )
 
     def score(
         self, traj: Trajectory, prompts: list[str]
@@ -184,17 +268,36 @@ class Trainer:
 
     def optimize(self) -> float:
         if self.world > 1 and not self.fsdp:  # FSDP2 reduce-scatters the gradients itself
-            for p in self.params:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                p.grad = self.acc.reduce(p.grad, reduction="mean")
+            average_gradients(self.params, self.world)
         clip = self.cfg.grad_clip if self.cfg.grad_clip else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(self.params, clip)
         norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
-        self.optimizer.step()
-        bump_param_version(self.model)  # the rollout's stored velocities are stale from here on
+        self.optimizer.step()  # bumps the parameters' version counters: the rollout's velocities go stale
         self.optimizer.zero_grad(set_to_none=True)
         return norm
+
+    def update_phase(
+        self, step: int, traj: Trajectory, adv: torch.Tensor
+    ) -> tuple[list[UpdateResult], list[float]]:
+        """The update phase: ``updates_per_rollout`` = M mini-batches of this rank's samples, one optimizer step
+        each (Flow-GRPO's several steps per sampling epoch). Advantages were normalised over the whole rollout
+        batch of all ranks before the split; the old log-probs are the rollout's, so on mini-batch m > 1 the
+        PPO ratio compares the updated policy with the sampling one. Mini-batch m is the m-th slice of a
+        permutation seeded by (seed, step, rank): a resumed run replays it. Velocity reuse happens only where
+        the policy is still the sampling one, i.e. on the first mini-batch (the guard sees the optimizer step).
+        """
+        results, norms = [], []
+        for index in minibatch_indices(self.cfg, step, self.rank, traj.batch_size):
+            part = traj if index is None else traj.select(index)
+            part_adv = adv if index is None else adv[index]
+            result = policy_update(
+                self.model, part, part_adv.to(self.acc.device), self.update, self.sampler, self.ref_model()
+            )
+            if not math.isfinite(result.loss):
+                raise TrainingError(f"loss: non-finite policy loss at step {step}")
+            norms.append(self.optimize())
+            results.append(result)
+        return results, norms
 
     def ref_model(self):
         """The reference policy for the KL term: the adapter disabled (LoRA) or the initial weights."""
@@ -214,35 +317,30 @@ class Trainer:
         adv, all_rewards = self.advantages(total, groups)
         if not torch.isfinite(all_rewards).all():
             raise TrainingError(f"reward: non-finite reward at step {step}")
+        # Routing and the fidelity probe see this rollout at the parameters that produce the applied gradient.
+        routed = None
         if self.cfg.auto_route and (step == self.start_step or step % self.cfg.auto_route_every == 0):
-            self.route(step, traj, adv)
+            routed = self.route(step, traj, adv)
+        if self.cfg.probe_every and step % self.cfg.probe_every == 0 and routed is None:
+            self.probe(step, traj, adv)
         t2 = time.perf_counter()
-        result = policy_update(
-            self.model, traj, adv.to(self.acc.device), self.update, self.sampler, ref_model=self.ref_model()
-        )
-        if not math.isfinite(result.loss):
-            raise TrainingError(f"loss: non-finite policy loss at step {step}")
-        grad_norm = self.optimize()
+        results, grad_norms = self.update_phase(step, traj, adv)
         t3 = time.perf_counter()
         metrics = {
             "reward/mean": float(all_rewards.mean()),
             "reward/std": float(all_rewards.std(unbiased=False)),
             **{f"reward/{k}/mean": float(v.mean()) for k, v in parts.items()},
             **{f"reward/{k}/std": float(v.std(unbiased=False)) for k, v in parts.items()},
-            **result.metrics(),
-            "loss/kl": result.kl,
-            "grad/norm": grad_norm,
+            **update_metrics(results),
+            "grad/norm": float(np.mean(grad_norms)),
             "lr": self.optimizer.param_groups[0]["lr"],
             "time/sampling": t1 - t0,
             "time/reward": t2 - t1,
             "time/step": t3 - t0,
-            "count/forward": float(result.counts.forward_grad + result.counts.forward_nograd),
             "route/jagg_frac": self.update.jagg_frac,
         }
         if self.main and self.cfg.sample_every and step % self.cfg.sample_every == 0:
             self.save_train_samples(step, prompts, images, total)
-        if self.cfg.probe_every and step % self.cfg.probe_every == 0:
-            self.probe(step, traj, adv)
         return metrics
 
     # -------------------------------------------------------------------------------- side effects (main only)
@@ -325,10 +423,21 @@ class Trainer:
             metrics[f"eval/reward/{k}/mean"] = float(torch.cat([p[k] for p in parts_all]).mean())
         return metrics
 
-    def route(self, step: int, traj: Trajectory, adv: torch.Tensor) -> None:
-        """auto_route: probe this rollout's groups and route the leading ones above the threshold to JAGG."""
+    def route(self, step: int, traj: Trajectory, adv: torch.Tensor) -> list:
+        """auto_route: probe this rollout's groups and route the leading ones above the threshold to JAGG.
+
+        Decided once for all ranks: the probe's gradients are summed over the ranks (the cosines are those of
+        the whole batch), and rank 0's jagg_frac is broadcast, so every rank updates with the same routing
+        and the logged ``route/jagg_frac`` is the one used. Returns the probe rows.
+        """
         rows = self.probe(step, traj, adv, n=16)
         frac = auto_jagg_frac([r.cosine for r in rows], self.cfg.auto_route_threshold)
+        if self.world > 1:
+            from accelerate.utils import broadcast_object_list
+
+            box = [frac]
+            broadcast_object_list(box, from_process=0)
+            frac = box[0]
         log.info(
             "step %d: auto routing, jagg_frac %.3f (cosines %s)",
             step,
@@ -336,17 +445,28 @@ class Trainer:
             ", ".join(f"{r.cosine:.3f}" for r in rows),
         )
         self.update = dataclasses.replace(self.update, jagg_frac=frac)
+        return rows
 
     def probe(self, step: int, traj: Trajectory, adv: torch.Tensor, n: int = 8) -> list:
-        """Gradient fidelity on (up to) the first ``n`` samples of this rollout; the same engine routines.
-
-        Every rank computes it (the same routine on its own sub-batch); only the main process writes the rows.
+        """Gradient fidelity on (up to) the first ``n`` samples of this rollout on every rank; the same engine
+        routines as the update. Each group's JAGG and exact gradients are summed over the ranks before the
+        cosine, so every rank gets the same rows: those of the batch of all ranks' probed samples. Only the
+        main process writes them.
         """
         n = min(n, traj.batch_size)
         sub = traj.select(slice(0, n))
         saved = [None if p.grad is None else p.grad.clone() for p in self.params]
+        reduce = None
+        if self.world > 1:
+            reduce = lambda t: self.acc.reduce(t, reduction="sum")  # noqa: E731
         rows, _ = probe_groups(
-            self.model, self.params, sub, adv[:n].to(self.acc.device), self.update, self.sampler
+            self.model,
+            self.params,
+            sub,
+            adv[:n].to(self.acc.device),
+            self.update,
+            self.sampler,
+            reduce=reduce,
         )
         for p, g in zip(self.params, saved):
             p.grad = g
@@ -406,11 +526,28 @@ class Trainer:
         found = sorted(self.checkpoint_dir().glob("step_*.pt"))
         return found[-1] if found else None
 
+    def read_latest_checkpoint(self) -> tuple[str, dict[str, Any]] | None:
+        """(name, state) of the latest checkpoint, read by global rank 0 and broadcast to every rank: ranks on
+        other machines cannot read machine 0's disk. None when there is none."""
+        found = None
+        if self.main:
+            path = self.latest_checkpoint()
+            if path is not None:
+                found = (path.stem, torch.load(path, map_location="cpu", weights_only=False))
+        if self.world > 1:
+            from accelerate.utils import broadcast_object_list
+
+            box = [found]
+            broadcast_object_list(box, from_process=0)
+            found = box[0]
+        return found
+
     def load_checkpoint(self) -> int:
-        path = self.latest_checkpoint()
-        if path is None:
+        found = self.read_latest_checkpoint()
+        if found is None:
             return 0
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        stem, state = found
+        path = self.checkpoint_dir() / f"{stem}.pt"  # its FSDP optimizer shards are on each rank's own disk
         with torch.no_grad():
             for p, saved in zip(self.params, state["params"]):
                 saved = saved.to(p.device, p.dtype)
@@ -422,7 +559,6 @@ class Trainer:
         else:
             optim = state["optimizer"]
         self.optimizer.load_state_dict(optim)
-        bump_param_version(self.model)
         torch.set_rng_state(state["torch_rng"])
         np.random.set_state(state["numpy_rng"])
         return int(state["step"])
@@ -485,7 +621,7 @@ class Trainer:
         return "finished"
 
 
-def _setup_logging(run_dir: Path, main: bool) -> None:
+def _setup_logging(run_dir: Path | None, main: bool) -> None:
     if not main:
         logging.basicConfig(level=logging.WARNING)
         return
@@ -496,16 +632,84 @@ def _setup_logging(run_dir: Path, main: bool) -> None:
     )
 
 
-def train(run_id: int, runs_dir: str, resume: bool = False) -> int:
-    """Train run ``run_id`` of the store in ``runs_dir`` (its config is read from the store). Exit code."""
-    store = open_store(runs_dir)
-    run = store.get_run(run_id)
-    cfg = TrainConfig.from_dict(run["config"]).validate()
+def share_run(
+    acc: Any,
+    run: dict[str, Any] | None,
+    resume: bool,
+    machine_rank: int,
+    runs_dir: str,
+    expect: dict[str, Any],
+) -> tuple[TrainConfig, int, bool, Path]:
+    """Global rank 0 holds the run (read from the store on machine 0); every rank receives its id, config,
+    folder and resume flag after the rendezvous: machines other than 0 have no store to read them from.
+
+    Each rank validates the config on its machine (prompt files, reward dependencies) and checks what its
+    machine was given (``expect``: the CONFIG and run id of its ``jagg train``) against machine 0's. Any problem
+    fails EVERY rank with the same line, so no rank is left waiting in a collective. Ranks on other machines
+    keep their files (FSDP optimizer shards) in a folder of the same name under their own ``runs_dir``.
+    """
+    from accelerate.utils import broadcast_object_list, gather_object
+
+    from jagg_engine.train.config import ConfigError
+
+    box: list[Any] = [None]
+    if acc.is_main_process:
+        box = [{"id": run["id"], "config": run["config"], "run_dir": run["run_dir"], "resume": resume}]
+    if acc.num_processes > 1:
+        broadcast_object_list(box, from_process=0)
+    shared = box[0]
+    problem, cfg = None, None
+    try:
+        cfg = TrainConfig.from_dict(shared["config"]).validate()
+        if "config" in expect:
+            mine = TrainConfig.from_dict(expect["config"]).to_dict()
+            differ = [k for k, v in cfg.to_dict().items() if mine.get(k) != v]
+            if differ:
+                problem = f"config: differs from machine 0's in {', '.join(differ)}"
+        if expect.get("run_id") not in (None, shared["id"]):
+            problem = (
+                f"run id: machine 0 trains run {shared['id']}, this machine was given {expect['run_id']}"
+            )
+    except ConfigError as exc:
+        problem = str(exc)
+    reports = gather_object([(machine_rank, problem)]) if acc.num_processes > 1 else [(machine_rank, problem)]
+    for rank, (machine, text) in enumerate(reports):
+        if text:
+            raise TrainingError(f"machine {machine} (rank {rank}): {text}")
+    run_dir = Path(shared["run_dir"])
+    if machine_rank != 0:
+        run_dir = Path(runs_dir) / run_dir.name
+    return cfg, int(shared["id"]), bool(shared["resume"]), run_dir
+
+
+def _mark_started() -> None:
+    """Tell `jagg train` that the processes met (the launcher holds back the rendezvous output until then)."""
+    marker = os.environ.get("JAGG_STARTED_FILE")
+    if marker:
+        Path(marker).touch()
+
+
+def train(run_id: int | None, runs_dir: str, resume: bool = False, machine_rank: int = 0) -> int:
+    """Train run ``run_id`` of the store in ``runs_dir`` (its config is read from the store). Exit code.
+
+    Global rank 0 reads the run; the other ranks (``run_id`` None on machines other than 0) receive it.
+    """
     main = int(os.environ.get("RANK", "0")) == 0
-    _setup_logging(Path(run["run_dir"]), main)
+    store = open_store(runs_dir) if main else None
+    run = store.get_run(run_id) if main else None
+    if main and run is None:
+        log.error("run id: no run %s in %s", run_id, runs_dir)
+        return 1
+    _setup_logging(Path(run["run_dir"]) if main else None, main)
+    expect = json.loads(os.environ.get("JAGG_EXPECT") or "{}")
     trainer = None
     try:
-        trainer = Trainer(cfg, run_id, runs_dir, resume=resume)
+        from accelerate import Accelerator
+
+        acc = Accelerator(cpu=not torch.cuda.is_available())
+        _mark_started()
+        cfg, run_id, resume, run_dir = share_run(acc, run, resume, machine_rank, runs_dir, expect)
+        trainer = Trainer(cfg, run_id, runs_dir, resume=resume, accelerator=acc, run_dir=run_dir)
 
         def on_signal(signum, frame):  # cooperative: finish the step, save, mark cancelled
             log.warning("signal %d: stopping after this step", signum)
@@ -519,19 +723,20 @@ def train(run_id: int, runs_dir: str, resume: bool = False) -> int:
             log.info("run %d %s", run_id, status)
         return 0
     except Exception as exc:  # the run fails, its history stays: rows already written are intact
-        log.error("run %d failed: %s\n%s", run_id, exc, traceback.format_exc())
-        if main:
+        log.error("run %s failed: %s\n%s", run_id, exc, traceback.format_exc())
+        if main and store.get_run(run_id)["status"] in ("queued", "running"):
             store.set_status(run_id, "failed", error=f"{type(exc).__name__}: {exc}")
         return 1
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="GRPO trainer process (started by `jagg train`).")
-    parser.add_argument("--run-id", type=int, required=True)
+    parser.add_argument("--run-id", type=int, default=None, help="the run (global rank 0 needs it)")
     parser.add_argument("--runs-dir", required=True)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--machine-rank", type=int, default=0)
     args = parser.parse_args(argv)
-    return train(args.run_id, args.runs_dir, args.resume)
+    return train(args.run_id, args.runs_dir, args.resume, args.machine_rank)
 
 
 if __name__ == "__main__":
