@@ -39,31 +39,57 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
 
 
 def predicted_speedup(
-    window: int, r: float, jagg_frac: float, strategy: str = "jagg", trained_steps: int | None = None
+    window: int,
+    r: float,
+    jagg_frac: float,
+    strategy: str = "jagg",
+    trained_steps: int | None = None,
+    reuse: bool = False,
+    updates_per_rollout: int = 1,
 ) -> float:
     """Cost-model speedup of the update phase over exact backward (PAPER.md, "Cost model").
 
     One forward = 1 unit, forward+backward = r units. Per group of W steps exact costs W·r and JAGG
-    (W − 2) + 2·r, so with routing fraction f: W·r / (f·(W − 2 + 2r) + (1 − f)·W·r). The one implementation is
+    (W − 2) + 2·r, so with routing fraction f: W·r / (f·(W − 2 + 2r) + (1 − f)·W·r). With velocity reuse
+    (``reuse``, strategy jagg) a JAGG group costs 2r on the first of the ``updates_per_rollout`` mini-batches
+    (the only one still on the sampling policy) and (W − 2) + 2r on the others. The one implementation is
     ``jagg_engine.bench.cost_model_speedup`` (which also knows the engine's group plan of ``trained_steps``),
     so the app and `jagg bench` print the same number; imported here lazily (it brings torch).
     """
     from jagg_engine.bench import cost_model_speedup
 
+    if reuse and strategy == "jagg":
+        return float(
+            cost_model_speedup(
+                window,
+                r,
+                jagg_frac,
+                "jagg+reuse",
+                trained_steps,
+                reuse_fraction=1 / max(int(updates_per_rollout), 1),
+            )
+        )
     return float(cost_model_speedup(window, r, jagg_frac, strategy=strategy, trained_steps=trained_steps))
 
 
 def config_speedup(config: Mapping[str, Any], r: float) -> float | None:
-    """The prediction for a stored run config (its W, jagg_frac, strategy and trained-step count)."""
+    """The prediction for a stored run config (its W, jagg_frac, strategy, trained-step count, velocity reuse
+    and mini-batches per rollout; a config from before those fields ran without reuse, one update a rollout)."""
     try:
         start = config.get("sde_window_start") or 0
         end = config.get("sde_window_end")
         if end is None:
             end = config["sampling_steps"] - (1 if config.get("algorithm") == "cps" else 0)
         return predicted_speedup(
-            int(config["window"]), r, float(config["jagg_frac"]), config.get("strategy", "jagg"), end - start
+            int(config["window"]),
+            r,
+            float(config["jagg_frac"]),
+            config.get("strategy", "jagg"),
+            end - start,
+            reuse=config.get("reuse_rollout_velocity") == "auto",
+            updates_per_rollout=int(config.get("updates_per_rollout", 1)),
         )
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None
 
 

@@ -2,8 +2,10 @@
 
 The database is the source of truth, so nothing here needs to survive the app process:
 
-* A run is created ``queued`` with its validated config (``store.create_run``) and its folder
-  ``<runs_dir>/run-<id>``; it has no pid until it is launched.
+* A run is created ``queued`` with its validated config (``store.create_run``, launcher ``app``) and its
+  folder ``<runs_dir>/run-<id>``; it has no pid until it is launched. The app starts only runs it queued
+  itself: a run that ``jagg train`` created in the same folder (launcher ``cli``, pid set at creation) is
+  never taken for an unlaunched one, however long its model takes to load.
 * :meth:`RunManager.tick` (driven by the app's timer) marks dead runs failed (``check_liveness``), reaps
   finished children, escalates overdue cancels, and starts queued runs without a pid, oldest first, while
   fewer than ``max_concurrent`` runs are active. A restarted app reads the same rows and carries on.
@@ -61,7 +63,8 @@ class RunManager:
         env: Mapping[str, str] | None = None,
     ):
         self.runs_dir = Path(runs_dir).resolve()
-        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        if not self.runs_dir.is_dir():
+            self.runs_dir.mkdir(parents=True)
         self.store: RunStore = open_store(self.runs_dir)
         self.command = command
         self.max_concurrent = max_concurrent
@@ -76,7 +79,9 @@ class RunManager:
         """Insert a queued run with a validated config (TrainConfig.to_dict()) and make its folder."""
         config = dict(config)
         with self._lock:
-            run_id = self.store.create_run(str(config.get("name", "run")), config, None, paired_run_id)
+            run_id = self.store.create_run(
+                str(config.get("name", "run")), config, None, paired_run_id, launcher="app"
+            )
             run_dir = self.runs_dir / f"run-{run_id:04d}"  # as `jagg train` names it
             run_dir.mkdir(parents=True, exist_ok=True)
             self.store.set_run_dir(run_id, run_dir)
@@ -93,8 +98,12 @@ class RunManager:
         return exact_id, jagg_id
 
     def pending(self) -> list[dict[str, Any]]:
-        """Queued runs not yet launched (no pid), oldest first."""
-        runs = [r for r in self.store.list_runs() if r["status"] == "queued" and r["pid"] is None]
+        """Runs the app queued and has not launched yet (no pid), oldest first."""
+        runs = [
+            r
+            for r in self.store.list_runs()
+            if r["status"] == "queued" and r["pid"] is None and r.get("launcher") == "app"
+        ]
         return sorted(runs, key=lambda r: r["id"])
 
     def active(self) -> list[dict[str, Any]]:
@@ -114,7 +123,7 @@ class RunManager:
             run = self.store.get_run(run_id)
             if run is None:
                 raise StoreError(f"no run with id {run_id}")
-            if run["status"] != "queued" or run["pid"] is not None:
+            if run["status"] != "queued" or run["pid"] is not None or run.get("launcher") != "app":
                 raise StoreError(
                     f"run {run_id}: is {run['status']} (pid {run['pid']}); only a queued run starts"
                 )
@@ -135,8 +144,12 @@ class RunManager:
             return proc.pid
 
     def tick(self) -> list[int]:
-        """One pass of the queue runner; returns the ids started. Called by the app's timer."""
+        """One pass of the queue runner; returns the ids started. Called by the app's timer. On a read-only
+        runs folder it only reaps children: the history is shown as it is."""
         with self._lock:
+            if self.store.read_only:
+                self._reap()
+                return []
             self._reap()
             self.store.check_liveness()
             self._escalate_cancels()

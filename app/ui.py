@@ -191,20 +191,36 @@ def form_config(
     return cfg.validate(check_environment=True)
 
 
-def speedup_note(window: float | None, jagg_frac: float | None, strategy: str, r: float | None) -> str:
-    """The cost-model line shown under the form before launch."""
+def speedup_note(
+    window: float | None,
+    jagg_frac: float | None,
+    strategy: str,
+    r: float | None,
+    reuse: bool = False,
+    updates_per_rollout: int = 1,
+) -> str:
+    """The cost-model line shown under the form before launch (``reuse``: reuse_rollout_velocity is auto)."""
     try:
         w, f, r_ = int(window), float(jagg_frac), float(r)
         if w < 2 or not 0 <= f <= 1 or r_ <= 0:
             raise ValueError
     except (TypeError, ValueError):
         return "Predicted update-phase speedup: needs W ≥ 2, jagg_frac in [0, 1] and r > 0."
-    s = data.predicted_speedup(w, r_, f, "jagg" if strategy != "exact" else "exact")
+    kind = "jagg" if strategy != "exact" else "exact"
+    reuse = reuse and strategy == "jagg"  # only JAGG's inner steps take the rollout's velocities
+    s = data.predicted_speedup(w, r_, f, kind, reuse=reuse, updates_per_rollout=updates_per_rollout)
     if strategy == "exact":
         return f"Predicted update-phase speedup: **1.00×** (strategy exact is the baseline; W·r = {w * r_:.1f} units per window)."
+    if reuse:
+        on = (
+            "every update" if updates_per_rollout == 1 else f"the first of {updates_per_rollout} mini-batches"
+        )
+        per_group = f"jagg with the rollout's velocities {2 * r_:.1f} on {on}, else {w - 2 + 2 * r_:.1f}"
+    else:
+        per_group = f"{strategy} {w - 2 + 2 * r_:.1f}"
     return (
         f"Predicted update-phase speedup over exact: **{s:.2f}×** (cost model, W = {w}, jagg_frac = {f:g}, "
-        f"r = {r_:g}: exact {w * r_:.1f} units per window, {strategy} {w - 2 + 2 * r_:.1f})."
+        f"r = {r_:g}: exact {w * r_:.1f} units per window, {per_group})."
     )
 
 
@@ -235,6 +251,7 @@ def build_app(
     shared = data.SharedTick(manager.store, manager.tick, max_age=TICK_S / 2)
     r0 = r_default if r_default is not None else data.default_r(has_gpu())
     defaults = TrainConfig()
+    reuse_defaults = (defaults.reuse_rollout_velocity == "auto", defaults.updates_per_rollout)
     backbones = SPACE_BACKBONES if space else BACKBONE_CHOICES
     max_steps = SPACE_MAX_STEPS if space else None
 
@@ -255,9 +272,9 @@ def build_app(
         try:
             refuse_if_busy()
             cfg = form_config(root, *form, space_mode=space)
-        except ConfigError as exc:
+            run_id = manager.create(cfg.to_dict())
+        except (ConfigError, StoreError) as exc:
             return f"**Not launched.** {exc}", None, gr.skip()
-        run_id = manager.create(cfg.to_dict())
         started = manager.tick()
         where = "started" if run_id in started else "queued (starts when the current run finishes)"
         return f"Run #{run_id} {where}.", run_id, gr.update(choices=run_choices(), value=run_id)
@@ -266,9 +283,9 @@ def build_app(
         try:
             refuse_if_busy()
             cfg = form_config(root, *form, space_mode=space)
-        except ConfigError as exc:
+            exact_id, jagg_id = manager.create_pair(cfg.to_dict())
+        except (ConfigError, StoreError) as exc:
             return f"**Not launched.** {exc}", None, gr.skip()
-        exact_id, jagg_id = manager.create_pair(cfg.to_dict())
         manager.tick()
         return (
             f"Pair queued: exact #{exact_id}, then JAGG #{jagg_id} (same config, prompts and seeds; the second "
@@ -278,7 +295,7 @@ def build_app(
         )
 
     def predict(window: float, jagg_frac: float, strategy: str, r: float) -> str:
-        return speedup_note(window, jagg_frac, strategy, r)
+        return speedup_note(window, jagg_frac, strategy, r, *reuse_defaults)
 
     def live_view(run_id: int | None, r: float) -> tuple[Any, ...]:
         try:
@@ -392,6 +409,8 @@ def build_app(
             csv_path, json_path = manager.store.export_run(number, root / "exports")
         except (ConfigError, StoreError) as exc:
             return f"**Error:** {exc}", None
+        except OSError as exc:  # a read-only or full runs folder
+            return f"**Error:** cannot write {root / 'exports'}: {exc.strerror or exc}", None
         return f"Exported run #{number}.", [str(csv_path), str(json_path)]
 
     # ------------------------------------------------------------------ layout
@@ -445,7 +464,7 @@ def build_app(
                     lines=3,
                 )
                 prediction = gr.Markdown(
-                    speedup_note(defaults.window, defaults.jagg_frac, defaults.strategy, r0)
+                    speedup_note(defaults.window, defaults.jagg_frac, defaults.strategy, r0, *reuse_defaults)
                 )
                 with gr.Row():
                     launch_btn = gr.Button("Launch", variant="primary")

@@ -84,34 +84,49 @@ def group_cost(n: int, r: float, kind: str) -> float:
 
 
 def cost_model_speedup(
-    window: int, r: float, jagg_frac: float, strategy: str = "jagg", trained_steps: int | None = None
+    window: int,
+    r: float,
+    jagg_frac: float,
+    strategy: str = "jagg",
+    trained_steps: int | None = None,
+    reuse_fraction: float = 1.0,
 ) -> float:
     """Predicted speedup of the update phase over exact: Σ n·r / Σ cost(group) (PAPER.md, "Cost model").
 
     With ``trained_steps`` K the groups and their routing are the engine's :func:`group_plan` of K steps
     (trailing short group, ceil(f·G)); without it, the paper's continuous form
     W·r / (f·c(W) + (1 − f)·W·r) with c(W) the strategy's per-group cost.
-    Example: W = 4, r = 1.8, f = 1, jagg → 7.2 / 5.6.
+    ``reuse_fraction`` (jagg+reuse only): the fraction ρ of the update's samples whose policy is still the
+    sampling one — 1 / updates_per_rollout, since only the first mini-batch reuses — so a routed group costs
+    ρ·2r + (1 − ρ)·((n − 2) + 2r).
+    Example: W = 4, r = 1.8, f = 1, jagg → 7.2 / 5.6; jagg+reuse → 7.2 / 3.6, with ρ = 1/2 → 7.2 / 4.6.
     """
     if strategy not in BENCH_STRATEGIES:
         raise ValueError(f"strategy: must be one of {', '.join(BENCH_STRATEGIES)}, got {strategy!r}")
     if not r > 0:
         raise ValueError(f"r: must be > 0, got {r}")
+    if not 0 <= reuse_fraction <= 1:
+        raise ValueError(f"reuse_fraction: must be in [0, 1], got {reuse_fraction}")
     engine_strategy = {"jagg-sequential": "jagg", "paper-code": "jagg", "jagg+reuse": "jagg"}.get(
         strategy, strategy
     )
     update = UpdateConfig(strategy=engine_strategy, window=window, jagg_frac=jagg_frac)  # validates W, f
+
+    def cost(n: int, kind: str) -> float:
+        if kind == "jagg+reuse":
+            return reuse_fraction * group_cost(n, r, kind) + (1 - reuse_fraction) * group_cost(n, r, "jagg")
+        return group_cost(n, r, kind)
+
     if strategy == "exact":
         return 1.0
     if trained_steps is None:
         exact = window * r
-        return exact / (jagg_frac * group_cost(window, r, strategy) + (1 - jagg_frac) * exact)
+        return exact / (jagg_frac * cost(window, strategy) + (1 - jagg_frac) * exact)
     if trained_steps < 1:
         raise ValueError(f"trained_steps: must be a positive integer, got {trained_steps}")
     plan = group_plan(list(range(trained_steps)), update)
     exact = sum(len(g) * r for g, _ in plan)
-    cost = sum(group_cost(len(g), r, strategy if kind != "exact" else "exact") for g, kind in plan)
-    return exact / cost
+    return exact / sum(cost(len(g), strategy if kind != "exact" else "exact") for g, kind in plan)
 
 
 # ----------------------------------------------------------------------------------------------------------

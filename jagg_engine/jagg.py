@@ -235,12 +235,10 @@ class _Update:
         self.full_traj, self.full_advantages = traj, advantages
         self.result = UpdateResult()
         self._sums = torch.zeros(5, dtype=torch.float64)
-        self._weight = (
-            0.0  # Σ over computed (step, micro-batch) of b_m / B: the number of whole steps computed
-        )
-        self._reuse: bool | None = (
-            None  # decided at the first inner step (the guard runs a one-sample forward)
-        )
+        # Σ over computed (step, micro-batch) of b_m / B: the number of whole steps computed
+        self._weight = 0.0
+        # whether inner steps take the rollout's velocities: decided at the first one (the guard runs a forward)
+        self._reuse: bool | None = None
         self.use_samples(slice(0, traj.batch_size))
 
     def use_samples(self, index: slice) -> None:

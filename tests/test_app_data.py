@@ -137,8 +137,8 @@ def test_speedup_measured_against_the_paired_exact_run(store):
     assert row["exact update s/step"] == pytest.approx(2.0)
     assert row["update s/step"] == pytest.approx(1.0)
     assert row["measured speedup"] == pytest.approx(2.0)
-    # defaults: 8 trained steps, W = 4, f = 1 → 2 groups of 4: 7.2 / 5.6
-    assert row["predicted speedup"] == pytest.approx(7.2 / 5.6, abs=1e-3)
+    # defaults: 8 trained steps, W = 4, f = 1, the rollout's velocities reused → 2 groups of 4: 7.2 / 3.6
+    assert row["predicted speedup"] == pytest.approx(7.2 / 3.6, abs=1e-3)
     assert row["paired exact run"] == f"#{ids['exact']}"
     # the link works both ways: the exact run finds no exact partner and reports no measured speedup
     assert data.speedup_frame(s, ids["exact"], r=1.8).iloc[0]["measured speedup"] is None
@@ -149,6 +149,19 @@ def test_predicted_speedup_formula():
     assert data.predicted_speedup(4, 3.0, 0.5) == pytest.approx(12 / (0.5 * 8 + 0.5 * 12))
     assert data.predicted_speedup(4, 3.0, 0.0) == pytest.approx(1.0)
     assert data.predicted_speedup(4, 3.0, 1.0, strategy="exact") == 1.0
+    # velocity reuse: a JAGG group costs 2r on the first of the updates_per_rollout mini-batches
+    assert data.predicted_speedup(4, 1.8, 1.0, reuse=True) == pytest.approx(7.2 / 3.6)
+    assert data.predicted_speedup(4, 1.8, 1.0, reuse=True, updates_per_rollout=2) == pytest.approx(7.2 / 4.6)
+    assert data.predicted_speedup(4, 1.8, 1.0, strategy="endpoint", reuse=True) == pytest.approx(7.2 / 3.6)
+
+
+def test_config_speedup_reads_reuse_and_minibatches():
+    cfg = {"window": 4, "jagg_frac": 1.0, "strategy": "jagg", "sampling_steps": 12, "sde_window_end": 8}
+    assert data.config_speedup(cfg, 1.8) == pytest.approx(7.2 / 5.6)  # a config from before reuse: none
+    cfg["reuse_rollout_velocity"] = "auto"
+    assert data.config_speedup(cfg, 1.8) == pytest.approx(7.2 / 3.6)
+    cfg["updates_per_rollout"] = 4
+    assert data.config_speedup(cfg, 1.8) == pytest.approx(7.2 / (0.25 * 3.6 + 0.75 * 5.6))
 
 
 def test_compare_frame_and_config_diff(store):

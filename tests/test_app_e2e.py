@@ -199,8 +199,10 @@ def test_launch_restart_finish_and_cancel_through_the_api(app):
     assert [t["name"] for t in json.loads(times["plot"])["data"]] == [
         "sampling", "reward", "update forward", "update backward",
     ]  # fmt: skip
-    # predicted for 6 trained steps, W = 4, r = 1.8: groups of 4 and 2 → 6r / ((2 + 2r) + 2r)
-    assert speedup["data"][0][-2] == pytest.approx(cost_model_speedup(4, 1.8, 1.0, trained_steps=6), abs=1e-3)
+    # predicted for 6 trained steps, W = 4, r = 1.8, with the rollout's velocities (reuse_rollout_velocity auto,
+    # the default, one update a rollout): groups of 4 and 2 → 6r / (2r + 2r)
+    predicted = cost_model_speedup(4, 1.8, 1.0, "jagg+reuse", trained_steps=6)
+    assert speedup["data"][0][-2] == pytest.approx(predicted, abs=1e-3) and predicted == pytest.approx(1.5)
     assert len(gallery) == 8  # 4 prompts × 1 seed at steps 0 and 3
     first = gallery[0]
     assert first["caption"].startswith("step 3 · ") and "reward" in first["caption"]
@@ -286,7 +288,7 @@ def test_browser_launch_shows_reward_plot_and_samples(app):
             extra = ""
         field("more settings (key=value, one a line)").send_keys(extra + SHORT + "\neval_every=2")
         # An invalid value is refused inline with the config's message, and nothing launches.
-        assert "Predicted update-phase speedup over exact: <strong>1.29×" in driver.page_source
+        assert "Predicted update-phase speedup over exact: <strong>2.00×" in driver.page_source  # 7.2 / 3.6
         window = field("W (window)")
         window.clear()
         window.send_keys("1")

@@ -93,6 +93,9 @@ def test_parse_helpers():
 
 def test_speedup_note_uses_the_cost_model():
     assert "1.29×" in ui.speedup_note(4, 1.0, "jagg", 1.8)  # 7.2 / 5.6
+    assert "2.00×" in ui.speedup_note(4, 1.0, "jagg", 1.8, reuse=True)  # 7.2 / 3.6
+    assert "1.57×" in ui.speedup_note(4, 1.0, "jagg", 1.8, reuse=True, updates_per_rollout=2)  # 7.2 / 4.6
+    assert ui.speedup_note(4, 1.0, "endpoint", 1.8, reuse=True) == ui.speedup_note(4, 1.0, "endpoint", 1.8)
     assert "1.00×" in ui.speedup_note(4, 1.0, "exact", 1.8)
     assert "needs W ≥ 2" in ui.speedup_note(1, 1.0, "jagg", 1.8)
 

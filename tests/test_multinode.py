@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from jagg_engine.store import open_store
+from jagg_engine.train import checkpoint
 from jagg_engine.train.launch import free_port
 
 ROOT = Path(__file__).parents[1]
@@ -61,7 +62,7 @@ def test_readme_two_machines_on_loopback_match_one_machine(tmp_path):
     assert m0.wait(timeout=600) == 0, (tmp_path / "m0.log").read_text()[-3000:]
     assert m1.wait(timeout=60) == 0, (tmp_path / "m1.log").read_text()[-3000:]
     assert not (tmp_path / "m1" / "jagg.db").exists()  # only machine 0 opens the runs database
-    assert not list((tmp_path / "m1").rglob("*.pt")) and not list((tmp_path / "m1").rglob("*.png"))
+    assert not list((tmp_path / "m1").rglob("step_*")) and not list((tmp_path / "m1").rglob("*.png"))
 
     run_one, one_frame = history(tmp_path / "one")
     run_two, two_frame = history(tmp_path / "m0")
@@ -75,7 +76,7 @@ def test_readme_two_machines_on_loopback_match_one_machine(tmp_path):
             assert a == b, key
         else:
             assert a == pytest.approx(b, rel=0, abs=1e-6), key
-    assert (Path(run_two["run_dir"]) / "checkpoints" / "step_00002.pt").is_file()
+    assert (Path(run_two["run_dir"]) / "checkpoints" / "step_00002" / "manifest.json").is_file()
 
 
 @pytest.mark.slow
@@ -123,7 +124,7 @@ def test_cancel_and_resume_across_machines(tmp_path):
     assert store.get_run(1)["status"] == "finished" and logged(store, 1) == [1, 2, 3]
     log = (Path(store.get_run(1)["run_dir"]) / "train.log").read_text()
     assert f"resuming after step {len(done)}" in log
-    assert not (tmp_path / "m1" / "jagg.db").exists() and not list((tmp_path / "m1").rglob("*.pt"))
+    assert not (tmp_path / "m1" / "jagg.db").exists() and not list((tmp_path / "m1").rglob("step_*"))
 
 
 def test_a_missing_machine_ends_the_other_in_time_with_one_line(tmp_path):
@@ -225,7 +226,7 @@ def test_probe_is_taken_at_the_parameters_before_the_step(tmp_path, monkeypatch)
 
     model = trainer_mod.build_model(cfg, torch.device("cpu"))
     params = model.trainable_parameters()
-    after = torch.load(tmp_path / "run" / "checkpoints" / "step_00001.pt", weights_only=False)["params"]
+    after = checkpoint.read(tmp_path / "run" / "checkpoints" / "step_00001").params
 
     def direct(values):
         with torch.no_grad():

@@ -195,7 +195,9 @@ class TrainConfig:
     auto_route_threshold: float = _f(0.7, "Cosine a group must reach to stay on JAGG under auto_route.")
     auto_route_every: int = _f(10, "Steps between two routing probes under auto_route.", low=1)
     reuse_rollout_velocity: str = _f(
-        "off", "auto: JAGG inner steps reuse the rollout's velocities while the policy is unchanged; or off."
+        "auto",
+        "auto: JAGG inner steps take the rollout's velocities where the policy is provably the sampling one"
+        " (exact; the first mini-batch of a rollout); off: always a forward.",
     )
     train_micro_batch: int | None = _f(
         None,
@@ -233,6 +235,9 @@ class TrainConfig:
     sample_every: int = _f(10, "Save training sample images every N steps.")
     eval_every: int = _f(10, "Run the deterministic (ODE) eval every N steps.")
     checkpoint_every: int = _f(25, "Save a resumable checkpoint every N steps (and at the end).")
+    keep_checkpoints: int = _f(
+        2, "Keep the newest N checkpoints of a run (older ones are deleted; >= 1).", low=1
+    )
     probe_every: int = _f(0, "Measure JAGG-vs-exact gradient fidelity every N steps.")
 
     # ------------------------------------------------------------------ building
@@ -603,6 +608,8 @@ def check_runs_dir(path: str | os.PathLike[str], field_name: str = "output_dir")
     for part in folder.parts:
         if len(os.fsencode(part)) > 255:
             raise ConfigError(f"{field_name}: the name {part[:40]!r}… is longer than 255 bytes")
+    if len(os.fsencode(str(folder.absolute()))) >= 4096:
+        raise ConfigError(f"{field_name}: the path is longer than 4095 bytes")
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"{field_name}: {text} is a file, not a folder")
     existing = folder.absolute()
@@ -670,13 +677,13 @@ def read_prompts(path: str | os.PathLike[str], field_name: str = "prompts_file")
 
 def model_path_kind(path: str) -> str:
     """ "local" (exists), "hub" (looks like a hub id ``owner/name``) or "missing" — see the module docstring."""
-    if Path(path).expanduser().exists():
+    if os.path.exists(os.path.expanduser(path)):  # False, not an error, for an impossible path
         return "local"
     looks_local = (
         path.startswith(("/", "./", "../", "~", "."))
         or path.endswith(_WEIGHT_SUFFIXES)
         or not _HUB_ID.match(path)
-        or Path(path.split("/")[0]).is_dir()
+        or os.path.isdir(path.split("/")[0])
     )
     return "missing" if looks_local else "hub"
 
@@ -969,7 +976,7 @@ def _check_model_folder(backbone: str, model_path: str) -> None:
     """A model_path that exists must hold what the backbone loads (a diffusers pipeline folder, the
     tiny-shapes weight files); a hub id is left to the backbone's loader."""
     folder = Path(model_path).expanduser()
-    if not folder.exists():
+    if not os.path.exists(folder):
         if backbone == "tiny-shapes":
             raise ConfigError(f"model_path: tiny-shapes loads a local folder; no such folder: {model_path}")
         return  # a hub id: the loader fetches it or says why not

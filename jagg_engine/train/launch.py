@@ -233,8 +233,21 @@ def _processes_override(args: argparse.Namespace) -> list[str]:
     return [f"processes={args.processes}"] if args.processes is not None else []
 
 
+def writable_store(runs_dir: str | os.PathLike[str]):
+    """The store of ``runs_dir``, or a one-line UsageError when the folder cannot be written."""
+    from jagg_engine.store import StoreError, open_store
+
+    try:
+        store = open_store(runs_dir)
+    except (StoreError, OSError) as exc:
+        raise UsageError(f"runs dir: {runs_dir} cannot be opened for writing ({exc})") from None
+    if store.read_only:
+        raise UsageError(f"runs dir: {Path(runs_dir).resolve()} is read-only; nothing was written")
+    return store
+
+
 def run(args: argparse.Namespace) -> int:
-    from jagg_engine.store import DB_NAME, open_store
+    from jagg_engine.store import DB_NAME
     from jagg_engine.train.config import ConfigError, TrainConfig, check_runs_dir, load_config
     from jagg_engine.train.trainer import train
 
@@ -271,9 +284,11 @@ def run(args: argparse.Namespace) -> int:
         runs_dir = args.runs_dir or (cfg.output_dir if cfg is not None else "runs")
     elif attach is not None:
         runs_dir = args.runs_dir or "runs"
-        if not (Path(runs_dir) / DB_NAME).is_file():  # opening the store would create an empty history
+        if not os.path.isfile(
+            os.path.join(runs_dir, DB_NAME)
+        ):  # opening the store would create an empty history
             raise UsageError(f"{flag}: no run history in {runs_dir} (no {DB_NAME}); give --runs-dir")
-        store = open_store(runs_dir)
+        store = writable_store(runs_dir)
         store.check_liveness()
         run = store.get_run(attach)
         if run is None:
@@ -302,12 +317,14 @@ def run(args: argparse.Namespace) -> int:
         if "config" in expect:
             expect["config"] = cfg.to_dict()
     if machine_rank == 0 and attach is None:
-        try:  # the last check: the folder must take a history before the store writes one
-            check_runs_dir(runs_dir, "--runs-dir" if args.runs_dir else "output_dir")
-        except ConfigError as exc:
-            raise UsageError(str(exc)) from None
-        store = open_store(runs_dir)
-        run_id = store.create_run(cfg.name, cfg.to_dict(), None)
+        if not os.path.isfile(os.path.join(runs_dir, DB_NAME)):  # a new history: the folder must take one
+            try:
+                check_runs_dir(runs_dir, "--runs-dir" if args.runs_dir else "output_dir")
+            except ConfigError as exc:
+                raise UsageError(str(exc)) from None
+        store = writable_store(runs_dir)
+        # launcher "cli" and this process's pid, in one insert: the app never starts a run created here
+        run_id = store.create_run(cfg.name, cfg.to_dict(), None, launcher="cli", pid=os.getpid())
         run_dir = Path(runs_dir) / f"run-{run_id:04d}"
         run_dir.mkdir(parents=True, exist_ok=True)
         store.set_run_dir(run_id, run_dir)
