@@ -579,3 +579,16 @@ def test_a_history_without_the_latest_table_is_filled_once(tmp_path: Path) -> No
         finals = {r["id"]: (r["final_reward_key"], r["final_reward"]) for r in s.list_runs()}
         assert finals == {a: ("eval/reward/mean", 13.0), b: ("reward/mean", -3.0)}
         assert s.last_values(a, ["reward/mean"]) == {"reward/mean": (3, 3.0)}
+
+
+def test_a_read_only_history_without_the_latest_table_still_lists_final_rewards(tmp_path: Path) -> None:
+    with open_store(tmp_path / "runs") as s:
+        a = _run(s, "a", "running")
+        for step in range(3):
+            s.log_step(a, step, {"reward/mean": step, "loss/policy": -step})
+        s.db.execute("DROP TABLE latest")  # written by a version without it; read-only: cannot be migrated
+        s.db.conn.commit()
+    with open_store(tmp_path / "runs", read_only=True) as s:
+        assert "latest" not in s.db.table_names()
+        assert [(r["final_reward_key"], r["final_reward"]) for r in s.list_runs()] == [("reward/mean", 2.0)]
+        assert s.last_values(a, ["loss/policy"]) == {"loss/policy": (2, -2.0)}
