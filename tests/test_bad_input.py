@@ -303,7 +303,7 @@ def app(runs: Path) -> Iterator[dict]:
     demo = ui.build_app(
         runs, background_ticks=False, command=lambda run_id, root: [sys.executable, "-c", "pass"]
     )
-    handlers = {f.fn.__name__: f.fn for f in demo.fns.values()}
+    handlers = {f.api_name: f.fn for f in demo.fns.values()}
     try:
         yield handlers
     finally:
@@ -369,8 +369,8 @@ def test_the_app_form_refuses_inline_and_writes_nothing(
 ) -> None:
     values = {k: _fill(v, files) if isinstance(v, str) else v for k, v in {**FORM, **changes}.items()}
     before = _snapshot(runs)
-    for handler in ("launch", "launch_pair"):
-        text, run_id, _ = app[handler](*values.values())
+    for handler in ("launch_run", "compare_exact_jagg"):
+        text, run_id, _ = app[handler](*values.values(), None)  # the last argument: gradio's request
         assert run_id is None and "\n" not in text and "Traceback" not in text
         assert text == f"**Not launched.** {_fill(message, files)}" or text.startswith(
             f"**Not launched.** {_fill(message, files)}"
@@ -386,15 +386,16 @@ def test_the_app_handlers_refuse_non_integer_run_ids(bad, runs: Path, app) -> No
     before = _snapshot(runs)
     expected = f"run id: must be a whole number from 1 to {2**63 - 1}, got {bad!r}"
     outputs = {
-        "cancel": app["cancel"](bad),
-        "delete": app["delete"](bad, True)[0],
-        "export": app["export"](bad)[0],
+        "cancel": app["cancel_run"](bad),
+        "delete": app["delete_run"](bad, True)[0],
+        "export": app["export_run"](bad)[0],
         "live_view": app["live_view"](bad, 1.8)[0],
         "on_tick": app["on_tick"](bad, 1.8, None, None)[0],
+        "resume": app["resume_run"](bad),
     }
     for name, text in outputs.items():
         assert text == f"**Error:** {expected}", (name, text)
-    figure = app["compare"]([1, bad], 1.8)[0]
+    figure = app["compare_runs"]([1, bad], 1.8)[0]
     assert figure.layout.annotations[0].text == expected.replace("run id", "runs")
     assert _snapshot(runs) == before
     assert open_store(runs).get_run(1)["status"] == "cancelled"  # the run the ids might have hit is intact
@@ -404,7 +405,9 @@ def test_the_app_handlers_refuse_a_bad_cost_ratio(runs: Path, app) -> None:
     for bad in ("abc", -1.0, math.nan, 0):
         assert app["live_view"](1, bad)[0] == f"**Error:** r: must be a finite number > 0, got {bad!r}"
         assert (
-            app["compare"]([1, 1], bad)[0].layout.annotations[0].text.startswith("r: must be a finite number")
+            app["compare_runs"]([1, 1], bad)[0]
+            .layout.annotations[0]
+            .text.startswith("r: must be a finite number")
         )
 
 
