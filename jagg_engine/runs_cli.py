@@ -43,7 +43,12 @@ def run_runs(args: argparse.Namespace) -> int:
     if not db.exists():
         print(f"no runs yet ({db} does not exist)")
         return 0
-    with open_store(args.runs_dir) as store:
+    try:
+        store = open_store(args.runs_dir)  # read-only where the folder cannot be written
+    except StoreError as exc:
+        print(f"jagg runs: error: {exc}", file=sys.stderr)
+        return 2
+    with store:
         store.check_liveness()
         runs = store.list_runs()
     if not runs:
@@ -58,11 +63,19 @@ def run_export(args: argparse.Namespace) -> int:
     if not db.exists():
         print(f"jagg export: no run database at {db}", file=sys.stderr)
         return 2
-    with open_store(args.runs_dir) as store:
+    try:
+        store = open_store(args.runs_dir)  # read-only where the folder cannot be written
+    except StoreError as exc:
+        print(f"jagg export: error: {exc}", file=sys.stderr)
+        return 2
+    with store:
         try:
             csv_path, json_path = store.export_run(args.run_id, args.out)
         except StoreError:
             print(f"jagg export: no run with id {args.run_id} in {db}", file=sys.stderr)
+            return 2
+        except OSError as exc:  # --out on a read-only or full filesystem
+            print(f"jagg export: error: cannot write to {args.out}: {exc.strerror or exc}", file=sys.stderr)
             return 2
     print(csv_path)
     print(json_path)

@@ -31,7 +31,17 @@ Status transitions (anything else raises :class:`StoreError`)::
     queued  → running | failed | cancelled
     running → finished | failed | cancelled
     failed, cancelled → running | queued      (resume)
+    failed, cancelled → failed                (a resume that fails before it runs: the new error replaces
+                                               the old one)
     finished → (nothing)
+
+Launchers: ``runs.launcher`` says who will start a queued run: ``app`` (the app's queue starts it) or ``cli``
+(``jagg train`` created it and starts it itself; the app never does). Rows written before the column existed
+count as the app's when they are still queued without a process.
+
+Read-only: on a folder it cannot write (a read-only mount, a full disk where the WAL files cannot be made),
+:func:`open_store` opens the database read-only (``mode=ro``, else ``immutable=1``); reads work and every
+write raises :class:`StoreError` in one line.
 """
 
 from __future__ import annotations
@@ -44,6 +54,7 @@ import shutil
 import sqlite3
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -56,11 +67,12 @@ ACTIVE_STATUSES = ("queued", "running")
 TRANSITIONS: dict[str, tuple[str, ...]] = {
     "queued": ("running", "failed", "cancelled"),
     "running": ("finished", "failed", "cancelled"),
-    "failed": ("running", "queued"),
-    "cancelled": ("running", "queued"),
+    "failed": ("running", "queued", "failed"),
+    "cancelled": ("running", "queued", "failed"),
     "finished": (),
 }
 SAMPLE_KINDS = ("train", "eval")
+LAUNCHERS = ("app", "cli")
 FINAL_REWARD_KEYS = ("eval/reward/mean", "reward/mean")
 DB_NAME = "jagg.db"
 LOG_NAME = "train.log"
@@ -75,15 +87,26 @@ class StoreError(ValueError):
 class RunStore:
     """All reads and writes of the run history. Safe to share between threads (one lock per store)."""
 
-    def __init__(self, db_path: str | os.PathLike[str]):
+    def __init__(self, db_path: str | os.PathLike[str], read_only: bool | None = None):
+        """Open (creating if needed) the database; ``read_only`` None = read-only only when the folder
+        cannot be written (see "Read-only" above), True = always, False = never (a write-less folder raises)."""
         self.path = Path(db_path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
-        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-        self.db = sqlite_utils.Database(conn)
-        self.db.enable_wal()
         self._lock = threading.RLock()
-        self.ensure_schema()
+        self.read_only = bool(read_only) or (read_only is None and _unwritable(self.path))
+        if not self.read_only:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
+                conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+                self.db = sqlite_utils.Database(conn)
+                self.db.enable_wal()
+                self.ensure_schema()
+                return
+            except (sqlite3.OperationalError, OSError) as exc:
+                if read_only is False or not _storage_refusal(exc) or not self.path.is_file():
+                    raise
+                self.read_only = True
+        self.db = sqlite_utils.Database(_connect_read_only(self.path))
 
     @property
     def runs_root(self) -> Path:
@@ -119,7 +142,8 @@ class RunStore:
                 " run_dir TEXT,"
                 " cancel_requested INTEGER NOT NULL DEFAULT 0,"
                 " last_step INTEGER,"
-                " paired_run_id INTEGER)"
+                " paired_run_id INTEGER,"
+                " launcher TEXT)"
             )
             self.db["metrics"].create(
                 {"run_id": int, "step": int, "key": str, "value": float},
@@ -159,6 +183,9 @@ class RunStore:
             )
             if "pid_at" not in self.db["runs"].columns_dict:  # a history written before pid_at existed
                 self.db.execute("ALTER TABLE runs ADD COLUMN pid_at REAL")
+            if "launcher" not in self.db["runs"].columns_dict:  # before launcher: the app started queued runs
+                self.db.execute("ALTER TABLE runs ADD COLUMN launcher TEXT")
+                self.db.execute("UPDATE runs SET launcher = 'app' WHERE status = 'queued' AND pid IS NULL")
             self.db.execute("CREATE INDEX IF NOT EXISTS runs_status ON runs (status)")
             self.db.execute("CREATE INDEX IF NOT EXISTS samples_step ON samples (run_id, step)")
 
@@ -169,26 +196,45 @@ class RunStore:
         config: Mapping[str, Any],
         run_dir: str | os.PathLike[str] | None,
         paired_run_id: int | None = None,
+        launcher: str | None = None,
+        pid: int | None = None,
     ) -> int:
         """Insert a queued run and return its id. ``config`` is stored as JSON (TrainConfig.to_dict()),
-        ``run_dir`` as an absolute path (the log tail, sample paths and folder deletion depend on it)."""
+        ``run_dir`` as an absolute path (the log tail, sample paths and folder deletion depend on it).
+        ``launcher`` "app" puts it in the app's queue; "cli" (or None) means its creator starts it, with
+        ``pid`` the creator's process, recorded in the same insert (never "queued, no pid")."""
+        self._check_writable()
+        if launcher is not None and launcher not in LAUNCHERS:
+            raise StoreError(f"launcher: must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
         if paired_run_id is not None:
             self._require(paired_run_id)
+        now = time.time()
         with self._lock, self.db.conn:
             cur = self.db.execute(
-                "INSERT INTO runs (name, config, status, created_at, run_dir, cancel_requested, paired_run_id)"
-                " VALUES (?, ?, 'queued', ?, ?, 0, ?)",
-                [name, json.dumps(dict(config)), time.time(), _abs_or_none(run_dir), paired_run_id],
+                "INSERT INTO runs (name, config, status, created_at, run_dir, cancel_requested, paired_run_id,"
+                " launcher, pid, pid_at) VALUES (?, ?, 'queued', ?, ?, 0, ?, ?, ?, ?)",
+                [
+                    name,
+                    json.dumps(dict(config)),
+                    now,
+                    _abs_or_none(run_dir),
+                    paired_run_id,
+                    launcher,
+                    pid,
+                    now if pid is not None else None,
+                ],
             )
             return int(cur.lastrowid)
 
     def set_run_dir(self, run_id: int, run_dir: str | os.PathLike[str]) -> None:
         """Record the run folder (when it is named after the id, it is known only after create_run)."""
+        self._check_writable()
         self._require(run_id)
         with self._lock, self.db.conn:
             self.db.execute("UPDATE runs SET run_dir = ? WHERE id = ?", [_abs_or_none(run_dir), run_id])
 
     def set_paired(self, run_id: int, paired_run_id: int | None) -> None:
+        self._check_writable()
         self._require(run_id)
         if paired_run_id is not None:
             self._require(paired_run_id)
@@ -201,6 +247,7 @@ class RunStore:
         → running: started_at is kept from the first start; finished_at, error and cancel_requested are
         cleared (a resume starts clean). → finished / failed / cancelled: finished_at = now, error stored.
         """
+        self._check_writable()
         if status not in STATUSES:
             raise StoreError(f"status: must be one of {', '.join(STATUSES)}, got {status!r}")
         now = time.time()
@@ -232,6 +279,7 @@ class RunStore:
 
     def set_pid(self, run_id: int, pid: int | None) -> None:
         """Record the process that runs (or will run) this run, e.g. right after the app spawns it."""
+        self._check_writable()
         self._require(run_id)
         with self._lock, self.db.conn:
             self.db.execute(
@@ -239,8 +287,20 @@ class RunStore:
                 [pid, time.time() if pid is not None else None, run_id],
             )
 
+    def set_times(
+        self, run_id: int, created_at: float, started_at: float | None, finished_at: float | None
+    ) -> None:
+        """Set the run's recorded times (a history loaded from elsewhere keeps the times it was recorded at)."""
+        self._require(run_id)
+        with self._lock, self.db.conn:
+            self.db.execute(
+                "UPDATE runs SET created_at = ?, started_at = ?, finished_at = ? WHERE id = ?",
+                [created_at, started_at, finished_at, run_id],
+            )
+
     def request_cancel(self, run_id: int) -> None:
         """Ask a run to stop; the trainer polls :meth:`cancel_requested` between steps."""
+        self._check_writable()
         self._require(run_id)
         with self._lock, self.db.conn:
             self.db.execute("UPDATE runs SET cancel_requested = 1 WHERE id = ?", [run_id])
@@ -287,6 +347,7 @@ class RunStore:
         """Delete the run's rows; with ``delete_files`` also its folder, but only when that folder lies
         strictly inside this store's runs root (never the root itself, never through a symlink).
         Returns whether a folder was removed. An active run (queued/running with a live pid) is refused."""
+        self._check_writable()
         run = self.get_run(run_id)
         if run is None:
             raise StoreError(f"no run with id {run_id}")
@@ -313,6 +374,7 @@ class RunStore:
 
         Upsert on (run_id, step, key); also raises runs.last_step to ``step``. NaN is stored as NULL.
         """
+        self._check_writable()
         rows = []
         for key, value in metrics.items():
             if not isinstance(key, str) or not key:
@@ -334,6 +396,7 @@ class RunStore:
     def log_probes(self, run_id: int, step: int, probes: Iterable[Mapping[str, Any]]) -> None:
         """Gradient-fidelity rows: each has group_index, t_start, t_end, cosine, rel_error and optionally
         batch (default 0) and method ("jagg" by default, "endpoint" for the ablation). Upsert."""
+        self._check_writable()
         rows = [
             (
                 run_id,
@@ -361,6 +424,7 @@ class RunStore:
     def log_samples(self, run_id: int, step: int, samples: Iterable[Mapping[str, Any]]) -> None:
         """Sample images already written under run_dir: each has kind (train | eval), prompt, seed, reward
         and path (relative to run_dir). Upsert on (run_id, path)."""
+        self._check_writable()
         rows = []
         for s in samples:
             if s["kind"] not in SAMPLE_KINDS:
@@ -396,6 +460,7 @@ class RunStore:
         A resumed run calls this with its checkpoint's step, so rows of the steps it replays are written
         fresh and nothing logged after the checkpoint by the crashed process survives.
         """
+        self._check_writable()
         with self._lock, self.db.conn:
             self._status(run_id)
             for table in ("metrics", "probes", "samples"):
@@ -461,8 +526,11 @@ class RunStore:
 
         Only runs with a recorded pid are checked (a queued run without one has not been launched). The
         update is conditional on the status and pid read, so a run that finishes meanwhile keeps its
-        status. Returns the ids marked failed.
+        status. Returns the ids marked failed. A store that cannot write (read-only, disk full) marks nothing
+        and shows the runs as they are.
         """
+        if self.read_only:
+            return []
         with self._lock:
             rows = self.db.execute(
                 "SELECT id, pid, pid_at, status, run_dir FROM runs"
@@ -476,17 +544,26 @@ class RunStore:
             tail = _log_tail(Path(run_dir) / LOG_NAME) if run_dir else ""
             if tail:
                 error += f"; last lines of {LOG_NAME}:\n{tail}"
-            with self._lock, self.db.conn:
-                cur = self.db.execute(
-                    "UPDATE runs SET status = 'failed', finished_at = ?, error = ?"
-                    " WHERE id = ? AND status = ? AND pid = ?",
-                    [time.time(), error, run_id, status, pid],
-                )
+            try:
+                with self._lock, self.db.conn:
+                    cur = self.db.execute(
+                        "UPDATE runs SET status = 'failed', finished_at = ?, error = ?"
+                        " WHERE id = ? AND status = ? AND pid = ?",
+                        [time.time(), error, run_id, status, pid],
+                    )
+            except sqlite3.OperationalError as exc:
+                if _storage_refusal(exc):
+                    continue  # a full disk or a folder turned read-only: the next look marks it
+                raise
             if cur.rowcount:
                 failed.append(run_id)
         return failed
 
     # ------------------------------------------------------------------ helpers
+    def _check_writable(self) -> None:
+        if self.read_only:
+            raise StoreError(f"runs folder {self.runs_root} is read-only: nothing was written")
+
     def _status(self, run_id: int) -> str:
         row = self.db.execute("SELECT status FROM runs WHERE id = ?", [run_id]).fetchone()
         if row is None:
@@ -530,9 +607,46 @@ class RunStore:
         return resolved
 
 
-def open_store(runs_dir: str | os.PathLike[str]) -> RunStore:
-    """The store of a runs root: ``<runs_dir>/jagg.db``."""
-    return RunStore(Path(runs_dir) / DB_NAME)
+def open_store(runs_dir: str | os.PathLike[str], read_only: bool | None = None) -> RunStore:
+    """The store of a runs root: ``<runs_dir>/jagg.db`` (read-only where the folder cannot be written)."""
+    return RunStore(Path(runs_dir) / DB_NAME, read_only=read_only)
+
+
+def _unwritable(db_path: Path) -> bool:
+    """Whether the database (or the folder that would hold it) exists and cannot be written."""
+    for path in (db_path, db_path.parent):
+        if path.exists():
+            return not os.access(path, os.W_OK)
+    return False
+
+
+def _storage_refusal(exc: BaseException) -> bool:
+    """An error that means "this storage takes no writes now" (read-only, full, no permission)."""
+    import errno
+
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT)
+    text = str(exc).lower()
+    return any(
+        s in text for s in ("readonly", "read-only", "disk is full", "unable to open", "disk i/o error")
+    )
+
+
+def _connect_read_only(path: Path) -> sqlite3.Connection:
+    """A read-only connection. ``mode=ro`` reads a WAL database when its -wal/-shm files exist (or can be
+    made); when they cannot, ``immutable=1`` reads the file as it is (a cleanly closed database keeps
+    nothing in a WAL file)."""
+    if not path.is_file():
+        raise StoreError(f"runs folder {path.parent} is read-only and holds no {path.name}")
+    base = "file:" + urllib.parse.quote(str(path.resolve()))
+    for query in ("?mode=ro", "?mode=ro&immutable=1"):
+        conn = sqlite3.connect(base + query, uri=True, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
+        try:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            return conn
+        except sqlite3.OperationalError:
+            conn.close()
+    raise StoreError(f"{path}: cannot be opened, even read-only")
 
 
 def pid_alive(pid: int, recorded_at: float | None = None) -> bool:

@@ -7,7 +7,7 @@ shallow copy at the published width (FLUX: 1 double + 1 single block; SD3.5: a d
 one and the last, context-pre-only one) is built as ``scripts/gpu_check.py`` builds it (LoRA on the attention
 projections), without gradient checkpointing, in float32 at 512 px with the pipeline's text length. One
 forward with grad of one sample runs under :class:`jagg_engine.bench.SavedActivationMeter`, and every saved
-byte is charged to the block that was running (forward hooks), the rest to "base" (embedders, final layer).
+byte is charged to the block that was running (forward hooks), the rest to "base" (embedders, final layer); a kind's figure is per block.
 
 With gradient checkpointing (non-reentrant, as diffusers does it) a block keeps only its inputs until the
 backward, where it is recomputed with its full internals, one block at a time. So, per sample in bf16:
@@ -59,7 +59,7 @@ def measure(name: str, resolution: int) -> dict[str, Any]:
     if name == "flux-dev":  # 1 double + 2 single blocks
         model = build_check_model(name, depth=1, gradient_checkpointing=False, resolution=resolution)
         tf = model.transformer
-        blocks = {"double": tf.transformer_blocks[0], "single": tf.single_transformer_blocks[0]}
+        blocks = {"double": list(tf.transformer_blocks), "single": list(tf.single_transformer_blocks)}
         tokens = model.latent_shape[0]  # (N, 64) packed
     else:  # a dual-attention block, a plain one, the last (context-pre-only) one
         overrides = {"dual_attention_layers": (0,)}
@@ -67,24 +67,22 @@ def measure(name: str, resolution: int) -> dict[str, Any]:
             name, 3, gradient_checkpointing=False, resolution=resolution, overrides=overrides
         )
         tf = model.transformer
-        blocks = {
-            "dual": tf.transformer_blocks[0],
-            "plain": tf.transformer_blocks[1],
-            "last": tf.transformer_blocks[2],
-        }
+        blocks = {k: [tf.transformer_blocks[i]] for i, k in enumerate(("dual", "plain", "last"))}
         tokens = (model.latent_shape[1] // 2) * (model.latent_shape[2] // 2)  # 2×2 patches
     cond = model.encode_prompts(["a photo of a cat"])
     z = torch.randn(1, *model.latent_shape)
     meter = _Attributing([*model.parameters(), *model.buffers(), z, *cond.values()])
-    for label, block in blocks.items():
-        block.register_forward_pre_hook(lambda m, a, label=label: setattr(meter, "label", label))
-        block.register_forward_hook(lambda m, a, o: setattr(meter, "label", "base"))
+    for label, modules in blocks.items():
+        for block in modules:
+            block.register_forward_pre_hook(lambda m, a, label=label: setattr(meter, "label", label))
+            block.register_forward_hook(lambda m, a, o: setattr(meter, "label", "base"))
     with meter:
         v = model(z, torch.full((1,), 0.7), cond)
+    per_block = {k: meter.by_label.get(k, 0) // len(modules) for k, modules in blocks.items()}
     width = tf.config.num_attention_heads * tf.config.attention_head_dim
     del v
     return {
-        "saved_bytes_fp32": meter.by_label,
+        "saved_bytes_fp32": {**per_block, "base": meter.by_label.get("base", 0)},
         "width": width,
         "image_tokens": tokens,
         "text_tokens": model.text_len,

@@ -20,7 +20,7 @@ What it does, for each model (SD3.5-medium first, the cheaper one, then FLUX.1-d
    engine calls the trainer makes, without the run store.
 
 Everything lands in ``--out`` (default ``reports/gpu/``) as ``gpu-check.json``, rewritten atomically after
-every phase, so a run cut short still leaves its results. ``--budget-s`` (default 420) stops starting new
+every phase, so a run cut short still leaves its results. ``--budget-s`` (default 360) stops starting new
 phases once spent. ``--depth``, ``--heads``, ``--resolution``, ``--text-len`` and ``--device cpu`` exist for
 the CPU test of this script (tests/test_gpu_check.py), which runs it end to end on both models at depth 1,
 narrowed, in float32, and counts the parameters of the published configs built on the meta device.
@@ -221,7 +221,7 @@ def build_check_model(
             transformer = cls(**config)
     finally:
         torch.set_default_dtype(default)
-    transformer.eval()  # no dropout: the update must see the function that sampled
+    transformer.to(dtype).eval()  # float32 buffers (SD3's position table) too; eval: no dropout
     add_lora(transformer, spec.lora_rank, spec.lora_alpha, ATTENTION_PROJECTIONS)
     if gradient_checkpointing:
         transformer.enable_gradient_checkpointing()
@@ -361,11 +361,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--train-steps", type=int, default=10, help="GRPO steps of the training phase per model")
     p.add_argument("--train-batch", type=int, default=4, help="samples per training step")
     p.add_argument("--group-size", type=int, default=2, help="samples per prompt in training")
-    p.add_argument("--budget-s", type=float, default=420.0, help="start no new phase after this many seconds")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=360.0,
+        help="start no new phase after this many seconds (default 360)",
+    )
     p.add_argument("--device", default="cuda", help="cuda (the check) or cpu (a dry run of the script)")
     p.add_argument(
         "--depth", type=int, default=None, help="joint blocks (tests); default: the published depth"
     )
+    p.add_argument("--heads", type=int, default=None, help="attention heads (tests); default: the published")
     p.add_argument("--resolution", type=int, default=512, help="image side in pixels (default 512)")
     p.add_argument("--text-len", type=int, default=None, help="text tokens (default: 512 FLUX, 333 SD3.5)")
     p.add_argument("--seed", type=int, default=0)

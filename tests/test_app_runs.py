@@ -11,7 +11,7 @@ import time
 import pytest
 
 from app.runs import RunManager, group_alive
-from jagg_engine.store import open_store, pid_alive
+from jagg_engine.store import StoreError, open_store, pid_alive
 from jagg_engine.train.config import TrainConfig
 
 # The trainer's contract with the app, in miniature: status running with its pid, one metrics row per step,
@@ -211,3 +211,51 @@ def test_the_lifecycle_module_does_not_import_torch():
 
     code = "import sys, app.runs; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
+def test_the_app_starts_only_runs_it_queued(manager_factory, tmp_path):
+    m = manager_factory()
+    other = m.store.create_run("by-hand", _config(), tmp_path / "runs" / "by-hand")  # no launcher, no pid
+    cli = m.store.create_run("cli", _config(), None, launcher="cli")
+    assert m.tick() == [] and m.pending() == []
+    for run_id in (other, cli):
+        with pytest.raises(StoreError, match="only a queued run starts"):
+            m.start(run_id)
+        assert m.store.get_run(run_id)["status"] == "queued" and m.store.get_run(run_id)["pid"] is None
+    mine = m.create(_config(steps=1))
+    assert m.tick() == [mine]
+
+
+@pytest.mark.slow
+def test_the_apps_queue_ticking_never_starts_a_run_of_jagg_train(tmp_path):
+    """`jagg train --processes 2` creates its run in the folder the app watches; while accelerate starts and
+    the model loads, the app's queue ticks every 50 ms with the REAL trainer command: it must start nothing."""
+    import subprocess
+
+    runs = tmp_path / "runs"
+    manager = RunManager(runs)
+    small = ["prompts_per_step=2", "group_size=2", "sampling_steps=6", "sde_window_end=4", "eval_every=0"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jagg_engine.cli", "train", "steps=1", "sample_every=0", *small,
+         "--processes", "2", "--runs-dir", str(runs)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    seen = []
+    try:
+        deadline = time.time() + 600
+        while time.time() < deadline and proc.poll() is None:
+            assert manager.tick() == [], "the app started a run that jagg train created"
+            for run in manager.store.list_runs():
+                seen.append((run["status"], run["pid"]))
+                assert run["status"] != "queued" or run["pid"] == proc.pid, run
+            time.sleep(0.05)
+        assert proc.wait(timeout=600) == 0, proc.stderr.read()[-3000:]
+        assert ("queued", proc.pid) in seen  # the ticks did see the run while its model loaded
+        assert manager._children == {}
+        (run,) = manager.store.list_runs()
+        assert run["status"] == "finished" and run["launcher"] == "cli"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+        manager.shutdown()

@@ -181,6 +181,39 @@ def test_bench_cli_json_smoke():
     assert (counts["forward_grad"], counts["forward_nograd"], counts["backward"]) == (2, 4, 2)
 
 
+def test_micro_batch_memory_stays_flat_as_the_batch_grows():
+    """With micro-batches the update's saved activations are those of one micro-batch, whatever the batch."""
+    from jagg_engine.bench import bench_backbone
+
+    peaks = {}
+    for batch in (4, 8):
+        report = bench_backbone("tiny-flux", TinyFlux(), window=4, jagg_frac=1.0, batch=batch, steps=4,
+                                micro_batch=2, memory_only=True)  # fmt: skip
+        assert set(report["strategies"]) == set(BENCH_STRATEGIES) - {"paper-code"}  # not an engine schedule
+        peaks[batch] = {k: v["peak_saved_activation_bytes"] for k, v in report["strategies"].items()}
+    whole = bench_backbone(
+        "tiny-flux", TinyFlux(), window=4, jagg_frac=1.0, batch=8, steps=4, memory_only=True
+    )
+    for name, peak in peaks[8].items():
+        assert peak == pytest.approx(peaks[4][name], rel=0.1), name
+        # micro-batches of 2 hold about a quarter of what the whole batch of 8 holds at once
+        assert peak < 0.4 * whole["strategies"][name]["peak_saved_activation_bytes"], name
+
+
+def test_bench_cli_micro_batch_json():
+    proc = jagg(
+        "bench", "--backbone", "tiny-flux", "--window", "4", "--repeats", "1", "--steps", "4", "--batch", "4",
+        "--micro-batch", "2", "--threads", "1", "--json",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["micro_batch"] == 2 and "paper-code" not in out["strategies"]
+    # one group of 4 in 2 micro-batches: per micro-batch 1 batched grad forward, 2 no-grad, 1 backward
+    counts = out["strategies"]["jagg"]["counts"]
+    assert (counts["forward_grad"], counts["forward_nograd"], counts["backward"]) == (2, 4, 2)
+    assert all(row["measured_over_predicted"] > 0 for row in out["strategies"].values())
+
+
 def test_bench_cli_table(capsys):
     assert main(["bench", "--backbone", "tiny-flux", "--repeats", "1", "--steps", "4", "--threads", "1"]) == 0
     out = capsys.readouterr().out
@@ -198,6 +231,8 @@ def test_bench_cli_table(capsys):
         (["--repeats", "0"], "repeats"),
         (["--clock", "sundial"], "clock"),
         (["--backbone", "flux"], "model-path"),
+        (["--micro-batch", "0"], "micro_batch"),
+        (["--micro-batch", "5", "--batch", "4"], "micro_batch"),
     ],
 )
 def test_bench_bad_input_one_line_exit_2(capsys, args, field):

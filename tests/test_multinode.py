@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from jagg_engine.store import open_store
+from jagg_engine.train import checkpoint
 from jagg_engine.train.launch import free_port
 
 ROOT = Path(__file__).parents[1]
@@ -61,7 +62,7 @@ def test_readme_two_machines_on_loopback_match_one_machine(tmp_path):
     assert m0.wait(timeout=600) == 0, (tmp_path / "m0.log").read_text()[-3000:]
     assert m1.wait(timeout=60) == 0, (tmp_path / "m1.log").read_text()[-3000:]
     assert not (tmp_path / "m1" / "jagg.db").exists()  # only machine 0 opens the runs database
-    assert not list((tmp_path / "m1").rglob("*.pt")) and not list((tmp_path / "m1").rglob("*.png"))
+    assert not list((tmp_path / "m1").rglob("step_*")) and not list((tmp_path / "m1").rglob("*.png"))
 
     run_one, one_frame = history(tmp_path / "one")
     run_two, two_frame = history(tmp_path / "m0")
@@ -75,7 +76,7 @@ def test_readme_two_machines_on_loopback_match_one_machine(tmp_path):
             assert a == b, key
         else:
             assert a == pytest.approx(b, rel=0, abs=1e-6), key
-    assert (Path(run_two["run_dir"]) / "checkpoints" / "step_00002.pt").is_file()
+    assert (Path(run_two["run_dir"]) / "checkpoints" / "step_00002" / "manifest.json").is_file()
 
 
 @pytest.mark.slow
@@ -123,7 +124,24 @@ def test_cancel_and_resume_across_machines(tmp_path):
     assert store.get_run(1)["status"] == "finished" and logged(store, 1) == [1, 2, 3]
     log = (Path(store.get_run(1)["run_dir"]) / "train.log").read_text()
     assert f"resuming after step {len(done)}" in log
-    assert not (tmp_path / "m1" / "jagg.db").exists() and not list((tmp_path / "m1").rglob("*.pt"))
+    assert not (tmp_path / "m1" / "jagg.db").exists() and not list((tmp_path / "m1").rglob("step_*"))
+
+
+@pytest.mark.slow
+def test_a_machine_given_another_config_fails_both(tmp_path):
+    """Machine 1 checks the config it was given against machine 0's: a difference fails every rank at once."""
+    address = f"127.0.0.1:{free_port()}"
+    common = ["eval_every=0", "prompts_per_step=2", "--processes", "2", "--machines", "2"]
+    common += ["--main-address", address]
+    procs = [
+        start(["jagg", "train", f"steps={1 + rank}", *common, "--machine-rank", str(rank)], tmp_path / f"m{rank}",
+              tmp_path / f"m{rank}.log")
+        for rank in (0, 1)
+    ]  # fmt: skip
+    assert [p.wait(timeout=600) for p in procs] == [1, 1]
+    (run,) = open_store(tmp_path / "m0").list_runs()
+    assert run["status"] == "failed"
+    assert "machine 1 (rank 1): config: differs from machine 0's in steps" in run["error"]
 
 
 def test_a_missing_machine_ends_the_other_in_time_with_one_line(tmp_path):
@@ -225,7 +243,7 @@ def test_probe_is_taken_at_the_parameters_before_the_step(tmp_path, monkeypatch)
 
     model = trainer_mod.build_model(cfg, torch.device("cpu"))
     params = model.trainable_parameters()
-    after = torch.load(tmp_path / "run" / "checkpoints" / "step_00001.pt", weights_only=False)["params"]
+    after = checkpoint.read(tmp_path / "run" / "checkpoints" / "step_00001").params
 
     def direct(values):
         with torch.no_grad():
@@ -298,3 +316,33 @@ def test_bad_machine_flags_exit_2_one_line_nothing_written(tmp_path, capsys, fla
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"jagg train: error: {field}:"), lines
     assert not (tmp_path / "jagg.db").exists()
+
+
+def test_accelerate_config_file_is_passed_through(tmp_path):
+    """--accelerate-config: the machines come from accelerate's own file, which goes to `accelerate launch`."""
+    from jagg_engine.train.launch import _topology_from_accelerate_config, accelerate_argv
+
+    path = tmp_path / "machine1.yaml"
+    path.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 2\nmachine_rank: 1\n"
+        "num_processes: 16\nmain_process_ip: 10.0.0.1\nmain_process_port: 29500\nmixed_precision: bf16\n"
+    )
+    topo = _topology_from_accelerate_config(str(path))
+    assert (topo.processes, topo.machines, topo.machine_rank, topo.address) == (16, 2, 1, "10.0.0.1:29500")
+    argv = accelerate_argv(topo.processes, None, "runs", False, topo, join_timeout=42)
+    launch = argv[argv.index("accelerate.commands.launch") + 1 : argv.index("-m", 3)]
+    assert launch == ["--config_file", str(path), "--rdzv_conf", "timeout=42"]  # nothing overrides the file
+    trainer = argv[argv.index("jagg_engine.train.trainer") + 1 :]
+    assert trainer == ["--runs-dir", "runs", "--machine-rank", "1"]  # the run id comes from machine 0
+
+    flags = accelerate_argv(2, 7, "runs", True, topology_of(2, 2, 0, "10.0.0.1", 29500), join_timeout=5)
+    for a, b in [("--num_machines", "2"), ("--machine_rank", "0"), ("--main_process_ip", "10.0.0.1")]:
+        assert flags[flags.index(a) + 1] == b
+    assert flags[flags.index("--main_process_port") + 1] == "29500" and "--multi_gpu" in flags
+    assert flags[-5:] == ["--machine-rank", "0", "--run-id", "7", "--resume"]
+
+
+def topology_of(processes, machines, rank, host, port):
+    from jagg_engine.train.launch import Topology
+
+    return Topology(processes, machines, rank, host, port)

@@ -130,6 +130,68 @@ def test_status_transitions(store: RunStore) -> None:
     assert store.get_run(cancelled)["status"] == "queued"
 
 
+# Every path through the status table that the trainer (and the app around it) takes.
+TRAINER_PATHS = {
+    "a run that trains to the end": ["running", "finished"],
+    "a run that fails while it trains": ["running", "failed"],
+    "a run cancelled while it trains": ["running", "cancelled"],
+    "a run that fails while its model loads": ["failed"],
+    "an app run cancelled before it started": ["cancelled"],
+    "a failed run resumed to the end": ["running", "failed", "running", "finished"],
+    "a resume that fails before it runs (e.g. no intact checkpoint)": ["running", "failed", "failed"],
+    "a cancelled run whose resume fails before it runs": ["running", "cancelled", "failed"],
+    "a cancelled run resumed, then failing": ["running", "cancelled", "running", "failed"],
+    "a failed run queued again by the app": ["failed", "queued", "running", "finished"],
+    "a cancelled run queued again by the app": ["running", "cancelled", "queued", "running", "finished"],
+}
+
+
+@pytest.mark.parametrize("path", TRAINER_PATHS.values(), ids=TRAINER_PATHS.keys())
+def test_every_transition_the_trainer_takes_is_allowed(store: RunStore, path: list[str]) -> None:
+    run_id = _run(store)
+    for i, status in enumerate(path):
+        store.set_status(run_id, status, error=f"error {i}" if status == "failed" else None, pid=os.getpid())
+        run = store.get_run(run_id)
+        assert run["status"] == status
+        if status == "failed":
+            assert run["error"] == f"error {i}"  # a resumed run that fails again shows its NEW error
+
+
+def test_the_transition_table_is_exactly_the_trainers_paths() -> None:
+    from jagg_engine.store import STATUSES, TRANSITIONS
+
+    used = {("queued", path[0]) for path in TRAINER_PATHS.values()}
+    used |= {(a, b) for path in TRAINER_PATHS.values() for a, b in zip(path, path[1:])}
+    allowed = {(a, b) for a in STATUSES for b in TRANSITIONS[a]}
+    assert allowed == used  # nothing allowed that no path takes, nothing taken that is refused
+
+
+def test_runs_record_who_launches_them(store: RunStore) -> None:
+    app_run = store.create_run("a", CONFIG, None, launcher="app")
+    cli_run = store.create_run("c", CONFIG, None, launcher="cli", pid=os.getpid())
+    a, c = store.get_run(app_run), store.get_run(cli_run)
+    assert (a["launcher"], a["pid"], a["status"]) == ("app", None, "queued")
+    assert (c["launcher"], c["pid"], c["status"]) == ("cli", os.getpid(), "queued") and c["pid_at"]
+    with pytest.raises(StoreError, match="launcher: must be one of app, cli, got 'cron'"):
+        store.create_run("x", CONFIG, None, launcher="cron")
+
+
+def test_a_history_without_launcher_keeps_its_app_queue(tmp_path: Path) -> None:
+    import sqlite3
+
+    with open_store(tmp_path / "runs") as s:
+        queued = s.create_run("q", CONFIG, None)
+        launched = s.create_run("l", CONFIG, None)
+        s.set_pid(launched, os.getpid())
+    con = sqlite3.connect(tmp_path / "runs" / "jagg.db")
+    con.execute("ALTER TABLE runs DROP COLUMN launcher")  # as an older version wrote it
+    con.commit()
+    con.close()
+    with open_store(tmp_path / "runs") as s:
+        assert s.get_run(queued)["launcher"] == "app"  # it was waiting in the app's queue
+        assert s.get_run(launched)["launcher"] is None
+
+
 def test_cancel_flag(store: RunStore) -> None:
     run_id = _run(store, status="running")
     assert store.cancel_requested(run_id) is False

@@ -90,12 +90,13 @@ def test_three_step_run_writes_history_and_learns_something(tmp_path):
     assert {p["step"] for p in store.probes(run["id"])} == {2}
     assert (run_dir / "train.log").read_text().count("step 3 reward") == 1
 
-    checkpoints = sorted((run_dir / "checkpoints").glob("step_*.pt"))
-    assert [c.name for c in checkpoints] == ["step_00002.pt", "step_00003.pt"]
+    checkpoints = sorted((run_dir / "checkpoints").glob("step_*"))
+    assert [c.name for c in checkpoints] == ["step_00002", "step_00003"]
     from jagg_engine.backbones import build_backbone
+    from jagg_engine.train import checkpoint
 
     initial = build_backbone("tiny-shapes").trainable_parameters()
-    final = torch.load(checkpoints[-1], weights_only=False)["params"]
+    final = checkpoint.read(checkpoints[-1]).params
     assert len(initial) == len(final)
     assert any(not torch.equal(a.detach(), b) for a, b in zip(initial, final)), "no parameter changed"
 
@@ -161,7 +162,7 @@ def test_cancel_marks_cancelled_with_a_checkpoint(tmp_path):
     assert wait_for(lambda: store.get_run(run_id)["status"] == "cancelled", timeout=30)
     assert time.time() - t0 < 30
     proc.wait(timeout=30)
-    assert list((Path(store.get_run(run_id)["run_dir"]) / "checkpoints").glob("step_*.pt"))
+    assert list((Path(store.get_run(run_id)["run_dir"]) / "checkpoints").glob("step_*/manifest.json"))
 
 
 @pytest.mark.parametrize(
@@ -206,7 +207,7 @@ def test_non_finite_reward_stops_the_run_and_keeps_the_checkpoint(tmp_path):
     run = store.get_run(run_id)
     assert run["status"] == "failed" and "non-finite reward at step 3" in run["error"]
     assert steps_logged(store, run_id) == [1, 2]
-    assert (tmp_path / "run" / "checkpoints" / "step_00002.pt").is_file()
+    assert (tmp_path / "run" / "checkpoints" / "step_00002" / "manifest.json").is_file()
 
 
 def test_fsdp2_two_processes_train_and_checkpoint_full_weights(tmp_path):
@@ -226,16 +227,19 @@ def test_fsdp2_two_processes_train_and_checkpoint_full_weights(tmp_path):
     (run,) = store.list_runs()
     assert run["status"] == "finished" and steps_logged(store, run["id"]) == [1, 2]
     folder = Path(run["run_dir"]) / "checkpoints"
-    assert sorted(p.name for p in folder.glob("optim_*.pt")) == [
-        "optim_step_00001_rank0.pt",
-        "optim_step_00001_rank1.pt",
-        "optim_step_00002_rank0.pt",
-        "optim_step_00002_rank1.pt",
+    assert sorted(str(p.relative_to(folder)) for p in folder.glob("step_*/optimizer*.safetensors")) == [
+        "step_00001/optimizer_rank0.safetensors",
+        "step_00001/optimizer_rank1.safetensors",
+        "step_00002/optimizer_rank0.safetensors",
+        "step_00002/optimizer_rank1.safetensors",
     ]
     from jagg_engine.backbones import build_backbone
+    from jagg_engine.train import checkpoint
 
+    manifest = checkpoint.read_manifest(folder / "step_00002")["files"]
+    assert {"optimizer_rank0.json", "optimizer_rank1.json", "weights.safetensors"} <= set(manifest)
     initial = build_backbone("tiny-shapes").trainable_parameters()
-    final = torch.load(folder / "step_00002.pt", weights_only=False)["params"]
+    final = checkpoint.read(folder / "step_00002", rank=1).params
     assert [p.shape for p in final] == [p.shape for p in initial]  # full tensors, not shards
     assert any(not torch.equal(a.detach(), b) for a, b in zip(initial, final))
 

@@ -180,6 +180,7 @@ class TrainConfig:
     sample_every: int = _f(10, "Save training sample images every N steps.")
     eval_every: int = _f(10, "Run the deterministic (ODE) eval every N steps.")
     checkpoint_every: int = _f(25, "Save a resumable checkpoint every N steps (and at the end).")
+    keep_checkpoints: int = _f(2, "Keep the newest N checkpoints of a run (older ones are deleted; >= 1).")
     probe_every: int = _f(0, "Measure JAGG-vs-exact gradient fidelity every N steps.")
 
     # ------------------------------------------------------------------ building
@@ -398,6 +399,7 @@ class TrainConfig:
 
         for key in ("sample_every", "eval_every", "checkpoint_every", "probe_every"):
             _int_at_least(key, getattr(self, key), 0)
+        _int_at_least("keep_checkpoints", self.keep_checkpoints, 1)
         if self.probe_every and self.strategy == "exact":
             raise ConfigError("probe_every: probes compare JAGG with exact; needs strategy jagg or endpoint")
 

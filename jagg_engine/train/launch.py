@@ -114,12 +114,12 @@ def topology(args: argparse.Namespace, config_processes: int | None) -> Topology
         )
         if value is not None
     ]
+    if args.join_timeout <= 0:
+        raise UsageError(f"join-timeout: must be a number of seconds > 0, got {args.join_timeout:g}")
     if args.accelerate_config is not None:
         if flags:
             raise UsageError(f"accelerate-config: the file sets the machines; drop {', '.join(flags)}")
         return _topology_from_accelerate_config(args.accelerate_config)
-    if args.join_timeout <= 0:
-        raise UsageError(f"join-timeout: must be a number of seconds > 0, got {args.join_timeout:g}")
     machines = 1 if args.machines is None else args.machines
     rank = 0 if args.machine_rank is None else args.machine_rank
     processes = args.processes or config_processes
@@ -222,8 +222,20 @@ def accelerate_argv(
     return argv + (["--resume"] if resume else [])
 
 
+def writable_store(runs_dir: str | os.PathLike[str]):
+    """The store of ``runs_dir``, or a one-line UsageError when the folder cannot be written."""
+    from jagg_engine.store import StoreError, open_store
+
+    try:
+        store = open_store(runs_dir)
+    except (StoreError, OSError) as exc:
+        raise UsageError(f"runs dir: {runs_dir} cannot be opened for writing ({exc})") from None
+    if store.read_only:
+        raise UsageError(f"runs dir: {Path(runs_dir).resolve()} is read-only; nothing was written")
+    return store
+
+
 def run(args: argparse.Namespace) -> int:
-    from jagg_engine.store import open_store
     from jagg_engine.train.config import ConfigError, TrainConfig, load_config
     from jagg_engine.train.trainer import train
 
@@ -248,14 +260,13 @@ def run(args: argparse.Namespace) -> int:
                 cfg = load_config(args.config, args.overrides)
             except ConfigError as exc:
                 raise UsageError(str(exc)) from None
-        if given:
             expect["config"] = cfg.to_dict()
         if attach is not None:
             expect["run_id"] = attach
         runs_dir = args.runs_dir or (cfg.output_dir if cfg is not None else "runs")
     elif attach is not None:
         runs_dir = args.runs_dir or "runs"
-        store = open_store(runs_dir)
+        store = writable_store(runs_dir)
         store.check_liveness()
         run = store.get_run(attach)
         if run is None:
@@ -284,8 +295,9 @@ def run(args: argparse.Namespace) -> int:
         if "config" in expect:
             expect["config"] = cfg.to_dict()
     if machine_rank == 0 and attach is None:
-        store = open_store(runs_dir)
-        run_id = store.create_run(cfg.name, cfg.to_dict(), None)
+        store = writable_store(runs_dir)
+        # launcher "cli" and this process's pid, in one insert: the app never starts a run created here
+        run_id = store.create_run(cfg.name, cfg.to_dict(), None, launcher="cli", pid=os.getpid())
         run_dir = Path(runs_dir) / f"run-{run_id:04d}"
         run_dir.mkdir(parents=True, exist_ok=True)
         store.set_run_dir(run_id, run_dir)

@@ -4,7 +4,9 @@ Run through ``jagg train`` (jagg_engine.train.launch), in one process or under `
 every rank samples its own share of the step's prompts (whole prompt groups stay on one rank), rewards are
 gathered so that advantages are normalised over the full batch exactly as in one process, each rank
 accumulates the policy gradient of its samples, and the gradients are averaged across ranks before the
-optimizer step. Only the main process writes (store, images, checkpoints, log).
+optimizer step. Only the main process writes (store, images, checkpoints, log). On several machines only
+machine 0 has the store: global rank 0 reads the run and sends its id and config to every rank
+(:func:`share_run`), and the latest checkpoint likewise (:meth:`Trainer.read_latest_checkpoint`).
 
 Step numbering: step 0 is the evaluation before training; step s = 1 … steps is one rollout batch and one
 optimizer step. A checkpoint taken after step s resumes at step s + 1; the prompts and noise of step s are
@@ -33,12 +35,14 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from tqdm import tqdm
 
 from jagg_engine.backbones import build_backbone
+from jagg_engine.errors import DiskFullError, is_disk_full
 from jagg_engine.grpo import group_advantages
 from jagg_engine.jagg import UpdateResult, auto_jagg_frac, policy_update
 from jagg_engine.probe import probe_groups
 from jagg_engine.rewards.registry import WeightedReward
 from jagg_engine.sde import Trajectory, ode_sample, rollout
 from jagg_engine.store import RunStore, open_store
+from jagg_engine.train import checkpoint
 from jagg_engine.train.config import TrainConfig, read_prompts
 
 log = logging.getLogger("jagg.train")
@@ -364,10 +368,14 @@ class Trainer:
     # -------------------------------------------------------------------------------- side effects (main only)
     def save_images(self, folder: str, images: torch.Tensor, names: list[str]) -> list[str]:
         out = self.run_dir / folder
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise (DiskFullError(out) if is_disk_full(exc) else exc) from exc
         paths = []
         for img, name in zip(images, names):
-            Image.fromarray(img.numpy()).save(out / name)
+            picture = Image.fromarray(img.numpy())
+            write_atomic(out / name, lambda tmp, picture=picture: picture.save(tmp, format="PNG"))
             paths.append(f"{folder}/{name}")
         return paths
 
@@ -509,77 +517,73 @@ class Trainer:
     def checkpoint_dir(self) -> Path:
         return self.run_dir / "checkpoints"
 
+    def gather_strings(self, value: str) -> list[str]:
+        """Every rank's string, in rank order (how the ranks agree on a checkpoint's outcome)."""
+        if self.world == 1:
+            return [value]
+        from accelerate.utils import gather_object
+
+        return list(gather_object([value]))
+
+    def broadcast(self, value: Any) -> Any:
+        """Rank 0's ``value`` on every rank (how a checkpoint read on machine 0 reaches the others)."""
+        if self.world == 1:
+            return value
+        from accelerate.utils import broadcast_object_list
+
+        box = [value]
+        broadcast_object_list(box, from_process=0)
+        return box[0]
+
     def save_checkpoint(self, step: int) -> None:
-        """Trainable weights (gathered in full under FSDP), optimizer, RNG states and step; written atomically.
-
-        Under FSDP every rank also writes its own optimizer shard ``optim_step_N_rankR.pt``."""
-        folder = self.checkpoint_dir()
+        """Trainable weights (gathered in full under FSDP), optimizer, RNG states and step: see
+        :mod:`jagg_engine.train.checkpoint` (safetensors + JSON, sha256 manifest, atomic, pruned)."""
         params = [(p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu() for p in self.params]
-        if self.fsdp:
-            folder.mkdir(parents=True, exist_ok=True)
-            tmp = folder / f"optim_step_{step:05d}_rank{self.rank}.pt.tmp"
-            torch.save(self.optimizer.state_dict(), tmp)
-            os.replace(tmp, folder / f"optim_step_{step:05d}_rank{self.rank}.pt")
-            self.acc.wait_for_everyone()
-        if not self.main:
-            return
-        folder.mkdir(parents=True, exist_ok=True)
-        state = {
-            "step": step,
-            "params": params,
-            "optimizer": None if self.fsdp else self.optimizer.state_dict(),
-            "torch_rng": torch.get_rng_state(),
-            "numpy_rng": np.random.get_state(),
-        }
-        tmp = folder / f"step_{step:05d}.pt.tmp"
-        torch.save(state, tmp)
-        os.replace(tmp, folder / f"step_{step:05d}.pt")  # atomic: a kill never leaves a half checkpoint
-        for old in sorted(folder.glob("step_*.pt"))[:-2]:
-            old.unlink()
-            for shard in folder.glob(f"optim_{old.stem}_rank*.pt"):
-                shard.unlink()
-        log.info("checkpoint saved at step %d", step)
-
-    def latest_checkpoint(self) -> Path | None:
-        found = sorted(self.checkpoint_dir().glob("step_*.pt"))
-        return found[-1] if found else None
-
-    def read_latest_checkpoint(self) -> tuple[str, dict[str, Any]] | None:
-        """(name, state) of the latest checkpoint, read by global rank 0 and broadcast to every rank: ranks on
-        other machines cannot read machine 0's disk. None when there is none."""
-        found = None
-        if self.main:
-            path = self.latest_checkpoint()
-            if path is not None:
-                found = (path.stem, torch.load(path, map_location="cpu", weights_only=False))
-        if self.world > 1:
-            from accelerate.utils import broadcast_object_list
-
-            box = [found]
-            broadcast_object_list(box, from_process=0)
-            found = box[0]
-        return found
+        checkpoint.save(
+            self.checkpoint_dir(),
+            step,
+            params,
+            self.optimizer.state_dict() if (self.fsdp or self.main) else {},
+            rank=self.rank,
+            world=self.world,
+            sharded=self.fsdp,
+            keep=self.cfg.keep_checkpoints,
+            gather=self.gather_strings,
+            local_main=self.acc.is_local_main_process,
+        )
 
     def load_checkpoint(self) -> int:
-        found = self.read_latest_checkpoint()
-        if found is None:
+        """Restore the newest intact checkpoint (refused ones are named in the log); its step, or 0."""
+        state = checkpoint.load_latest(
+            self.checkpoint_dir(), self.rank, gather=self.gather_strings, broadcast=self.broadcast
+        )
+        if state is None:
             return 0
-        stem, state = found
-        path = self.checkpoint_dir() / f"{stem}.pt"  # its FSDP optimizer shards are on each rank's own disk
+        if len(state.params) != len(self.params) or any(
+            tuple(s.shape) != tuple(p.shape) for s, p in zip(state.params, self.params)
+        ):
+            raise TrainingError(f"resume: {state.path} does not match this model's trainable parameters")
         with torch.no_grad():
-            for p, saved in zip(self.params, state["params"]):
+            for p, saved in zip(self.params, state.params):
                 saved = saved.to(p.device, p.dtype)
                 if isinstance(p, DTensor):
                     saved = distribute_tensor(saved, p.device_mesh, p.placements)
                 p.copy_(saved)
-        if self.fsdp:
-            optim = torch.load(path.parent / f"optim_{path.stem}_rank{self.rank}.pt", weights_only=False)
-        else:
-            optim = state["optimizer"]
+        optim = state.optimizer
+        if self.fsdp:  # this rank's shards back into DTensors placed like their parameters
+            for index, name in state.distributed:
+                p = self.params[index]
+                optim["state"][index][name] = DTensor.from_local(
+                    optim["state"][index][name].to(p.device),
+                    p.device_mesh,
+                    p.placements,
+                    shape=p.shape,
+                    stride=p.stride(),
+                )
         self.optimizer.load_state_dict(optim)
-        torch.set_rng_state(state["torch_rng"])
-        np.random.set_state(state["numpy_rng"])
-        return int(state["step"])
+        torch.set_rng_state(state.torch_rng)
+        np.random.set_state(state.numpy_rng)
+        return state.step
 
     # -------------------------------------------------------------------------------- the loop
     def should_stop(self) -> bool:
@@ -637,6 +641,48 @@ class Trainer:
                 self.save_checkpoint(step)
         self.save_checkpoint(last)
         return "finished"
+
+
+# ------------------------------------------------------------------------------------------------ storage
+
+
+SPACE_RESERVE = ".space-reserve"
+SPACE_RESERVE_BYTES = 1 << 20
+
+
+def write_atomic(path: Path, write: Any) -> None:
+    """``write(tmp)`` then rename onto ``path``: a failed or killed write leaves no partial file. A full disk
+    raises :class:`DiskFullError` naming ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, Exception) and is_disk_full(exc):
+            raise DiskFullError(path) from exc
+        raise
+
+
+def reserve_space(run_dir: Path) -> Path:
+    """A 1 MiB file of zeros in the run folder, deleted when the run ends: on a full disk, deleting it first
+    leaves room for the run's final status to be written to the history (a "ballast" file)."""
+    path = run_dir / SPACE_RESERVE
+    write_atomic(path, lambda tmp: tmp.write_bytes(bytes(SPACE_RESERVE_BYTES)))
+    return path
+
+
+def failure_message(exc: BaseException, store: RunStore | None) -> str:
+    """The one line stored as a failed run's error: ``disk full: <path>`` for a full disk, else the type and
+    message of the exception."""
+    if is_disk_full(exc):
+        if isinstance(exc, DiskFullError):
+            return str(exc)
+        path = getattr(exc, "filename", None)
+        if path is None and store is not None:
+            path = store.path  # SQLite reports no file: the history database
+        return f"disk full: {path}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _setup_logging(run_dir: Path | None, main: bool) -> None:
@@ -721,7 +767,10 @@ def train(run_id: int | None, runs_dir: str, resume: bool = False, machine_rank:
     _setup_logging(Path(run["run_dir"]) if main else None, main)
     expect = json.loads(os.environ.get("JAGG_EXPECT") or "{}")
     trainer = None
+    reserve = None
     try:
+        if main:
+            reserve = reserve_space(Path(run["run_dir"]))
         from accelerate import Accelerator
 
         acc = Accelerator(cpu=not torch.cuda.is_available())
@@ -737,14 +786,24 @@ def train(run_id: int | None, runs_dir: str, resume: bool = False, machine_rank:
         signal.signal(signal.SIGTERM, on_signal)
         status = trainer.run()
         if main:
+            reserve.unlink(missing_ok=True)  # room for the final status, whatever the disk holds now
             store.set_status(run_id, status)
             log.info("run %d %s", run_id, status)
         return 0
     except Exception as exc:  # the run fails, its history stays: rows already written are intact
-        log.error("run %s failed: %s\n%s", run_id, exc, traceback.format_exc())
-        if main and store.get_run(run_id)["status"] in ("queued", "running"):
-            store.set_status(run_id, "failed", error=f"{type(exc).__name__}: {exc}")
+        message = failure_message(exc, store)
+        log.error("run %s failed: %s\n%s", run_id, message, traceback.format_exc())
+        if main:
+            if reserve is not None:
+                reserve.unlink(missing_ok=True)  # room for the status below when the disk is full
+            try:
+                store.set_status(run_id, "failed", error=message)
+            except Exception as again:  # never lose the real error to a second one: it is in the log
+                log.error("run %s: could not record the failure in %s: %s", run_id, store.path, again)
         return 1
+    finally:
+        if reserve is not None:
+            reserve.unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:
