@@ -2,6 +2,11 @@
 
 Runs are subprocesses in their own process groups, recorded in <runs-dir>/jagg.db: they keep training when the
 browser or this server goes away, and a restarted server shows them again.
+
+This is also a Hugging Face Space's app_file: the Space installs requirements.txt (not this project), so the
+project's own packages are imported from this file's folder, and the trainer subprocesses get it on their
+PYTHONPATH. On a Space (SPACE_ID set) the host is 0.0.0.0 and the runs folder is /data/jagg-runs when the
+Space has persistent storage.
 """
 
 from __future__ import annotations
@@ -10,6 +15,10 @@ import argparse
 import ipaddress
 import os
 import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent
 
 # Before gradio is imported: no usage analytics, no hub look-ups.
 os.environ["GRADIO_ANALYTICS_ENABLED"] = "False"
@@ -32,7 +41,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--auth", default=None, metavar="USER:PASS", help="require this login")
     p.add_argument("--share", action="store_true", help="also open a public gradio.live tunnel")
-    p.add_argument("--runs-dir", default="runs", help="runs folder holding jagg.db and one folder per run")
+    from app.space import default_runs_dir, space_mode_from_env
+
+    runs_dir = default_runs_dir(space_mode_from_env())
+    p.add_argument(
+        "--runs-dir",
+        default=runs_dir,
+        help=f"runs folder holding jagg.db and one folder per run (default {runs_dir})",
+    )
     args = p.parse_args(argv)
     if args.auth is not None and ":" not in args.auth:
         p.error("--auth: must look like user:password")
@@ -60,6 +76,31 @@ def exposure_warning(host: str, auth: tuple[str, str] | None, share: bool, space
     )
 
 
+def serve(
+    demo: Any,
+    host: str,
+    port: int,
+    auth: tuple[str, str] | None = None,
+    share: bool = False,
+    space: bool = False,
+    prevent_thread_lock: bool = False,
+) -> None:
+    """Queue and launch the app's Blocks the way this command does (tests serve in-process through it)."""
+    # A public Space bounds gradio's own request queue too, and takes no uploads (the app has no upload field).
+    demo.queue(default_concurrency_limit=4, max_size=64 if space else None)
+    demo.launch(
+        server_name=host,
+        server_port=port,
+        auth=auth,
+        share=share,
+        # No allowed_paths: the runs folder (jagg.db, checkpoints, logs) is never served; sample images and
+        # exports reach the browser as copies in gradio's cache (app.space.FilePublisher).
+        max_file_size="1kb" if space else None,
+        footer_links=["api"],
+        prevent_thread_lock=prevent_thread_lock,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     auth = tuple(args.auth.split(":", 1)) if args.auth else None
@@ -67,18 +108,14 @@ def main(argv: list[str] | None = None) -> int:
     if warning:
         print(warning, file=sys.stderr, flush=True)
 
+    # The trainer subprocesses import jagg_engine from here too (a Space does not install the project).
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+
+    from app.space import space_mode_from_env
     from app.ui import build_app
 
-    demo = build_app(args.runs_dir)
-    demo.queue(default_concurrency_limit=4)
-    demo.launch(
-        server_name=args.host,
-        server_port=args.port,
-        auth=auth,
-        share=args.share,
-        allowed_paths=[str(demo.jagg_runs_dir)],
-        footer_links=["api"],
-    )
+    space = space_mode_from_env()
+    serve(build_app(args.runs_dir, space_mode=space), args.host, args.port, auth, args.share, space)
     return 0
 
 

@@ -547,6 +547,44 @@ def side_by_side(
     return items
 
 
+def side_by_side_first_last(
+    store: RunStore, run_ids: Sequence[int], runs_root: str | os.PathLike[str], limit_keys: int = 8
+) -> list[tuple[str, str]]:
+    """Eval images of the same prompt and seed from each run at the first and at the last eval step that all
+    runs logged, one row per prompt+seed: [run A first, run B first, …, run A last, run B last, …] (a gallery
+    of 2·len(run_ids) columns). Up to ``limit_keys`` prompt+seed pairs every run has at both steps, spread
+    evenly over them in (prompt, seed) order — never chosen by reward."""
+    runs = [store.get_run(run_id) for run_id in run_ids]
+    if not runs or any(run is None for run in runs):
+        return []
+    samples = {run["id"]: store.samples(run["id"], "eval") for run in runs}
+    step_sets = [{s["step"] for s in rows} for rows in samples.values()]
+    common_steps = sorted(set.intersection(*step_sets)) if all(step_sets) else []
+    if not common_steps:
+        return []
+    first, last = common_steps[0], common_steps[-1]
+    found: dict[tuple[int, int], dict[tuple[str, int], tuple[str, str]]] = {}
+    for run in runs:
+        for s in samples[run["id"]]:
+            if s["step"] not in (first, last):
+                continue
+            path = safe_image_path(run["run_dir"], s["path"], runs_root)
+            if path is not None:
+                found.setdefault((run["id"], s["step"]), {})[(s.get("prompt") or "", s.get("seed") or 0)] = (
+                    path,
+                    f"#{run['id']} {run['config'].get('strategy')} · " + _caption(s),
+                )
+    cells = [(run["id"], step) for step in dict.fromkeys((first, last)) for run in runs]
+    keys = sorted(set.intersection(*(set(found.get(cell, {})) for cell in cells)))
+    if not keys:
+        return []
+    stride = max(1, len(keys) // max(1, limit_keys))
+    items = []
+    for key in keys[::stride][:limit_keys]:
+        items += [found[cell][key] for cell in cells]
+    return items
+
+
 # ---------------------------------------------------------------------------------------------- logs
 
 

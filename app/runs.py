@@ -12,6 +12,8 @@ The database is the source of truth, so nothing here needs to survive the app pr
 * A launched run is ``[python, -m, jagg_engine.cli, train, --run-id, ID, --runs-dir, DIR]`` in its own
   session (so its own process group), stdout/stderr appended to ``<run_dir>/stdout.log``. It outlives the
   app and browser reloads. The trainer sets running / finished / failed / cancelled itself.
+* Resume (:meth:`RunManager.resume`) starts a failed or cancelled run again as ``jagg train --resume ID``
+  (from its last checkpoint) when a slot is free; the trainer marks it running.
 * Cancel is cooperative first (``store.request_cancel``; the trainer stops between steps, saves, marks
   cancelled); a run still alive ``cancel_timeout`` seconds later has its process group sent SIGTERM, then
   SIGKILL, and is marked cancelled.
@@ -35,6 +37,20 @@ from jagg_engine.store import RunStore, StoreError, open_store, pid_alive
 
 CommandFactory = Callable[[int, Path], list[str]]
 KILL_GRACE_S = 5.0  # between SIGTERM and SIGKILL of an overdue run's process group
+
+
+def train_resume_command(run_id: int, runs_dir: Path) -> list[str]:
+    """The trainer's command line that resumes a failed or cancelled run after its last checkpoint."""
+    return [
+        sys.executable,
+        "-m",
+        "jagg_engine.cli",
+        "train",
+        "--resume",
+        str(run_id),
+        "--runs-dir",
+        str(runs_dir),
+    ]
 
 
 def train_command(run_id: int, runs_dir: Path) -> list[str]:
@@ -61,17 +77,20 @@ class RunManager:
         max_concurrent: int = 1,
         cancel_timeout: float = 60.0,
         env: Mapping[str, str] | None = None,
+        resume_command: CommandFactory = train_resume_command,
     ):
         self.runs_dir = Path(runs_dir).resolve()
         if not self.runs_dir.is_dir():
             self.runs_dir.mkdir(parents=True)
         self.store: RunStore = open_store(self.runs_dir)
         self.command = command
+        self.resume_command = resume_command
         self.max_concurrent = max_concurrent
         self.cancel_timeout = cancel_timeout
         self.env = dict(env) if env is not None else None
         self._children: dict[int, subprocess.Popen] = {}  # run_id → process started by this app process
         self._cancel_deadline: dict[int, float] = {}  # run_id → when to stop waiting for a cooperative stop
+        self._resuming: set[int] = set()  # resumed here, not yet marked running by their trainer
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ create / queue
@@ -127,21 +146,61 @@ class RunManager:
                 raise StoreError(
                     f"run {run_id}: is {run['status']} (pid {run['pid']}); only a queued run starts"
                 )
-            run_dir = Path(run["run_dir"])
-            run_dir.mkdir(parents=True, exist_ok=True)
-            with (run_dir / "stdout.log").open("ab") as log:
-                proc = subprocess.Popen(
-                    self.command(run_id, self.runs_dir),
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # own session and process group: survives the app, killable as one
-                    cwd=os.getcwd(),
-                    env=self.env,
+            return self._spawn(run, self.command(run_id, self.runs_dir))
+
+    def _spawn(self, run: Mapping[str, Any], argv: list[str]) -> int:
+        """Start ``argv`` for ``run`` in its own process group, output appended to its stdout.log."""
+        run_dir = Path(run["run_dir"])
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with (run_dir / "stdout.log").open("ab") as log:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own session and process group: survives the app, killable as one
+                cwd=os.getcwd(),
+                env=self.env,
+            )
+        self._children[run["id"]] = proc
+        self.store.set_pid(run["id"], proc.pid)
+        return proc.pid
+
+    def resume(self, run_id: int) -> str:
+        """Start a failed or cancelled run again from its last checkpoint, now if a slot is free (fewer than
+        ``max_concurrent`` runs active); else refuse. The trainer marks it running."""
+        with self._lock:
+            run = self.store.get_run(run_id)
+            if run is None:
+                raise StoreError(f"no run with id {run_id}")
+            if run["status"] not in ("failed", "cancelled"):
+                raise StoreError(f"run {run_id}: is {run['status']}; only a failed or cancelled run resumes")
+            if self._busy() >= self.max_concurrent:
+                raise StoreError(
+                    f"run {run_id}: {self._busy()} run(s) training and at most {self.max_concurrent} at a time;"
+                    " resume it when one finishes"
                 )
-            self._children[run_id] = proc
-            self.store.set_pid(run_id, proc.pid)
-            return proc.pid
+            pid = self._spawn(run, self.resume_command(run_id, self.runs_dir))
+            self._resuming.add(run_id)
+            return f"run {run_id}: resuming from its last checkpoint (pid {pid})"
+
+    def resuming(self) -> list[int]:
+        """Runs resumed by this app whose trainer is starting (alive, not yet marked running)."""
+        with self._lock:
+            for run_id in list(self._resuming):
+                proc = self._children.get(run_id)
+                run = self.store.get_run(run_id)
+                if (
+                    proc is None
+                    or proc.poll() is not None
+                    or run is None
+                    or run["status"] not in ("failed", "cancelled")
+                ):
+                    self._resuming.discard(run_id)
+            return sorted(self._resuming)
+
+    def _busy(self) -> int:
+        return len(self.active()) + len(self.resuming())
 
     def tick(self) -> list[int]:
         """One pass of the queue runner; returns the ids started. Called by the app's timer. On a read-only
@@ -154,7 +213,7 @@ class RunManager:
             self.store.check_liveness()
             self._escalate_cancels()
             started = []
-            room = self.max_concurrent - len(self.active())
+            room = self.max_concurrent - self._busy()
             for run in self.pending()[: max(0, room)]:
                 if run["cancel_requested"]:
                     continue
@@ -218,6 +277,7 @@ class RunManager:
                 pass  # the trainer reported a final status meanwhile
 
     def _reap(self) -> None:
+        self.resuming()  # drops resumed runs whose trainer took over or exited, before their child is reaped
         for run_id, proc in list(self._children.items()):
             if proc.poll() is not None:
                 del self._children[run_id]

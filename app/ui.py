@@ -5,25 +5,42 @@ errors shown inline), calling :class:`app.runs.RunManager` for lifecycle, and :m
 table and figure. Nothing is built at import time. Every event has an ``api_name`` so gradio_client (and
 scripts) can drive the app the same way the browser does.
 
-Space mode (a Hugging Face Space: ``SPACE_ID`` is set) offers tiny-shapes only, caps steps, runs one run at a
-time and accepts no filesystem path.
+Space mode (a Hugging Face Space: ``SPACE_ID`` is set) holds visitors to :mod:`app.space`'s policy: capped
+runs of tiny-shapes, no paths, queue limits, only their own runs to cancel, resume or delete, an owner login.
+The app opens on the Compare tab showing the shipped showcase (:mod:`app.showcase`), read-only.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import shutil
+import sqlite3
+import tempfile
 import threading
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
 import pandas as pd
 
-from app import data
-from app.runs import CommandFactory, RunManager, train_command
-from jagg_engine.store import StoreError
+from app import data, showcase
+from app.runs import CommandFactory, RunManager, train_command, train_resume_command
+from app.space import (
+    CAPS,
+    OWNER_PASSWORD_ENV,
+    SPACE_BACKBONES,
+    FilePublisher,
+    SpaceError,
+    SpaceGuard,
+    SpaceLimits,
+    check_space_config,
+    session_export_dir,
+    space_mode_from_env,
+)
+from jagg_engine.store import DB_NAME, StoreError
 from jagg_engine.train.config import ALGORITHMS, STRATEGIES, ConfigError, TrainConfig
 
 BACKBONE_CHOICES = (
@@ -33,23 +50,11 @@ BACKBONE_CHOICES = (
     "sd3",
     "tiny-flux",
 )  # tiny-flux: random weights, smoke tests
-SPACE_BACKBONES = ("tiny-shapes",)
-SPACE_MAX_STEPS = 30
-# Keys that name files or folders (or carry options that may): refused in space mode.
-PATH_KEYS = (
-    "model_path",
-    "prompts_file",
-    "eval_prompts_file",
-    "output_dir",
-    "backbone_options",
-    "reward_options",
-)
 TICK_S = 2.0
-
-
-def space_mode_from_env() -> bool:
-    """A Hugging Face Space sets SPACE_ID in the environment."""
-    return bool(os.environ.get("SPACE_ID"))
+# The New run form's inputs, in the order of form_config's parameters (the API's parameter names).
+FORM_FIELDS = ("name", "backbone", "model_path", "rewards", "algorithm", "window", "jagg_frac", "strategy", "steps",
+               "group_size", "lr", "seed", "processes", "overrides")  # fmt: skip
+__all__ = ["build_app", "form_config", "space_mode_from_env", "speedup_note"]
 
 
 def has_gpu() -> bool:
@@ -108,7 +113,8 @@ def form_config(
     overrides: str,
     space_mode: bool = False,
 ) -> TrainConfig:
-    """The form's values → a validated TrainConfig; raises ConfigError with the one-line message."""
+    """The form's values → a validated TrainConfig; raises ConfigError with the one-line message. With
+    ``space_mode`` the result must also pass :func:`app.space.check_space_config` (caps, no paths)."""
     values: dict[str, Any] = {
         "name": (name or "").strip() or backbone,
         "backbone": backbone,
@@ -128,24 +134,10 @@ def form_config(
         if value is None and key not in ("model_path",):
             raise ConfigError(f"{key}: must not be empty")
     extra = parse_overrides(overrides)
-    if space_mode:
-        if backbone not in SPACE_BACKBONES:
-            raise ConfigError(
-                f"backbone: this Space offers only {', '.join(SPACE_BACKBONES)}, got {backbone!r}"
-            )
-        if values["model_path"] is not None:
-            raise ConfigError("model_path: this Space accepts no file or folder paths")
-        for item in extra:
-            key = item.partition("=")[0].strip()
-            if key in PATH_KEYS:
-                raise ConfigError(f"{key}: this Space accepts no file or folder paths")
     cfg = TrainConfig.from_dict(values).apply_overrides(extra)
+    if space_mode:  # every field, form or override, before the app sets its own output_dir
+        check_space_config(cfg)
     cfg = TrainConfig.from_dict({**cfg.to_dict(), "output_dir": str(Path(runs_dir).resolve())})
-    if space_mode:
-        if cfg.steps > SPACE_MAX_STEPS:
-            raise ConfigError(f"steps: this Space caps a run at {SPACE_MAX_STEPS} steps, got {cfg.steps}")
-        if cfg.processes != 1:
-            raise ConfigError(f"processes: this Space runs one process, got {cfg.processes}")
     return cfg.validate(check_environment=True)
 
 
@@ -190,27 +182,51 @@ def build_app(
     space_mode: bool | None = None,
     *,
     command: CommandFactory = train_command,
+    resume_command: CommandFactory = train_resume_command,
     max_concurrent: int = 1,
     cancel_timeout: float = 60.0,
     r_default: float | None = None,
     background_ticks: bool = True,
+    owner_password: str | None = None,
+    limits: SpaceLimits | None = None,
+    showcase_dir: str | os.PathLike[str] | None = showcase.SHOWCASE_DIR,
 ) -> gr.Blocks:
     """Build the Blocks of the app over ``runs_dir`` (created if missing; its jagg.db holds the history).
 
     On build, runs left from an earlier app process are re-attached: dead ones are marked failed and queued
     ones start. ``background_ticks`` also runs the queue every TICK_S seconds without a browser open (the
     page's timer does the same while one is). ``demo.jagg_manager`` is the RunManager,
-    ``demo.jagg_runs_dir`` the resolved folder to pass as ``allowed_paths``.
+    ``demo.jagg_runs_dir`` the resolved folder (never an allowed path of gradio's file route: images and
+    exports reach it as copies in gradio's cache), ``demo.jagg_guard`` the :class:`SpaceGuard`.
+
+    ``showcase_dir`` (None: none) is loaded into the history once and shown read-only on the Compare tab the
+    page opens on. ``owner_password`` (default: the JAGG_OWNER_PASSWORD environment variable) and ``limits``
+    (default: from the environment) apply in space mode.
     """
     space = space_mode_from_env() if space_mode is None else space_mode
     root = Path(runs_dir).resolve()
-    manager = RunManager(root, command=command, max_concurrent=max_concurrent, cancel_timeout=cancel_timeout)
+    manager = RunManager(
+        root,
+        command=command,
+        max_concurrent=max_concurrent,
+        cancel_timeout=cancel_timeout,
+        resume_command=resume_command,
+    )
     manager.tick()
+    showcase_ids = showcase.install(manager.store, root, showcase_dir) if showcase_dir is not None else []
+    guard = SpaceGuard(
+        root,
+        space,
+        owner_password if owner_password is not None else os.environ.get(OWNER_PASSWORD_ENV),
+        limits or SpaceLimits.from_env(),
+        read_only=showcase_ids,
+    )
+    publish = FilePublisher(root)
     r0 = r_default if r_default is not None else data.default_r(has_gpu())
     defaults = TrainConfig()
     reuse_defaults = (defaults.reuse_rollout_velocity == "auto", defaults.updates_per_rollout)
     backbones = SPACE_BACKBONES if space else BACKBONE_CHOICES
-    max_steps = SPACE_MAX_STEPS if space else None
+    max_steps = CAPS["steps"] if space else None
 
     # ------------------------------------------------------------------ handlers (plain functions)
     def run_choices() -> list[tuple[str, int]]:
@@ -221,29 +237,46 @@ def build_app(
         live = [r for r in runs if r["status"] in ("running", "queued")]
         return (live[-1] if live else runs[0])["id"] if runs else None
 
-    def refuse_if_busy() -> None:
-        if space and (manager.active() or manager.pending()):
-            raise ConfigError("this Space trains one run at a time; wait for the current run or cancel it")
+    def waiting() -> list[dict[str, Any]]:
+        resuming = set(manager.resuming())
+        return [
+            r
+            for r in manager.store.list_runs()
+            if r["status"] in ("queued", "running") or r["id"] in resuming
+        ]
 
-    def launch(*form: Any) -> tuple[str, int | None, Any]:
-        try:
-            refuse_if_busy()
-            cfg = form_config(root, *form, space_mode=space)
-            run_id = manager.create(cfg.to_dict())
-        except (ConfigError, StoreError) as exc:
-            return f"**Not launched.** {exc}", None, gr.skip()
+    def checked_config(form: tuple[Any, ...], session: str | None, new_runs: int) -> TrainConfig:
+        cfg = form_config(root, *form, space_mode=space and not guard.is_owner(session))
+        if space:
+            guard.check_queue(session, waiting(), new_runs)
+        return cfg
+
+    def queue_tick() -> list[int]:
         started = manager.tick()
+        guard.prune(manager.store)
+        return started
+
+    def launch(*form: Any, request: gr.Request | None = None) -> tuple[str, int | None, Any]:
+        session = _session(request)
+        try:
+            cfg = checked_config(form, session, 1)
+            run_id = manager.create(cfg.to_dict())
+        except (ConfigError, SpaceError, StoreError) as exc:
+            return f"**Not launched.** {exc}", None, gr.skip()
+        guard.record(session, [run_id])
+        started = queue_tick()
         where = "started" if run_id in started else "queued (starts when the current run finishes)"
         return f"Run #{run_id} {where}.", run_id, gr.update(choices=run_choices(), value=run_id)
 
-    def launch_pair(*form: Any) -> tuple[str, int | None, Any]:
+    def launch_pair(*form: Any, request: gr.Request | None = None) -> tuple[str, int | None, Any]:
+        session = _session(request)
         try:
-            refuse_if_busy()
-            cfg = form_config(root, *form, space_mode=space)
+            cfg = checked_config(form, session, 2)
             exact_id, jagg_id = manager.create_pair(cfg.to_dict())
-        except (ConfigError, StoreError) as exc:
+        except (ConfigError, SpaceError, StoreError) as exc:
             return f"**Not launched.** {exc}", None, gr.skip()
-        manager.tick()
+        guard.record(session, [exact_id, jagg_id])
+        queue_tick()
         return (
             f"Pair queued: exact #{exact_id}, then JAGG #{jagg_id} (same config, prompts and seeds; the second "
             f"starts when the first finishes).",
@@ -278,7 +311,7 @@ def build_app(
                 if run["config"].get("auto_route")
                 else None,
             ),
-            data.gallery_items(manager.store, run["id"], root),
+            publish.items(data.gallery_items(manager.store, run["id"], root)),
             log,
         )
 
@@ -292,7 +325,7 @@ def build_app(
         return (run["id"], run["status"], run["last_step"], len(manager.store.samples(run["id"])), sizes)
 
     def on_tick(run_id: int | None, r: float, seen: Any, list_seen: Any) -> tuple[Any, ...]:
-        manager.tick()
+        queue_tick()
         sig = live_signature(run_id)
         runs_sig = tuple((x["id"], x["status"]) for x in manager.store.list_runs())
         choices_update = (
@@ -306,11 +339,25 @@ def build_app(
         run_id = default_run()
         return (gr.update(choices=run_choices(), value=run_id), *live_view(run_id, r))
 
-    def cancel(run_id: int | None) -> str:
+    def cancel(run_id: int | None, request: gr.Request | None = None) -> str:
         if run_id in (None, ""):
             return "No run selected."
         try:
+            guard.check_action(_session(request), int(run_id), "cancel")
             return manager.cancel(int(run_id))
+        except SpaceError as exc:
+            return f"**Refused.** {exc}"
+        except StoreError as exc:
+            return f"**Error:** {exc}"
+
+    def resume(run_id: float | None, request: gr.Request | None = None) -> str:
+        if run_id in (None, ""):
+            return "Enter a run id."
+        try:
+            guard.check_action(_session(request), int(run_id), "resume")
+            return manager.resume(int(run_id))
+        except SpaceError as exc:
+            return f"**Refused.** {exc}"
         except StoreError as exc:
             return f"**Error:** {exc}"
 
@@ -329,31 +376,58 @@ def build_app(
             data.reward_figure(frames, title="Reward"),
             data.compare_frame(manager.store, ids, float(r or r0)),
             data.config_diff(configs),
-            data.side_by_side(manager.store, ids, root),
+            publish.items(data.side_by_side_first_last(manager.store, ids, root)),
         )
 
     def history() -> pd.DataFrame:
         return data.history_frame(manager.store)
 
-    def delete(run_id: float | None, delete_files: bool) -> tuple[str, pd.DataFrame]:
+    def delete(
+        run_id: float | None, delete_files: bool, request: gr.Request | None = None
+    ) -> tuple[str, pd.DataFrame]:
         if run_id is None:
             return "Enter a run id.", history()
         try:
+            guard.check_action(_session(request), int(run_id), "delete")
             removed = manager.store.delete_run(int(run_id), delete_files=bool(delete_files))
+        except SpaceError as exc:
+            return f"**Refused.** {exc}", history()
         except StoreError as exc:
             return f"**Error:** {exc}", history()
+        guard.forget(int(run_id))
         return f"Run #{int(run_id)} deleted{' with its folder' if removed else ''}.", history()
 
-    def export(run_id: float | None) -> tuple[str, list[str] | None]:
+    def export(run_id: float | None, request: gr.Request | None = None) -> tuple[str, list[str] | None]:
         if run_id is None:
             return "Enter a run id.", None
+        # A visitor's exports go to a folder of their own session, never into the runs folder.
+        out_dir = session_export_dir(_session(request)) if space else root / "exports"
         try:
-            csv_path, json_path = manager.store.export_run(int(run_id), root / "exports")
+            csv_path, json_path = manager.store.export_run(int(run_id), out_dir)
         except StoreError as exc:
             return f"**Error:** {exc}", None
-        except OSError as exc:  # a read-only or full runs folder
-            return f"**Error:** cannot write {root / 'exports'}: {exc.strerror or exc}", None
-        return f"Exported run #{int(run_id)}.", [str(csv_path), str(json_path)]
+        except OSError as exc:  # a read-only or full folder
+            return f"**Error:** cannot write {out_dir}: {exc.strerror or exc}", None
+        return f"Exported run #{int(run_id)}.", [publish(csv_path), publish(json_path)]
+
+    def login(password: str, request: gr.Request | None = None) -> str:
+        return guard.login(_session(request), password)
+
+    def owner_file(rel_path: str, request: gr.Request | None = None) -> tuple[str, str | None]:
+        """A file of the runs folder (jagg.db, a checkpoint, a log), for the owner only."""
+        try:
+            guard.check_owner(_session(request), "download")
+            path = (root / (rel_path or "").strip()).resolve()
+            if not path.is_relative_to(root) or not path.is_file():
+                raise StoreError(f"download: no file {rel_path!r} in the runs folder")
+        except (SpaceError, StoreError) as exc:
+            return f"**Refused.** {exc}", None
+        if path.name == DB_NAME:  # a consistent copy of a live database (WAL): SQLite's backup
+            copy = Path(tempfile.mkdtemp(prefix="jagg-owner-")) / DB_NAME
+            with closing(sqlite3.connect(path)) as src, closing(sqlite3.connect(copy)) as dst:
+                src.backup(dst)
+            return f"{rel_path}: {copy.stat().st_size:,} bytes.", str(copy)
+        return f"{rel_path}: {path.stat().st_size:,} bytes.", publish(path)
 
     # ------------------------------------------------------------------ layout
     with gr.Blocks(title="JAGG Studio") as demo:
@@ -361,15 +435,18 @@ def build_app(
             "# JAGG Studio\nGRPO for flow-matching image transformers, with JAGG: two endpoint backward passes "
             "per window of W denoising steps instead of W."
             + (
-                f"\n\n*Space mode: tiny-shapes only, at most {SPACE_MAX_STEPS} steps, one run at a time.*"
+                f"\n\n*Space mode: tiny-shapes only, at most {CAPS['steps']} steps, one run trains at a time and "
+                f"{guard.limits.per_visitor} may wait or train per visitor. You can cancel, resume and delete the "
+                "runs you started.*"
                 if space
                 else ""
             )
         )
         run_seen = gr.State(None)
         list_seen = gr.State(None)
-        with gr.Tabs():
-            with gr.Tab("New run"):
+        shown = compare(showcase_ids, r0) if len(showcase_ids) >= 2 else None  # the page opens on this
+        with gr.Tabs(selected="compare" if shown else "new"):
+            with gr.Tab("New run", id="new"):
                 with gr.Row():
                     name = gr.Textbox(label="name", value=defaults.name, scale=2)
                     backbone = gr.Dropdown(list(backbones), value="tiny-shapes", label="backbone")
@@ -414,7 +491,7 @@ def build_app(
                 launch_msg = gr.Markdown()
                 launched_id = gr.Number(label="launched run id", precision=0, interactive=False)
 
-            with gr.Tab("Live"):
+            with gr.Tab("Live", id="live"):
                 with gr.Row():
                     live_run = gr.Dropdown(
                         choices=run_choices(),
@@ -428,7 +505,7 @@ def build_app(
                 cancel_msg = gr.Markdown()
                 progress_md = gr.Markdown()
                 with gr.Row():
-                    reward_plot = gr.Plot(label="reward")
+                    reward_plot = gr.Plot(label="reward", elem_id="live-reward")
                     time_plot = gr.Plot(label="step time")
                 speedup_table = gr.Dataframe(
                     label="update-phase speedup: measured vs predicted", interactive=False
@@ -437,43 +514,83 @@ def build_app(
                     counts_plot = gr.Plot(label="backward passes")
                     probe_plot = gr.Plot(label="gradient cosine per group")
                 gallery = gr.Gallery(
-                    label="evaluation samples (fixed prompts and seeds)", columns=6, height="auto"
+                    label="evaluation samples (fixed prompts and seeds)",
+                    columns=6,
+                    height="auto",
+                    elem_id="live-gallery",
                 )
                 log_box = gr.Textbox(label="log", lines=12, max_lines=20, autoscroll=True)
 
-            with gr.Tab("Compare"):
+            with gr.Tab("Compare", id="compare"):
+                if shown:
+                    gr.Markdown(
+                        f"**Showcase** (read-only): runs #{showcase_ids[0]} (exact) and #{showcase_ids[1]} (JAGG), "
+                        "recorded with `jagg train configs/tiny-shapes-cpu.yaml`, same seed, prompts and eval seeds "
+                        f"(`{showcase.RECORD_COMMAND}` records them again). Pick other runs and press Compare."
+                    )
                 with gr.Row():
                     compare_runs = gr.Dropdown(
                         choices=run_choices(),
+                        value=list(showcase_ids) if shown else None,
                         multiselect=True,
                         label="runs (two or more)",
                         allow_custom_value=True,
                         scale=4,
                     )
                     compare_btn = gr.Button("Compare", scale=1)
-                compare_plot = gr.Plot(label="reward")
-                compare_table = gr.Dataframe(label="summary", interactive=False)
-                diff_table = gr.Dataframe(label="config diff", interactive=False)
+                compare_plot = gr.Plot(
+                    label="reward", value=shown[0] if shown else None, elem_id="compare-plot"
+                )
+                compare_table = gr.Dataframe(
+                    label="summary: final reward and update-phase speedup (measured vs predicted)",
+                    interactive=False,
+                    value=shown[1] if shown else None,
+                )
+                diff_table = gr.Dataframe(
+                    label="config diff", interactive=False, value=shown[2] if shown else None
+                )
                 compare_gallery = gr.Gallery(
-                    label="same prompt and seed, side by side", columns=4, height="auto"
+                    label="same prompt and seed, side by side: each run at its first eval, then at its last",
+                    columns=4,
+                    height="auto",
+                    value=shown[3] if shown else None,
+                    elem_id="compare-gallery",
                 )
 
-            with gr.Tab("History"):
+            with gr.Tab("History", id="history"):
                 history_table = gr.Dataframe(label="runs", interactive=False)
                 with gr.Row():
                     history_btn = gr.Button("Refresh")
                     target = gr.Number(label="run id", precision=0)
                     delete_files = gr.Checkbox(label="also delete its folder", value=False)
                     delete_btn = gr.Button("Delete", variant="stop")
+                    resume_btn = gr.Button("Resume")
                     export_btn = gr.Button("Export CSV + JSON")
                 history_msg = gr.Markdown()
                 export_files = gr.File(label="export", file_count="multiple")
+                with gr.Accordion("Owner", open=False, visible=space):
+                    with gr.Row():
+                        password = gr.Textbox(
+                            label=f"owner password (Space secret {OWNER_PASSWORD_ENV})", type="password"
+                        )
+                        login_btn = gr.Button("Log in")
+                    login_msg = gr.Markdown()
+                    with gr.Row():
+                        owner_path = gr.Textbox(
+                            label="file of the runs folder (jagg.db, run-0001/train.log, …)"
+                        )
+                        owner_btn = gr.Button("Download")
+                    owner_msg = gr.Markdown()
+                    owner_download = gr.File(label="owner download")
 
         # ------------------------------------------------------------------ events
         form = [name, backbone, model_path, rewards, algorithm, window, jagg_frac, strategy, steps, group_size, lr,
                 seed, processes, overrides]  # fmt: skip
-        launch_btn.click(launch, form, [launch_msg, launched_id, live_run], api_name="launch_run")
-        pair_btn.click(launch_pair, form, [launch_msg, launched_id, live_run], api_name="compare_exact_jagg")
+        launch_outputs = [launch_msg, launched_id, live_run]
+        launch_btn.click(_with_request(launch, FORM_FIELDS), form, launch_outputs, api_name="launch_run")
+        pair_btn.click(
+            _with_request(launch_pair, FORM_FIELDS), form, launch_outputs, api_name="compare_exact_jagg"
+        )
         for component in (window, jagg_frac, strategy, r_input):
             component.change(
                 predict, [window, jagg_frac, strategy, r_input], prediction, api_visibility="private"
@@ -514,19 +631,49 @@ def build_app(
         history_btn.click(history, None, history_table, api_name="history")
         delete_btn.click(delete, [target, delete_files], [history_msg, history_table], api_name="delete_run")
         export_btn.click(export, target, [history_msg, export_files], api_name="export_run")
+        resume_btn.click(resume, target, history_msg, api_name="resume_run")
+        login_btn.click(login, password, login_msg, api_name="owner_login")
+        owner_btn.click(owner_file, owner_path, [owner_msg, owner_download], api_name="owner_file")
         demo.load(on_load, r_input, [live_run, *live_outputs], api_visibility="private")
         demo.load(history, None, history_table, api_visibility="private")
 
     demo.jagg_manager = manager  # type: ignore[attr-defined]
     demo.jagg_runs_dir = root  # type: ignore[attr-defined]
+    demo.jagg_guard = guard  # type: ignore[attr-defined]
+    demo.jagg_showcase_ids = list(showcase_ids)  # type: ignore[attr-defined]
+    demo.jagg_stop_ticker = threading.Event()  # type: ignore[attr-defined]  # set() stops the queue ticker
     if background_ticks:
-        _start_ticker(manager.tick)
+        _start_ticker(queue_tick, stop=demo.jagg_stop_ticker)
     return demo
 
 
-def _start_ticker(tick: Callable[[], Any], every: float = TICK_S) -> threading.Thread:
-    """Run the queue without a browser open (a finished run's paired successor still starts)."""
-    stop = threading.Event()
+def _session(request: gr.Request | None) -> str | None:
+    """The gradio session of a call (one per page load or gradio_client), None outside a request."""
+    return getattr(request, "session_hash", None) or None
+
+
+def _with_request(handler: Callable[..., Any], names: tuple[str, ...]) -> Callable[..., Any]:
+    """``handler(*inputs, request=...)`` as a function gradio passes the gr.Request to: gradio gives the
+    request only to a named parameter annotated gr.Request, which a ``*form`` signature cannot have."""
+
+    def call(*args: Any) -> Any:
+        return handler(*args[:-1], request=args[-1])
+
+    params = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_ONLY) for name in names]
+    params.append(
+        inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request)
+    )
+    call.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    call.__annotations__ = {"request": gr.Request}
+    return call
+
+
+def _start_ticker(
+    tick: Callable[[], Any], every: float = TICK_S, stop: threading.Event | None = None
+) -> threading.Thread:
+    """Run the queue without a browser open (a finished run's paired successor still starts) until ``stop``
+    is set."""
+    stop = stop or threading.Event()
 
     def loop() -> None:
         while not stop.wait(every):

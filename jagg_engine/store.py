@@ -287,6 +287,17 @@ class RunStore:
                 [pid, time.time() if pid is not None else None, run_id],
             )
 
+    def set_times(
+        self, run_id: int, created_at: float, started_at: float | None, finished_at: float | None
+    ) -> None:
+        """Set the run's recorded times (a history loaded from elsewhere keeps the times it was recorded at)."""
+        self._require(run_id)
+        with self._lock, self.db.conn:
+            self.db.execute(
+                "UPDATE runs SET created_at = ?, started_at = ?, finished_at = ? WHERE id = ?",
+                [created_at, started_at, finished_at, run_id],
+            )
+
     def request_cancel(self, run_id: int) -> None:
         """Ask a run to stop; the trainer polls :meth:`cancel_requested` between steps."""
         self._check_writable()

@@ -1,7 +1,8 @@
 """The app end to end: `python launch.py` in a subprocess driven by gradio_client and by a headless Chromium,
 with the real trainer (`jagg train --run-id`) behind it.
 
-One app serves the module; the first test restarts it while a run trains. The tiny-shapes backbone is used
+One app serves the module over a fresh runs folder: the first test sees it as a visitor's browser first does
+(the shipped showcase on the Compare tab), the next restarts it while a run trains. The tiny-shapes backbone is used
 when its pretrained weights are in assets/; until then the randomly initialised tiny-flux with the
 brightness reward stands in (same trainer, same metrics and samples).
 """
@@ -173,13 +174,74 @@ def _wait_status(client, run_id: int, statuses: tuple[str, ...], timeout: float)
     raise AssertionError(f"run {run_id} did not reach {statuses} in {timeout} s: {row}")
 
 
+def _chromium():
+    if not Path("/usr/bin/chromium").exists() or not Path("/usr/bin/chromedriver").exists():
+        pytest.skip("needs Chromium: apt-get install -y chromium chromium-driver (and pip install selenium)")
+    pytest.importorskip("selenium", reason="pip install selenium")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for flag in (
+        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=1400,2400",
+        "--disable-dev-shm-usage",
+    ):  # fmt: skip
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+
+
+def test_browser_fresh_app_opens_on_the_showcase_comparison(app):
+    """Within 5 s of page load: both runs' reward curves and at least 4 image pairs, with no run trained."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    history = _history(app.client())
+    assert sorted(r["name"] for r in history.values()) == ["showcase-exact", "showcase-jagg"], history
+    driver = _chromium()
+    try:
+        driver.get(app.url)  # returns at the page's load event
+        loaded = time.monotonic()
+
+        def shown(d) -> bool:
+            legend = " ".join(e.text for e in d.find_elements(By.CSS_SELECTOR, "#compare-plot .legendtext"))
+            images = d.find_elements(By.CSS_SELECTOR, "#compare-gallery img")
+            decoded = d.execute_script(
+                "return [...document.querySelectorAll('#compare-gallery img')]"
+                ".filter(i => i.complete && i.naturalWidth > 0).length"
+            )
+            return "exact" in legend and "jagg" in legend and len(images) >= 8 and decoded >= 8
+
+        WebDriverWait(driver, 60, poll_frequency=0.1).until(shown)
+        elapsed = time.monotonic() - loaded
+        traces = driver.find_elements(By.CSS_SELECTOR, "#compare-plot .scatterlayer .trace")
+        names = [
+            img.get_attribute("src").rsplit("/", 1)[-1]
+            for img in driver.find_elements(By.CSS_SELECTOR, "#compare-gallery img")
+        ]
+        ARTIFACTS.mkdir(exist_ok=True)
+        driver.save_screenshot(str(ARTIFACTS / "app-showcase.png"))
+        assert elapsed <= 5.0, f"the showcase took {elapsed:.1f} s after page load"
+        assert len(traces) >= 4  # per run at least its training reward line and its eval line
+        # Rows of 4: exact and JAGG at the first eval, then at the last, all of one prompt and seed.
+        rows = [names[i : i + 4] for i in range(0, 16, 4)]
+        assert all(len(set(row)) == 1 and row[0].endswith(".png") for row in rows), names[:16]
+        assert (ARTIFACTS / "app-showcase.png").stat().st_size > 10_000
+    finally:
+        driver.quit()
+
+
 def test_launch_restart_finish_and_cancel_through_the_api(app):
     client = app.client()
+    showcase = set(_history(client))
     message, run_id, _ = client.predict(*_form(window=1), api_name="/launch_run")
     assert message.startswith("**Not launched.**") and "window: must be an integer >= 2, got 1" in message
     message, pair_id, _ = client.predict(*_form(group_size=1), api_name="/compare_exact_jagg")
     assert message.startswith("**Not launched.**") and "group_size: must be an integer >= 2, got 1" in message
-    assert run_id is None and pair_id is None and _history(client) == {}, "an invalid form launched something"
+    assert run_id is None and pair_id is None and set(_history(client)) == showcase, (
+        "an invalid form launched"
+    )
 
     message, run_id, _ = client.predict(*_form(), api_name="/launch_run")
     assert message.startswith("Run #") and isinstance(run_id, int), message
@@ -247,30 +309,21 @@ def test_launch_restart_finish_and_cancel_through_the_api(app):
     assert folder.is_dir()
     message, _ = client.predict(second, True, api_name="/delete_run")
     assert "deleted with its folder" in message, message
-    assert not folder.exists() and set(_history(client)) == {run_id}
+    assert not folder.exists() and set(_history(client)) == {run_id} | showcase
 
 
 def test_browser_launch_shows_reward_plot_and_samples(app):
-    if not Path("/usr/bin/chromium").exists() or not Path("/usr/bin/chromedriver").exists():
-        pytest.skip("needs Chromium: apt-get install -y chromium chromium-driver (and pip install selenium)")
-    pytest.importorskip("selenium", reason="pip install selenium")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
+    driver = _chromium()
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    options = webdriver.ChromeOptions()
-    options.binary_location = "/usr/bin/chromium"
-    for flag in (
-        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=1400,2400",
-        "--disable-dev-shm-usage",
-    ):  # fmt: skip
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
     try:
         driver.get(app.url)
         wait = WebDriverWait(driver, 60)
+        wait.until(
+            lambda d: d.find_elements(By.XPATH, "//button[@role='tab' and normalize-space()='New run']")
+        )
+        driver.find_element(By.XPATH, "//button[@role='tab' and normalize-space()='New run']").click()
         wait.until(lambda d: d.find_elements(By.XPATH, "//button[normalize-space()='Launch']"))
 
         def field(label: str):
@@ -308,8 +361,8 @@ def test_browser_launch_shows_reward_plot_and_samples(app):
 
         # The timer refreshes the live view: the reward plot draws a line, the gallery shows eval images.
         long_wait = WebDriverWait(driver, 240, poll_frequency=1.0)
-        long_wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot .scatterlayer .trace"))
-        long_wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "img[src*='_seed']"))
+        long_wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#live-reward .scatterlayer .trace"))
+        long_wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#live-gallery img[src*='_seed']"))
         long_wait.until(lambda d: "2/2" in d.page_source and "finished" in d.page_source)
         time.sleep(2.0)  # let the last refresh paint
         ARTIFACTS.mkdir(exist_ok=True)

@@ -10,6 +10,7 @@ import pytest
 
 import launch
 from app import ui
+from app.space import CAPS
 from jagg_engine.train.config import ConfigError
 
 FORM = {
@@ -69,9 +70,9 @@ def test_space_mode_refuses_paths_other_backbones_and_long_runs(tmp_path):
         _cfg(tmp_path, space_mode=True, model_path="/etc", **base)
     with pytest.raises(ConfigError, match="prompts_file: this Space accepts no file"):
         _cfg(tmp_path, space_mode=True, overrides="prompts_file=/etc/passwd.txt", **base)
-    with pytest.raises(ConfigError, match=f"steps: this Space caps a run at {ui.SPACE_MAX_STEPS} steps"):
-        _cfg(tmp_path, space_mode=True, steps=ui.SPACE_MAX_STEPS + 1, **base)
-    with pytest.raises(ConfigError, match="processes: this Space runs one process"):
+    with pytest.raises(ConfigError, match=f"steps: this Space allows at most {CAPS['steps']}, got 31"):
+        _cfg(tmp_path, space_mode=True, steps=CAPS["steps"] + 1, **base)
+    with pytest.raises(ConfigError, match="processes: this Space allows at most 1, got 2"):
         _cfg(tmp_path, space_mode=True, processes=2, overrides="prompts_per_step=2", **base)
 
 
@@ -111,7 +112,7 @@ def test_build_app_wires_named_endpoints_and_builds_nothing_at_import(tmp_path):
         }
         assert {
             "launch_run", "compare_exact_jagg", "predict_speedup", "live_view", "cancel_run",
-            "compare_runs", "history", "delete_run", "export_run",
+            "compare_runs", "history", "delete_run", "export_run", "resume_run", "owner_login", "owner_file",
         } <= names  # fmt: skip
         assert demo.jagg_runs_dir == (tmp_path / "runs").resolve()
         assert (tmp_path / "runs" / "jagg.db").exists()

@@ -127,6 +127,23 @@ def test_cancel_and_resume_across_machines(tmp_path):
     assert not (tmp_path / "m1" / "jagg.db").exists() and not list((tmp_path / "m1").rglob("step_*"))
 
 
+@pytest.mark.slow
+def test_a_machine_given_another_config_fails_both(tmp_path):
+    """Machine 1 checks the config it was given against machine 0's: a difference fails every rank at once."""
+    address = f"127.0.0.1:{free_port()}"
+    common = ["eval_every=0", "prompts_per_step=2", "--processes", "2", "--machines", "2"]
+    common += ["--main-address", address]
+    procs = [
+        start(["jagg", "train", f"steps={1 + rank}", *common, "--machine-rank", str(rank)], tmp_path / f"m{rank}",
+              tmp_path / f"m{rank}.log")
+        for rank in (0, 1)
+    ]  # fmt: skip
+    assert [p.wait(timeout=600) for p in procs] == [1, 1]
+    (run,) = open_store(tmp_path / "m0").list_runs()
+    assert run["status"] == "failed"
+    assert "machine 1 (rank 1): config: differs from machine 0's in steps" in run["error"]
+
+
 def test_a_missing_machine_ends_the_other_in_time_with_one_line(tmp_path):
     """Machine 0 without machine 1, and machine 1 without machine 0 (another address): each ends within the
     join timeout with exit code 1 and one error line naming the address; machine 0's run reads failed."""
@@ -299,3 +316,33 @@ def test_bad_machine_flags_exit_2_one_line_nothing_written(tmp_path, capsys, fla
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"jagg train: error: {field}:"), lines
     assert not (tmp_path / "jagg.db").exists()
+
+
+def test_accelerate_config_file_is_passed_through(tmp_path):
+    """--accelerate-config: the machines come from accelerate's own file, which goes to `accelerate launch`."""
+    from jagg_engine.train.launch import _topology_from_accelerate_config, accelerate_argv
+
+    path = tmp_path / "machine1.yaml"
+    path.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\nnum_machines: 2\nmachine_rank: 1\n"
+        "num_processes: 16\nmain_process_ip: 10.0.0.1\nmain_process_port: 29500\nmixed_precision: bf16\n"
+    )
+    topo = _topology_from_accelerate_config(str(path))
+    assert (topo.processes, topo.machines, topo.machine_rank, topo.address) == (16, 2, 1, "10.0.0.1:29500")
+    argv = accelerate_argv(topo.processes, None, "runs", False, topo, join_timeout=42)
+    launch = argv[argv.index("accelerate.commands.launch") + 1 : argv.index("-m", 3)]
+    assert launch == ["--config_file", str(path), "--rdzv_conf", "timeout=42"]  # nothing overrides the file
+    trainer = argv[argv.index("jagg_engine.train.trainer") + 1 :]
+    assert trainer == ["--runs-dir", "runs", "--machine-rank", "1"]  # the run id comes from machine 0
+
+    flags = accelerate_argv(2, 7, "runs", True, topology_of(2, 2, 0, "10.0.0.1", 29500), join_timeout=5)
+    for a, b in [("--num_machines", "2"), ("--machine_rank", "0"), ("--main_process_ip", "10.0.0.1")]:
+        assert flags[flags.index(a) + 1] == b
+    assert flags[flags.index("--main_process_port") + 1] == "29500" and "--multi_gpu" in flags
+    assert flags[-5:] == ["--machine-rank", "0", "--run-id", "7", "--resume"]
+
+
+def topology_of(processes, machines, rank, host, port):
+    from jagg_engine.train.launch import Topology
+
+    return Topology(processes, machines, rank, host, port)

@@ -114,12 +114,12 @@ def topology(args: argparse.Namespace, config_processes: int | None) -> Topology
         )
         if value is not None
     ]
+    if args.join_timeout <= 0:
+        raise UsageError(f"join-timeout: must be a number of seconds > 0, got {args.join_timeout:g}")
     if args.accelerate_config is not None:
         if flags:
             raise UsageError(f"accelerate-config: the file sets the machines; drop {', '.join(flags)}")
         return _topology_from_accelerate_config(args.accelerate_config)
-    if args.join_timeout <= 0:
-        raise UsageError(f"join-timeout: must be a number of seconds > 0, got {args.join_timeout:g}")
     machines = 1 if args.machines is None else args.machines
     rank = 0 if args.machine_rank is None else args.machine_rank
     processes = args.processes or config_processes
@@ -260,7 +260,6 @@ def run(args: argparse.Namespace) -> int:
                 cfg = load_config(args.config, args.overrides)
             except ConfigError as exc:
                 raise UsageError(str(exc)) from None
-        if given:
             expect["config"] = cfg.to_dict()
         if attach is not None:
             expect["run_id"] = attach

@@ -4,7 +4,9 @@ Run through ``jagg train`` (jagg_engine.train.launch), in one process or under `
 every rank samples its own share of the step's prompts (whole prompt groups stay on one rank), rewards are
 gathered so that advantages are normalised over the full batch exactly as in one process, each rank
 accumulates the policy gradient of its samples, and the gradients are averaged across ranks before the
-optimizer step. Only the main process writes (store, images, checkpoints, log).
+optimizer step. Only the main process writes (store, images, checkpoints, log). On several machines only
+machine 0 has the store: global rank 0 reads the run and sends its id and config to every rank
+(:func:`share_run`), and the latest checkpoint likewise (:meth:`Trainer.read_latest_checkpoint`).
 
 Step numbering: step 0 is the evaluation before training; step s = 1 … steps is one rollout batch and one
 optimizer step. A checkpoint taken after step s resumes at step s + 1; the prompts and noise of step s are
@@ -193,7 +195,7 @@ def update_metrics(results: list[UpdateResult]) -> dict[str, float]:
     out["count/forward"] = out["count/forward_grad"] + out["count/forward_nograd"]
     out["count/optimizer_steps"] = float(len(results))
     if len(results) > 1:  # the off-policy mini-batches: where the ratio and the clip act
-        later = [r for r in rows[1:]]
+        later = rows[1:]
         out["loss/clipfrac_offpolicy"] = float(np.mean([r["loss/clipfrac"] for r in later]))
         out["loss/ratio_dev_offpolicy"] = float(np.mean([abs(r["loss/ratio_mean"] - 1) for r in later]))
     return out

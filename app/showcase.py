@@ -1,0 +1,224 @@
+"""The shipped showcase: a recorded exact run and JAGG run of ``configs/tiny-shapes-cpu.yaml``, same seed,
+prompts and eval seeds, so that the app shows a real comparison in its first second.
+
+``assets/showcase/`` holds ``showcase.json`` (each run's row, config, every metric and probe, and its eval
+samples) and one PNG grid per run and eval step (the eval images, ``GRID_COLUMNS`` a row). No checkpoint, log
+or training sample is shipped. :func:`pack` writes it from a recorded runs folder
+(``scripts/record_showcase.py`` records and packs); :func:`install` loads it into a runs folder as two
+finished, paired runs whose images live under ``<runs_dir>/showcase/``, once per runs folder (again when
+the showcase changes or its rows were deleted). The app treats the installed ids as read-only.
+
+No torch here (PIL cuts and joins the image grids).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import sqlite3
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from jagg_engine.store import RunStore, StoreError
+
+SHOWCASE_DIR = Path(__file__).resolve().parents[1] / "assets" / "showcase"
+MANIFEST = "showcase.json"
+FORMAT = 1
+GRID_COLUMNS = 18
+INSTALL_DIR = "showcase"  # under the runs folder
+MARKER = "installed.json"
+RECORD_COMMAND = "python scripts/record_showcase.py"
+
+
+def pack(
+    store: RunStore,
+    runs: Mapping[str, int],
+    out_dir: str | os.PathLike[str],
+    recorded_with: str = RECORD_COMMAND,
+) -> Path:
+    """Write the showcase of ``runs`` (key such as "exact" → run id of ``store``) into ``out_dir``: the
+    manifest and the eval-image grids. Replaces what ``out_dir`` held. Returns the manifest path."""
+    out = Path(out_dir)
+    if out.exists():
+        shutil.rmtree(out)
+    (out / "images").mkdir(parents=True)
+    entries = []
+    for key, run_id in runs.items():
+        run = store.get_run(run_id)
+        if run is None:
+            raise StoreError(f"no run with id {run_id}")
+        if run["status"] != "finished":
+            raise StoreError(f"run {run_id}: is {run['status']}; only a finished run is a showcase")
+        config = {**run["config"], "output_dir": "runs"}
+        metrics = [
+            [int(step), key_, value]
+            for step, key_, value in store.db.execute(
+                "SELECT step, key, value FROM metrics WHERE run_id = ? ORDER BY step, key", [run_id]
+            ).fetchall()
+        ]
+        probes = [{k: v for k, v in p.items() if k != "run_id"} for p in store.probes(run_id)]
+        samples = []
+        by_step: dict[int, list[dict[str, Any]]] = {}
+        for s in store.samples(run_id, "eval"):
+            by_step.setdefault(int(s["step"]), []).append(s)
+        for step, rows in sorted(by_step.items()):
+            grid_name = f"{key}-eval-{step:05d}.png"
+            images = [Image.open(Path(run["run_dir"]) / s["path"]).convert("RGB") for s in rows]
+            width, height = images[0].size
+            if any(img.size != (width, height) for img in images):
+                raise ValueError(f"run {run_id} step {step}: eval images differ in size")
+            cols = min(GRID_COLUMNS, len(images))
+            grid = Image.new("RGB", (cols * width, math.ceil(len(images) / cols) * height))
+            for cell, (s, img) in enumerate(zip(rows, images)):
+                grid.paste(img, ((cell % cols) * width, (cell // cols) * height))
+                samples.append(
+                    {
+                        "step": step,
+                        "path": s["path"],
+                        "prompt": s["prompt"],
+                        "seed": s["seed"],
+                        "reward": s["reward"],
+                        "grid": grid_name,
+                        "cell": cell,
+                    }
+                )
+            grid.save(out / "images" / grid_name, optimize=True)
+        entries.append(
+            {
+                "key": key,
+                "name": run["name"],
+                "config": config,
+                "created_at": run["created_at"],
+                "started_at": run["started_at"],
+                "finished_at": run["finished_at"],
+                "cell_size": [width, height] if samples else None,
+                "metrics": metrics,
+                "probes": probes,
+                "samples": samples,
+            }
+        )
+    manifest = {
+        "format": FORMAT,
+        "recorded_with": recorded_with,
+        "grid_columns": GRID_COLUMNS,
+        "runs": entries,
+    }
+    path = out / MANIFEST
+    path.write_text(json.dumps(manifest, separators=(",", ":")) + "\n", encoding="utf-8")
+    return path
+
+
+def install(
+    store: RunStore, runs_dir: str | os.PathLike[str], showcase_dir: str | os.PathLike[str] = SHOWCASE_DIR
+) -> list[int]:
+    """Make the showcase runs part of this runs folder's history; returns their ids (exact first).
+
+    Idempotent: a folder that already holds this showcase (``<runs_dir>/showcase/installed.json`` names
+    ids whose rows still exist) is left as it is. A missing showcase gives []. An error while loading rolls
+    back what was loaded and is printed; the app starts without the showcase.
+    """
+    manifest_path = Path(showcase_dir) / MANIFEST
+    if not manifest_path.is_file():
+        return []
+    raw = manifest_path.read_bytes()
+    digest = hashlib.sha256(raw).hexdigest()[:16]
+    root = Path(runs_dir).resolve()
+    folder = root / INSTALL_DIR
+    marker = folder / MARKER
+    previous: dict[str, Any] = {}
+    try:
+        previous = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        pass
+    ids = [int(i) for i in previous.get("ids", [])]
+    present = [store.get_run(i) for i in ids]
+    if (
+        previous.get("digest") == digest
+        and ids
+        and all(r is not None and r["status"] == "finished" for r in present)
+    ):
+        return ids
+    if getattr(store, "read_only", False):  # a read-only history is shown as it is
+        print("jagg app: the runs folder is read-only; the showcase is not loaded into it", flush=True)
+        return []
+    for run in present:  # an older showcase, or one half deleted: replace it
+        if run is not None and str(run.get("run_dir") or "").startswith(str(folder)):
+            store.delete_run(run["id"])
+    shutil.rmtree(folder, ignore_errors=True)
+    manifest = json.loads(raw)
+    created: list[int] = []
+    try:
+        if manifest.get("format") != FORMAT:
+            raise ValueError(f"format {manifest.get('format')!r}, expected {FORMAT}")
+        for entry in manifest["runs"]:
+            created.append(_load_run(store, folder, Path(showcase_dir), entry))
+        if len(created) == 2:
+            store.set_paired(created[1], created[0])
+            store.set_paired(created[0], created[1])
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = marker.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"digest": digest, "ids": created}), encoding="utf-8")
+        os.replace(tmp, marker)
+    except (OSError, ValueError, KeyError, StoreError, sqlite3.Error) as exc:
+        for run_id in created:
+            try:
+                store.delete_run(run_id)
+            except StoreError:
+                pass
+        shutil.rmtree(folder, ignore_errors=True)
+        print(f"jagg app: the showcase was not loaded: {exc}", flush=True)
+        return []
+    return created
+
+
+def _load_run(store: RunStore, folder: Path, showcase_dir: Path, entry: Mapping[str, Any]) -> int:
+    run_dir = folder / str(entry["key"])
+    run_id = store.create_run(str(entry["name"]), entry["config"], run_dir)
+    store.set_status(run_id, "running")
+    by_step: dict[int, dict[str, Any]] = {}
+    for step, key, value in entry["metrics"]:
+        by_step.setdefault(int(step), {})[key] = math.nan if value is None else value
+    for step, metrics in sorted(by_step.items()):
+        store.log_step(run_id, step, metrics)
+    probes_by_step: dict[int, list[dict[str, Any]]] = {}
+    for p in entry.get("probes", []):
+        probes_by_step.setdefault(int(p["step"]), []).append(p)
+    for step, probes in sorted(probes_by_step.items()):
+        store.log_probes(run_id, step, probes)
+    _write_images(run_dir, showcase_dir, entry)
+    samples_by_step: dict[int, list[dict[str, Any]]] = {}
+    for s in entry["samples"]:
+        samples_by_step.setdefault(int(s["step"]), []).append({**s, "kind": "eval"})
+    for step, samples in sorted(samples_by_step.items()):
+        store.log_samples(run_id, step, samples)
+    store.set_status(run_id, "finished")
+    store.set_times(run_id, entry["created_at"], entry["started_at"], entry["finished_at"])
+    return run_id
+
+
+def _write_images(run_dir: Path, showcase_dir: Path, entry: Mapping[str, Any]) -> None:
+    """Cut each eval grid back into the run's own image files (pixel for pixel: PNG is lossless)."""
+    if not entry["samples"]:
+        return
+    width, height = entry["cell_size"]
+    grids: dict[str, Image.Image] = {}
+    for s in entry["samples"]:
+        rel = Path(s["path"])
+        if rel.is_absolute() or ".." in rel.parts:
+            raise ValueError(f"sample path {s['path']!r} is not inside the run folder")
+        grid = grids.get(s["grid"])
+        if grid is None:
+            grid = grids[s["grid"]] = Image.open(showcase_dir / "images" / Path(s["grid"]).name).convert(
+                "RGB"
+            )
+        cols = grid.width // width
+        x, y = (s["cell"] % cols) * width, (s["cell"] // cols) * height
+        target = run_dir / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        grid.crop((x, y, x + width, y + height)).save(target)

@@ -1,0 +1,460 @@
+"""Space mode: what an anonymous visitor of a public Hugging Face Space may do, and who owns which run.
+
+A Space (``SPACE_ID`` set) is public by design, so every action that costs compute, disk or someone else's
+work is checked here, by who asks (``gr.Request.session_hash``, one per page load or gradio_client):
+
+* **Caps** (:func:`check_space_config`): the final config of a visitor's run, after every form field and
+  ``key=value`` override, is compared field by field with the shipped tiny-shapes setting. Fields that cost
+  compute have a cap (:data:`CAPS`, :data:`MIN_EVERY`); the backbone, every path and option mapping, and any
+  other field not in :data:`TUNABLE` must keep the shipped value. A field added to the config later is
+  therefore fixed until it is listed here. The caps live in this module, not in the config, so no override
+  can change them.
+* **Ownership** (:class:`SpaceGuard`): a visitor may cancel, resume and delete only the runs their session
+  started; the owner, after :meth:`SpaceGuard.login` with the password of the Space secret
+  ``JAGG_OWNER_PASSWORD``, may act on every run and is not held to the caps. The showcase runs are
+  read-only for everyone.
+* **Queue limits**: at most ``per_visitor`` waiting-or-training runs per visitor session and ``total`` in all.
+* **Pruning**: when the runs folder passes ``max_runs_bytes``, the oldest finished visitor runs are deleted
+  with their folders (never the owner's, never the showcase, never an active run).
+* **Files** (:class:`FilePublisher`): gradio's file route serves only what the app handed to a component
+  (copied into gradio's cache): sample images and the exports a visitor asked for. The runs folder itself
+  is never an allowed path, so ``jagg.db``, checkpoints and logs are never served.
+
+Local mode (no ``SPACE_ID``): whoever reaches the app is the owner (``--auth`` protects it); only the
+showcase is read-only. No torch here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from jagg_engine.store import RunStore, StoreError
+from jagg_engine.train.config import ConfigError, TrainConfig
+
+OWNER_PASSWORD_ENV = "JAGG_OWNER_PASSWORD"
+DATA_DIR = Path("/data")  # a Space's persistent storage, when the Space has it
+DATA_RUNS_NAME = "jagg-runs"
+
+SPACE_BACKBONES = ("tiny-shapes",)
+# Weight-free rewards: cheap, and nothing to download.
+SPACE_REWARDS = (
+    "shapes",
+    "shapes-dense",
+    "brightness",
+    "colorfulness",
+    "jpeg_compressibility",
+    "jpeg_incompressibility",
+)
+MAX_REWARDS = 4
+MAX_NAME_CHARS = 64
+# Upper bounds of the fields that scale the compute (or memory) of a run; eval_seeds is a count of seeds.
+# At these values a run is the shipped tiny-shapes setting cut to 30 steps (about 10 minutes on 2 CPU cores).
+CAPS: dict[str, int] = {
+    "steps": 30,
+    "group_size": 8,
+    "prompts_per_step": 18,
+    "sampling_steps": 12,
+    "eval_num_prompts": 90,
+    "eval_seeds": 2,
+    "processes": 1,
+    "lora_rank": 64,
+}
+# Periodic work (evals, sample images, probes, checkpoints): 0 (never) or at least this many steps apart.
+MIN_EVERY: dict[str, int] = {
+    "eval_every": 5,
+    "sample_every": 5,
+    "probe_every": 5,
+    "auto_route_every": 5,
+    "checkpoint_every": 10,
+}
+# Fields that name files or folders, or carry options that may: only the shipped value (none).
+PATH_FIELDS = (
+    "model_path",
+    "prompts_file",
+    "eval_prompts_file",
+    "output_dir",
+    "backbone_options",
+    "reward_options",
+)
+# Fields a visitor may set freely (the config's own validation bounds them; none changes the cost much).
+TUNABLE = (
+    "name",
+    "seed",
+    "algorithm",
+    "eta",
+    "shift",
+    "sde_window_start",
+    "sde_window_end",
+    "cfg_scale",
+    "strategy",
+    "window",
+    "jagg_frac",
+    "endpoint_backward",
+    "auto_route",
+    "auto_route_threshold",
+    "reuse_rollout_velocity",
+    "lr",
+    "weight_decay",
+    "grad_clip",
+    "clip_range",
+    "adv_clip",
+    "adv_std",
+    "beta",
+    "lora_alpha",
+)
+
+
+class SpaceError(ValueError):
+    """An action this visitor may not take (not theirs, queue full, not logged in); one line."""
+
+
+def space_mode_from_env(env: Mapping[str, str] | None = None) -> bool:
+    """A Hugging Face Space sets SPACE_ID in the environment."""
+    return bool((os.environ if env is None else env).get("SPACE_ID"))
+
+
+def default_runs_dir(space: bool, data_dir: Path = DATA_DIR) -> str:
+    """``<data_dir>/jagg-runs`` on a Space with persistent storage (a writable ``/data``), else ``runs``
+    (beside the app, lost when a Space restarts without persistent storage)."""
+    if space and data_dir.is_dir() and os.access(data_dir, os.W_OK):
+        return str(data_dir / DATA_RUNS_NAME)
+    return "runs"
+
+
+# ---------------------------------------------------------------------------------------------- caps
+
+
+def check_space_config(cfg: TrainConfig, base: TrainConfig | None = None) -> None:
+    """Raise ConfigError (one line naming the field) if ``cfg`` is not a run a visitor may start.
+
+    ``base`` is the shipped setting (TrainConfig() defaults, the tiny-shapes CPU config); every field is
+    checked, so a form field and a ``key=value`` override are held to the same rule.
+    """
+    base = base or TrainConfig()
+    values, shipped = cfg.to_dict(), base.to_dict()
+    if values["backbone"] not in SPACE_BACKBONES:
+        raise ConfigError(
+            f"backbone: this Space offers only {', '.join(SPACE_BACKBONES)}, got {values['backbone']!r}"
+        )
+    for key in PATH_FIELDS:
+        if values[key] != shipped[key]:
+            raise ConfigError(
+                f"{key}: this Space accepts no file or folder paths (nor options), got {values[key]!r}"
+            )
+    if len(values["name"]) > MAX_NAME_CHARS:
+        raise ConfigError(
+            f"name: this Space allows at most {MAX_NAME_CHARS} characters, got {len(values['name'])}"
+        )
+    rewards = values["rewards"]
+    unknown = [name for name in rewards if name not in SPACE_REWARDS]
+    if unknown:
+        raise ConfigError(
+            f"rewards: this Space offers only the weight-free rewards {', '.join(SPACE_REWARDS)}, got {unknown[0]!r}"
+        )
+    if len(rewards) > MAX_REWARDS:
+        raise ConfigError(f"rewards: this Space allows at most {MAX_REWARDS} rewards, got {len(rewards)}")
+    for key, cap in CAPS.items():
+        value = values[key]
+        amount = len(value) if isinstance(value, (list, tuple)) else value
+        if amount > cap:
+            what = f"{cap} seeds" if key == "eval_seeds" else str(cap)
+            raise ConfigError(f"{key}: this Space allows at most {what}, got {amount}")
+    for key, least in MIN_EVERY.items():
+        value = values[key]
+        if value != 0 and value < least:
+            raise ConfigError(f"{key}: this Space allows 0 (never) or at least {least} steps, got {value}")
+    checked = {"backbone", "rewards", *PATH_FIELDS, *CAPS, *MIN_EVERY, *TUNABLE}
+    for key, value in values.items():
+        if key not in checked and value != shipped[key]:
+            raise ConfigError(f"{key}: this Space keeps the shipped value {shipped[key]!r}, got {value!r}")
+
+
+# ---------------------------------------------------------------------------------------------- limits
+
+
+@dataclasses.dataclass(frozen=True)
+class SpaceLimits:
+    """Queue and disk limits of a Space (environment: JAGG_SPACE_QUEUE_PER_VISITOR, JAGG_SPACE_QUEUE_TOTAL,
+    JAGG_SPACE_MAX_RUNS_MB)."""
+
+    per_visitor: int = 2  # waiting or training runs of one visitor session (a compare pair is 2)
+    total: int = 4  # waiting or training runs of all visitors together
+    max_runs_bytes: int = 2048 * 1024**2  # the runs folder is pruned above this size
+    prune_every_s: float = 30.0  # the folder size is measured at most this often
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> SpaceLimits:
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for name, field, scale in (
+            ("JAGG_SPACE_QUEUE_PER_VISITOR", "per_visitor", 1),
+            ("JAGG_SPACE_QUEUE_TOTAL", "total", 1),
+            ("JAGG_SPACE_MAX_RUNS_MB", "max_runs_bytes", 1024**2),
+        ):
+            text = env.get(name)
+            if text is None or text == "":
+                continue
+            try:
+                number = int(text)
+                if number < 1:
+                    raise ValueError
+            except ValueError:
+                raise ValueError(f"{name}: must be an integer >= 1, got {text!r}") from None
+            values[field] = number * scale
+        return cls(**values)
+
+
+def folder_size(path: Path) -> int:
+    """Bytes of the regular files under ``path`` (symlinks not followed)."""
+    total = 0
+    stack = [path]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(Path(entry.path))
+                elif entry.is_file(follow_symlinks=False):
+                    total += entry.stat(follow_symlinks=False).st_size
+            except OSError:
+                continue
+    return total
+
+
+# ---------------------------------------------------------------------------------------------- ownership
+
+
+class SpaceGuard:
+    """Who may do what with which run. One per app; thread-safe.
+
+    Which session started which run is kept in ``<runs_dir>/space-runs.json`` (so pruning still knows the
+    visitor runs after a restart); owner sessions only in memory (a restart logs the owner out).
+    """
+
+    LOGIN_TRIES_PER_SESSION = 5
+    LOGIN_FAILURES_PER_10_MIN = 30  # over all sessions: beyond this, logins are refused for a while
+
+    def __init__(
+        self,
+        runs_dir: str | os.PathLike[str],
+        space: bool,
+        owner_password: str | None = None,
+        limits: SpaceLimits | None = None,
+        read_only: Iterable[int] = (),
+    ):
+        self.root = Path(runs_dir).resolve()
+        self.space = space
+        self._password = owner_password or None
+        self.limits = limits or SpaceLimits()
+        self.read_only = set(read_only)
+        self._file = self.root / "space-runs.json"
+        self._runs: dict[int, dict[str, Any]] = self._load()
+        self._owners: set[str] = set()
+        self._tries: dict[str, int] = {}
+        self._failures: deque[float] = deque()
+        self._last_prune = 0.0
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------------ sessions and login
+    def is_owner(self, session: str | None) -> bool:
+        return not self.space or (bool(session) and session in self._owners)
+
+    def login(self, session: str | None, password: str | None) -> str:
+        """Give this session owner rights if ``password`` is the owner's; the reply is one line."""
+        if not self.space:
+            return "Not a Space: whoever reaches this app already has owner rights."
+        if not self._password:
+            return f"Owner login is off: set the Space secret {OWNER_PASSWORD_ENV} to turn it on."
+        if not session:
+            return "Owner login needs a browser or gradio_client session."
+        with self._lock:
+            now = time.time()
+            while self._failures and now - self._failures[0] > 600:
+                self._failures.popleft()
+            if len(self._failures) >= self.LOGIN_FAILURES_PER_10_MIN:
+                return "Owner login is paused after too many wrong passwords; try again in 10 minutes."
+            if self._tries.get(session, 0) >= self.LOGIN_TRIES_PER_SESSION:
+                return "Too many wrong passwords in this session; reload the page to try again."
+            if hmac.compare_digest((password or "").encode(), self._password.encode()):
+                self._owners.add(session)
+                self._tries.pop(session, None)
+                return "Logged in as the owner for this session."
+            self._tries[session] = self._tries.get(session, 0) + 1
+            self._failures.append(now)
+            return "Wrong password."
+
+    # ------------------------------------------------------------------ who started what
+    def record(self, session: str | None, run_ids: Iterable[int]) -> None:
+        """Remember that ``session`` started these runs (as the owner or as a visitor)."""
+        with self._lock:
+            owner = self.is_owner(session)
+            for run_id in run_ids:
+                self._runs[int(run_id)] = {
+                    "session": _session_key(session),
+                    "owner": owner,
+                    "at": time.time(),
+                }
+            self._save()
+
+    def started_by(self, session: str | None, run_id: int) -> bool:
+        entry = self._runs.get(int(run_id))
+        return bool(session) and entry is not None and entry["session"] == _session_key(session)
+
+    def check_action(self, session: str | None, run_id: int, action: str) -> None:
+        """Raise SpaceError unless this session may ``action`` (cancel | resume | delete) run ``run_id``."""
+        if run_id in self.read_only:
+            raise SpaceError(f"{action}: run {run_id} is the shipped showcase, which is read-only")
+        if self.is_owner(session) or self.started_by(session, run_id):
+            return
+        raise SpaceError(
+            f"{action}: run {run_id} was not started in this session; only the owner (logged in) can {action} it"
+        )
+
+    def check_owner(self, session: str | None, action: str) -> None:
+        if not self.is_owner(session):
+            raise SpaceError(f"{action}: only the owner (logged in) can do this")
+
+    # ------------------------------------------------------------------ queue
+    def check_queue(self, session: str | None, waiting: Sequence[Mapping[str, Any]], new_runs: int) -> None:
+        """Raise SpaceError if ``new_runs`` more runs would pass this visitor's or the Space's queue limit.
+        ``waiting`` are the runs now queued or training."""
+        if self.is_owner(session):
+            return
+        mine = sum(1 for run in waiting if self.started_by(session, run["id"]))
+        if mine + new_runs > self.limits.per_visitor:
+            raise SpaceError(
+                f"queue: you have {mine} run(s) waiting or training and this Space allows {self.limits.per_visitor}"
+                " per visitor; wait for one to finish or cancel it"
+            )
+        if len(waiting) + new_runs > self.limits.total:
+            raise SpaceError(
+                f"queue: this Space's queue is full ({len(waiting)} run(s) waiting or training, at most "
+                f"{self.limits.total}); try again when one finishes"
+            )
+
+    # ------------------------------------------------------------------ disk
+    def prune(self, store: RunStore, force: bool = False) -> list[int]:
+        """Delete the oldest finished visitor runs (rows and folders) while the runs folder is larger than
+        ``max_runs_bytes``; at most every ``prune_every_s`` seconds unless ``force``. Returns the ids."""
+        if not self.space:
+            return []
+        with self._lock:
+            now = time.time()
+            if not force and now - self._last_prune < self.limits.prune_every_s:
+                return []
+            self._last_prune = now
+            size = folder_size(self.root)
+            if size <= self.limits.max_runs_bytes:
+                return []
+            runs = {run["id"]: run for run in store.list_runs()}
+            candidates = sorted(
+                run_id
+                for run_id, entry in self._runs.items()
+                if not entry["owner"]
+                and run_id in runs
+                and run_id not in self.read_only
+                and runs[run_id]["status"] in ("finished", "failed", "cancelled")
+            )
+            pruned = []
+            for run_id in candidates:
+                if size <= self.limits.max_runs_bytes:
+                    break
+                folder = runs[run_id]["run_dir"]
+                freed = folder_size(Path(folder)) if folder else 0
+                try:
+                    store.delete_run(run_id, delete_files=True)
+                except StoreError:
+                    continue
+                size -= freed
+                pruned.append(run_id)
+                self._runs.pop(run_id, None)
+            if pruned:
+                self._save()
+                print(f"jagg app: pruned visitor runs {pruned} (runs folder over the size limit)", flush=True)
+            return pruned
+
+    def forget(self, run_id: int) -> None:
+        with self._lock:
+            if self._runs.pop(int(run_id), None) is not None:
+                self._save()
+
+    # ------------------------------------------------------------------ persistence
+    def _load(self) -> dict[int, dict[str, Any]]:
+        try:
+            raw = json.loads(self._file.read_text(encoding="utf-8"))
+            return {int(k): dict(v) for k, v in raw.items()}
+        except (OSError, ValueError, AttributeError, TypeError):
+            return {}
+
+    def _save(self) -> None:
+        tmp = self._file.with_suffix(".json.tmp")
+        try:
+            tmp.write_text(json.dumps({str(k): v for k, v in self._runs.items()}), encoding="utf-8")
+            os.replace(tmp, self._file)
+        except OSError as exc:  # a full or read-only disk loses only this bookkeeping
+            print(f"jagg app: could not write {self._file.name}: {exc}", flush=True)
+
+
+def _session_key(session: str | None) -> str:
+    """A stored, non-reversible key of a session hash (the hash itself is the session's only secret)."""
+    return hashlib.sha256((session or "").encode()).hexdigest()[:32]
+
+
+# ---------------------------------------------------------------------------------------------- files
+
+
+class FilePublisher:
+    """Turns files of the runs folder into paths gradio may copy into its cache and serve.
+
+    gradio copies a component's file into its cache (and its file route serves it from there) only when
+    the file lies in the working directory, the temp directory or an allowed path. The runs folder is never
+    an allowed path (the route would serve all of it), so a runs folder elsewhere (``/data`` on a Space)
+    hands gradio a copy under a private temp folder instead.
+    """
+
+    def __init__(self, runs_dir: str | os.PathLike[str], public_dir: str | os.PathLike[str] | None = None):
+        self.root = Path(runs_dir).resolve()
+        bases = (Path.cwd().resolve(), Path(tempfile.gettempdir()).resolve())
+        self.direct = any(self.root.is_relative_to(base) for base in bases)
+        self._public = Path(public_dir) if public_dir else None
+
+    def __call__(self, path: str | os.PathLike[str]) -> str:
+        if self.direct:
+            return str(path)
+        src = Path(path)
+        stat = src.stat()
+        key = hashlib.sha256(f"{src.resolve()}:{stat.st_mtime_ns}:{stat.st_size}".encode()).hexdigest()[:24]
+        if self._public is None:
+            self._public = Path(tempfile.mkdtemp(prefix="jagg-public-"))
+        dst = self._public / key / src.name
+        if not dst.exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dst.with_name(dst.name + ".tmp")
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, dst)
+        return str(dst)
+
+    def items(self, items: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+        """Gallery items (path, caption) with publishable paths."""
+        return [(self(path), caption) for path, caption in items]
+
+
+def session_export_dir(session: str | None) -> Path:
+    """A visitor's own export folder under the temp directory (named by a hash: the session hash comes from
+    the client and is never used as a path)."""
+    return Path(tempfile.gettempdir()) / "jagg-exports" / _session_key(session)

@@ -1,0 +1,137 @@
+"""The showcase: packing a recorded pair of runs, loading it into a runs folder (once, read-only in the app),
+and the shipped one in assets/showcase."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from app import data, showcase
+from jagg_engine.store import open_store
+
+PROMPTS = ["red circle left", "blue square top", "green triangle center"]
+
+
+def _recorded(runs: Path) -> dict[str, int]:
+    """Two finished runs like `jagg train` leaves them: metrics, eval images at steps 0 and 2, a checkpoint
+    and a log (which the showcase must not take)."""
+    store = open_store(runs)
+    ids = {}
+    rng = np.random.default_rng(0)
+    for strategy in ("exact", "jagg"):
+        run_dir = runs / f"run-{len(ids) + 1:04d}"
+        run_id = store.create_run(
+            f"showcase-{strategy}", {"strategy": strategy, "output_dir": str(runs)}, run_dir
+        )
+        store.set_status(run_id, "running", pid=1)
+        for step in range(3):
+            store.log_step(run_id, step, {"reward/mean": 1.0 + step / 10, "time/update": 2.0, "lr": math.nan})
+        for step in (0, 2):
+            samples = []
+            for i, prompt in enumerate(PROMPTS):
+                for seed in (0, 1):
+                    rel = f"samples/eval/step_{step:05d}/{i:03d}_seed{seed}.png"
+                    (run_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+                    Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(run_dir / rel)
+                    samples.append(
+                        {"kind": "eval", "prompt": prompt, "seed": seed, "reward": 0.5, "path": rel}
+                    )
+            store.log_samples(run_id, step, samples)
+        store.log_probes(
+            run_id, 1, [{"group_index": 0, "t_start": 1.0, "t_end": 0.7, "cosine": 0.9, "rel_error": 0.1}]
+        )
+        (run_dir / "checkpoints").mkdir()
+        (run_dir / "checkpoints" / "step_00002.pt").write_bytes(b"weights")
+        (run_dir / "train.log").write_text("log\n")
+        store.set_status(run_id, "finished")
+        ids[strategy] = run_id
+    store.close()
+    return ids
+
+
+def test_pack_then_install_gives_the_same_history(tmp_path):
+    ids = _recorded(tmp_path / "recorded")
+    with open_store(tmp_path / "recorded") as store:
+        manifest = showcase.pack(store, ids, tmp_path / "showcase")
+        source = {k: (store.get_run(i), store.metrics_frame(i), store.samples(i)) for k, i in ids.items()}
+    shipped = sorted(p.name for p in (tmp_path / "showcase").rglob("*") if p.is_file())
+    assert shipped == [
+        "exact-eval-00000.png",
+        "exact-eval-00002.png",
+        "jagg-eval-00000.png",
+        "jagg-eval-00002.png",
+        "showcase.json",
+    ]  # fmt: skip  (no checkpoint, no log)
+    assert json.loads(manifest.read_text())["runs"][0]["config"]["output_dir"] == "runs"
+
+    runs = tmp_path / "fresh"
+    with open_store(runs) as store:
+        installed = showcase.install(store, runs, tmp_path / "showcase")
+        assert len(installed) == 2
+        for (key, (run, frame, samples)), run_id in zip(source.items(), installed):
+            got = store.get_run(run_id)
+            assert (got["name"], got["status"], got["config"]["strategy"]) == (run["name"], "finished", key)
+            assert (got["started_at"], got["finished_at"]) == (run["started_at"], run["finished_at"])
+            assert store.metrics_frame(run_id).equals(frame)
+            assert len(store.probes(run_id)) == 1
+            got_samples = store.samples(run_id)
+            assert [(s["path"], s["prompt"], s["seed"]) for s in got_samples] == [
+                (s["path"], s["prompt"], s["seed"]) for s in samples
+            ]
+            for s in got_samples:  # pixel for pixel
+                original = np.asarray(Image.open(Path(run["run_dir"]) / s["path"]))
+                assert np.array_equal(np.asarray(Image.open(Path(got["run_dir"]) / s["path"])), original)
+        assert store.get_run(installed[1])["paired_run_id"] == installed[0]
+        # Installing again is a no-op; after its rows are deleted it comes back.
+        assert showcase.install(store, runs, tmp_path / "showcase") == installed
+        store.delete_run(installed[0])
+        again = showcase.install(store, runs, tmp_path / "showcase")
+        assert len(again) == 2 and not set(again) & set(installed)
+        assert {r["id"] for r in store.list_runs()} == set(again)
+
+
+def test_a_broken_showcase_loads_nothing(tmp_path, capsys):
+    (tmp_path / "showcase").mkdir()
+    (tmp_path / "showcase" / "showcase.json").write_text('{"format": 1, "runs": [{"key": "x"}]}')
+    with open_store(tmp_path / "runs") as store:
+        assert showcase.install(store, tmp_path / "runs", tmp_path / "showcase") == []
+        assert store.list_runs() == []
+    assert "the showcase was not loaded" in capsys.readouterr().out
+    with open_store(tmp_path / "runs2") as store:
+        assert showcase.install(store, tmp_path / "runs2", tmp_path / "missing") == []
+
+
+def test_side_by_side_at_first_and_last_eval(tmp_path):
+    ids = _recorded(tmp_path)
+    with open_store(tmp_path) as store:
+        items = data.side_by_side_first_last(store, [ids["exact"], ids["jagg"]], tmp_path, limit_keys=2)
+    # 6 prompt+seed pairs, 2 spread over them (every third): rows of exact@0, jagg@0, exact@2, jagg@2.
+    assert len(items) == 8
+    captions = [c for _, c in items]
+    assert captions[0].startswith(f"#{ids['exact']} exact · step 0 · ") and captions[3].startswith(
+        f"#{ids['jagg']} jagg · step 2 · "
+    )
+    assert all(Path(p).is_file() for p, _ in items)
+    first_row = {c.split(" · ")[2] for c in captions[:4]}
+    assert len(first_row) == 1  # one prompt per row
+
+
+def test_the_shipped_showcase(tmp_path):
+    size = sum(p.stat().st_size for p in showcase.SHOWCASE_DIR.rglob("*") if p.is_file())
+    assert size <= 3 * 1024**2, f"assets/showcase is {size / 1024**2:.2f} MB"
+    manifest = json.loads((showcase.SHOWCASE_DIR / showcase.MANIFEST).read_text())
+    exact, jagg = manifest["runs"]
+    assert (exact["config"]["strategy"], jagg["config"]["strategy"]) == ("exact", "jagg")
+    differ = {k for k in exact["config"] if exact["config"][k] != jagg["config"][k]}
+    assert differ == {"strategy", "name"}, differ  # same seed, prompts, eval seeds and everything else
+    keys = [{(s["step"], s["prompt"], s["seed"]) for s in run["samples"]} for run in (exact, jagg)]
+    assert keys[0] == keys[1] and len({k[0] for k in keys[0]}) >= 2
+    with open_store(tmp_path) as store:
+        ids = showcase.install(store, tmp_path)
+        runs = [store.get_run(i) for i in ids]
+        assert [r["status"] for r in runs] == ["finished", "finished"]
+        assert all(r["last_step"] == r["config"]["steps"] for r in runs)

@@ -1,0 +1,176 @@
+"""app/space.py's pure parts: the caps on a visitor's config, limits from the environment, the runs folder on a
+Space, publishing files, pruning; and requirements.txt against pyproject.toml. The same rules are exercised
+through the public API, as a visitor calls them, in tests/test_space_api.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from app import space
+from app.space import CAPS, MIN_EVERY, SpaceGuard, SpaceLimits, check_space_config
+from jagg_engine.store import open_store
+from jagg_engine.train.config import ConfigError, TrainConfig
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_shipped_setting_passes_and_every_field_is_classified():
+    # The shipped tiny-shapes config, cut to the Space's step cap, is what a visitor's form starts from.
+    check_space_config(dataclasses.replace(TrainConfig(), steps=CAPS["steps"]))
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    named = {"backbone", "rewards", *space.PATH_FIELDS, *CAPS, *MIN_EVERY, *space.TUNABLE}
+    assert named <= fields, f"space.py names fields the config lacks: {named - fields}"
+
+
+@pytest.mark.parametrize("key", sorted(CAPS))
+def test_each_cap_refuses_one_over(key):
+    cap = CAPS[key]
+    value = list(range(cap + 1)) if key == "eval_seeds" else cap + 1
+    cfg = dataclasses.replace(TrainConfig(), **{"steps": CAPS["steps"], key: value})
+    with pytest.raises(ConfigError) as err:
+        check_space_config(cfg)
+    message = str(err.value)
+    assert message.startswith(f"{key}: this Space allows at most {cap}") and "\n" not in message
+    at_cap = list(range(cap)) if key == "eval_seeds" else cap
+    check_space_config(dataclasses.replace(TrainConfig(), **{"steps": CAPS["steps"], key: at_cap}))
+
+
+@pytest.mark.parametrize("key", sorted(MIN_EVERY))
+def test_periodic_work_is_never_or_far_apart(key):
+    shipped = dataclasses.replace(TrainConfig(), steps=CAPS["steps"])
+    with pytest.raises(
+        ConfigError, match=rf"^{key}: this Space allows 0 \(never\) or at least {MIN_EVERY[key]}"
+    ):
+        check_space_config(dataclasses.replace(shipped, **{key: 1}))
+    check_space_config(dataclasses.replace(shipped, **{key: 0}))
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"backbone": "tiny-flux"}, "backbone: this Space offers only tiny-shapes, got 'tiny-flux'"),
+        ({"model_path": "/etc"}, "model_path: this Space accepts no file or folder paths"),
+        ({"output_dir": "/tmp/elsewhere"}, "output_dir: this Space accepts no file or folder paths"),
+        ({"reward_options": {"shapes": {"x": 1}}}, "reward_options: this Space accepts no file"),
+        ({"rewards": {"pickscore": 1.0}}, "rewards: this Space offers only the weight-free rewards"),
+        ({"rewards": {n: 1.0 for n in space.SPACE_REWARDS[:5]}}, "rewards: this Space allows at most 4"),
+        ({"name": "x" * 65}, "name: this Space allows at most 64 characters, got 65"),
+        ({"precision": "bf16"}, "precision: this Space keeps the shipped value 'fp32', got 'bf16'"),
+        ({"gradient_checkpointing": True}, "gradient_checkpointing: this Space keeps the shipped value"),
+    ],
+)
+def test_fixed_fields_keep_the_shipped_value(changes, message):
+    with pytest.raises(ConfigError) as err:
+        check_space_config(dataclasses.replace(TrainConfig(), **{"steps": CAPS["steps"], **changes}))
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_tunable_fields_stay_free():
+    check_space_config(
+        dataclasses.replace(
+            TrainConfig(), name="mine", seed=3, strategy="exact", window=2, jagg_frac=0.5, lr=1e-4, steps=3,
+            sampling_steps=6, sde_window_end=None, group_size=2, prompts_per_step=2, eval_num_prompts=4,
+            eval_seeds=[5], rewards={"brightness": 1.0, "shapes": 0.5},
+        )
+    )  # fmt: skip
+
+
+def test_limits_from_the_environment():
+    assert SpaceLimits.from_env({}) == SpaceLimits()
+    got = SpaceLimits.from_env(
+        {"JAGG_SPACE_QUEUE_PER_VISITOR": "1", "JAGG_SPACE_QUEUE_TOTAL": "9", "JAGG_SPACE_MAX_RUNS_MB": "5"}
+    )
+    assert (got.per_visitor, got.total, got.max_runs_bytes) == (1, 9, 5 * 1024**2)
+    with pytest.raises(ValueError, match=r"JAGG_SPACE_QUEUE_TOTAL: must be an integer >= 1, got 'lots'"):
+        SpaceLimits.from_env({"JAGG_SPACE_QUEUE_TOTAL": "lots"})
+
+
+def test_runs_folder_goes_to_persistent_storage(tmp_path):
+    assert space.default_runs_dir(False, tmp_path) == "runs"
+    assert space.default_runs_dir(True, tmp_path) == str(tmp_path / "jagg-runs")
+    assert space.default_runs_dir(True, tmp_path / "missing") == "runs"
+
+
+def test_publisher_copies_only_what_gradio_could_not_reach(tmp_path, monkeypatch):
+    inside = tmp_path / "runs"
+    (inside / "run-0001").mkdir(parents=True)
+    image = inside / "run-0001" / "a.png"
+    image.write_bytes(b"png")
+    assert space.FilePublisher(inside)(image) == str(image)  # under the temp dir: gradio copies it itself
+    monkeypatch.setattr(space.tempfile, "gettempdir", lambda: str(tmp_path / "elsewhere"))
+    monkeypatch.chdir(tmp_path / "runs" / "run-0001")
+    publisher = space.FilePublisher(inside, public_dir=tmp_path / "public")
+    copy = Path(publisher(image))
+    assert copy.read_bytes() == b"png" and copy.is_relative_to(tmp_path / "public") and copy.name == "a.png"
+    assert publisher(image) == str(copy)  # the same file is copied once
+
+
+def test_export_folder_is_named_by_a_hash_of_the_session():
+    folder = space.session_export_dir("../../etc")
+    assert folder.parent.name == "jagg-exports" and re.fullmatch(r"[0-9a-f]{32}", folder.name)
+
+
+def test_owner_login(tmp_path):
+    guard = SpaceGuard(tmp_path, space=True, owner_password="s3cret")
+    assert not guard.is_owner("a")
+    assert guard.login("a", "wrong") == "Wrong password."
+    assert guard.login("a", "s3cret").startswith("Logged in as the owner")
+    assert guard.is_owner("a") and not guard.is_owner("b") and not guard.is_owner(None)
+    for _ in range(SpaceGuard.LOGIN_TRIES_PER_SESSION):
+        guard.login("c", "nope")
+    assert "Too many wrong passwords" in guard.login("c", "s3cret") and not guard.is_owner("c")
+    assert "Owner login is off" in SpaceGuard(tmp_path, space=True).login("a", "")
+    assert SpaceGuard(tmp_path, space=False).is_owner(None)  # local: whoever reaches the app
+
+
+def test_prune_deletes_the_oldest_finished_visitor_runs_only(tmp_path):
+    store = open_store(tmp_path)
+    ids = []
+    for i, (_who, status) in enumerate(
+        [("v1", "finished"), ("owner", "finished"), ("v1", "failed"), ("v2", "running"), ("v2", "finished")]
+    ):
+        run_dir = tmp_path / f"run-{i + 1:04d}"
+        run_dir.mkdir()
+        (run_dir / "big.bin").write_bytes(b"x" * 100_000)
+        run_id = store.create_run(f"r{i}", {}, run_dir)
+        store.set_status(run_id, "running")
+        if status != "running":
+            store.set_status(run_id, status)
+        ids.append(run_id)
+    # Over the limit by 1.5 runs' worth: two runs must go.
+    limit = space.folder_size(tmp_path) - 150_000
+    guard = SpaceGuard(tmp_path, space=True, limits=SpaceLimits(max_runs_bytes=limit, prune_every_s=0))
+    guard._owners.add("owner")
+    for run_id, who in zip(ids, ["v1", "owner", "v1", "v2", "v2"]):
+        guard.record(who, [run_id])
+    pruned = guard.prune(store)
+    # The oldest finished visitor runs go (1, then 3) until the folder fits; the owner's run (2) and the
+    # running one (4) are never candidates, and 5 is not needed.
+    assert pruned == [ids[0], ids[2]]
+    left = {r["id"] for r in store.list_runs()}
+    assert left == {ids[1], ids[3], ids[4]}
+    assert not (tmp_path / "run-0001").exists() and (tmp_path / "run-0002").exists()
+    store.close()
+
+
+def test_requirements_match_the_package_dependencies():
+    """A Space installs requirements.txt, `make` installs pyproject.toml: the same packages, less gradio (the
+    Space brings its own, pinned by README's sdk_version)."""
+    block = (REPO / "pyproject.toml").read_text().split("\ndependencies = [", 1)[1].split("]", 1)[0]
+    deps = re.findall(r'"([^"]+)"', block)
+    assert "torch>=2.4" in deps and len(deps) >= 10
+    lines = [
+        line.strip()
+        for line in (REPO / "requirements.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert sorted(lines) == sorted(d for d in deps if not d.startswith("gradio"))
+    front = (REPO / "README.md").read_text().split("---")[1]
+    assert re.search(r"^sdk_version: \d+\.\d+\.\d+$", front, re.M) and "app_file: launch.py" in front
+    assert not (REPO / "packages.txt").exists() or (REPO / "packages.txt").read_text().strip()
+    assert os.access(REPO / "launch.py", os.R_OK)

@@ -1,0 +1,374 @@
+"""Space mode through the public API, as anonymous visitors (one gradio_client each, so one session each)
+and the owner who logged in would call it: caps, overrides, other visitors' runs, the file route, the queue
+limits and pruning.
+
+The app is served in-process by launch.serve (the options of `python launch.py` on a Space) over a fresh
+runs folder holding the shipped showcase. A stand-in trainer keeps the trainer's contract (status, metrics,
+an eval image, a log and a checkpoint file, stop when asked) in a fraction of a second a step, so that
+what is tested is the app's policy, not training.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sqlite3
+import sys
+import textwrap
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import launch
+from app import ui
+from app.space import CAPS, MIN_EVERY, SpaceLimits, folder_size
+
+pytestmark = pytest.mark.slow  # ~40 s on an idle 2-core CPU (an in-process app, ~60 API calls)
+
+PASSWORD = "correct horse battery staple"
+FAKE_TRAINER = textwrap.dedent(
+    """
+    import argparse, os, sys, time
+    from pathlib import Path
+    from PIL import Image
+    from jagg_engine.store import open_store
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--run-id", type=int)
+    p.add_argument("--resume", type=int)
+    p.add_argument("--runs-dir")
+    a = p.parse_args()
+    run_id = a.run_id or a.resume
+    store = open_store(a.runs_dir)
+    run = store.get_run(run_id)
+    run_dir = Path(run["run_dir"])
+    store.set_status(run_id, "running", pid=os.getpid())
+    (run_dir / "train.log").write_text("step 1 reward 1.0\\n")
+    (run_dir / "checkpoints").mkdir(exist_ok=True)
+    (run_dir / "checkpoints" / "step_00001.pt").write_bytes(b"w" * CKPT_BYTES)
+    image = run_dir / "samples" / "eval" / "step_00000" / "000_seed0.png"
+    image.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(image)
+    sample = {"kind": "eval", "prompt": "red circle left", "seed": 0, "reward": 1.0,
+              "path": "samples/eval/step_00000/000_seed0.png"}
+    store.log_samples(run_id, 0, [sample])
+    for step in range(1, run["config"]["steps"] + 1):
+        if store.cancel_requested(run_id):
+            store.set_status(run_id, "cancelled")
+            sys.exit(0)
+        store.log_step(run_id, step, {"reward/mean": 1.0, "time/update": 0.1})
+        time.sleep(STEP_S)
+    store.set_status(run_id, "finished")
+    """
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SpaceApp:
+    """build_app in space mode with the stand-in trainer, served by launch.serve on a free port."""
+
+    def __init__(self, tmp: Path, limits: SpaceLimits, step_s: float = 0.1, ckpt_bytes: int = 1000):
+        tmp.mkdir(parents=True, exist_ok=True)
+        script = tmp / "fake_trainer.py"
+        script.write_text(f"CKPT_BYTES = {ckpt_bytes}\nSTEP_S = {step_s}\n" + FAKE_TRAINER)
+
+        def command(run_id: int, runs_dir: Path, flag: str = "--run-id") -> list[str]:
+            return [sys.executable, str(script), flag, str(run_id), "--runs-dir", str(runs_dir)]
+
+        self.runs = tmp / "runs"
+        self.demo = ui.build_app(
+            self.runs,
+            space_mode=True,
+            command=command,
+            resume_command=lambda run_id, runs_dir: command(run_id, runs_dir, "--resume"),
+            cancel_timeout=10.0,
+            owner_password=PASSWORD,
+            limits=limits,
+        )
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        launch.serve(self.demo, "127.0.0.1", self.port, space=True, prevent_thread_lock=True)
+        self.showcase = self.demo.jagg_showcase_ids
+        self.tmp = tmp
+
+    def client(self, download: bool = False):
+        from gradio_client import Client
+
+        return Client(self.url, verbose=False, download_files=str(self.tmp / "dl") if download else False)
+
+    def owner(self):
+        client = self.client(download=True)
+        assert client.predict(PASSWORD, api_name="/owner_login") == "Logged in as the owner for this session."
+        return client
+
+    def close(self) -> None:
+        self.demo.jagg_stop_ticker.set()
+        self.demo.close()
+        manager = self.demo.jagg_manager
+        for run in manager.store.list_runs():
+            if run["status"] in ("queued", "running") and run["pid"]:
+                manager.kill(run["id"])
+        manager.shutdown()
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    served = SpaceApp(tmp_path_factory.mktemp("space-api"), SpaceLimits(per_visitor=2, total=3), step_s=0.5)
+    yield served
+    served.close()
+
+
+def form(**changes) -> list:
+    values = {
+        "name": "visitor",
+        "backbone": "tiny-shapes",
+        "model_path": "",
+        "rewards": "shapes-dense: 1",
+        "algorithm": "flow-grpo",
+        "window": 4,
+        "jagg_frac": 1.0,
+        "strategy": "jagg",
+        "steps": 2,
+        "group_size": 4,
+        "lr": 5e-5,
+        "seed": 0,
+        "processes": 1,
+        "overrides": "prompts_per_step=2\nsampling_steps=6\nsde_window_end=null\neval_num_prompts=4",
+    }
+    values.update(changes)
+    return list(values.values())
+
+
+def history(client) -> dict[int, dict]:
+    table = client.predict(api_name="/history")
+    return {row[0]: dict(zip(table["headers"], row)) for row in table["data"]}
+
+
+def wait_status(client, run_id: int, statuses: tuple[str, ...], timeout: float = 60) -> str:
+    deadline = time.time() + timeout
+    status = None
+    while time.time() < deadline:
+        status = history(client).get(run_id, {}).get("status")
+        if status in statuses:
+            return status
+        time.sleep(0.3)
+    raise AssertionError(f"run {run_id} is {status}, not {statuses} after {timeout} s")
+
+
+def launched_id(message: str) -> int:
+    assert message.startswith("Run #"), message
+    return int(message.split("#")[1].split()[0])
+
+
+def one_line_refusal(message: str, prefix: str) -> str:
+    assert message.startswith(prefix) and "\n" not in message, message
+    return message[len(prefix) :].strip()
+
+
+def get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+# One over-cap value for each capped field, through the form field where there is one, else an override.
+OVER_CAP = [
+    ("steps", {"steps": CAPS["steps"] + 1}),
+    ("group_size", {"group_size": 1_000_000}),
+    ("processes", {"processes": 2}),
+    ("prompts_per_step", {"overrides": "prompts_per_step=1000000"}),
+    ("sampling_steps", {"overrides": "sampling_steps=1000000"}),
+    ("eval_num_prompts", {"overrides": f"eval_num_prompts={CAPS['eval_num_prompts'] + 1}"}),
+    ("eval_seeds", {"overrides": f"eval_seeds=[{', '.join(str(i) for i in range(1000))}]"}),
+    ("lora_rank", {"overrides": f"lora_rank={CAPS['lora_rank'] + 1}"}),
+    *[(key, {"overrides": f"{key}=1"}) for key in MIN_EVERY],
+    ("rewards", {"rewards": "pickscore: 1"}),
+    ("backbone", {"overrides": "backbone=tiny-flux"}),
+    ("model_path", {"model_path": "/etc"}),
+    ("prompts_file", {"overrides": "prompts_file=/etc/passwd.txt"}),
+    ("output_dir", {"overrides": "output_dir=/tmp"}),
+    ("backbone_options", {"overrides": "backbone_options={weights: /etc}"}),
+    ("precision", {"overrides": "precision=bf16"}),
+]
+
+
+@pytest.mark.parametrize(("field", "changes"), OVER_CAP, ids=[f for f, _ in OVER_CAP])
+def test_visitor_over_cap_and_overrides_are_refused(app, field, changes):
+    client = app.client()
+    before = set(history(client))
+    for endpoint in ("/launch_run", "/compare_exact_jagg"):
+        message, run_id, _ = client.predict(*form(**changes), api_name=endpoint)
+        reason = one_line_refusal(message, "**Not launched.**")
+        assert reason.startswith(f"{field}: this Space "), reason
+        assert run_id is None
+    assert set(history(client)) == before, "a refused launch created a run"
+
+
+def test_the_owner_may_exceed_the_caps(app):
+    owner = app.owner()
+    prompts = app.tmp / "prompts.txt"
+    prompts.write_text("red circle left\n")
+    over = "\n".join(
+        [f"prompts_per_step={CAPS['prompts_per_step'] + 1}", f"sampling_steps={CAPS['sampling_steps'] + 1}",
+         "eval_every=1", "eval_seeds=[0, 1, 2]", f"prompts_file={prompts}", "backbone=tiny-flux",
+         "rewards={brightness: 1}"]
+    )  # fmt: skip
+    message, run_id, _ = owner.predict(
+        *form(steps=CAPS["steps"] + 1, group_size=CAPS["group_size"] + 1, overrides=over),
+        api_name="/launch_run",
+    )
+    run_id = launched_id(message)
+    assert "stop requested" in owner.predict(run_id, api_name="/cancel_run") or "cancelled" in owner.predict(
+        run_id, api_name="/cancel_run"
+    )
+    assert wait_status(owner, run_id, ("cancelled",)) == "cancelled"
+
+
+def test_visitors_act_only_on_their_own_runs(app):
+    alice, bob = app.client(), app.client()
+    run_id = launched_id(alice.predict(*form(steps=CAPS["steps"]), api_name="/launch_run")[0])
+    wait_status(alice, run_id, ("running",))
+
+    for who in (bob, app.client()):  # another visitor, and Alice herself after a page reload
+        reason = one_line_refusal(who.predict(run_id, api_name="/cancel_run"), "**Refused.**")
+        assert reason == (
+            f"cancel: run {run_id} was not started in this session; only the owner (logged in) can cancel it"
+        )
+    assert "stop requested" in alice.predict(run_id, api_name="/cancel_run")
+    assert wait_status(alice, run_id, ("cancelled",)) == "cancelled"
+
+    message = one_line_refusal(bob.predict(run_id, api_name="/resume_run"), "**Refused.**")
+    assert message.startswith(f"resume: run {run_id} was not started in this session")
+    message, _ = bob.predict(run_id, True, api_name="/delete_run")
+    assert one_line_refusal(message, "**Refused.**").startswith(f"delete: run {run_id} was not started")
+    assert history(bob)[run_id]["status"] == "cancelled" and (app.runs / f"run-{run_id:04d}").is_dir()
+
+    assert "resuming from its last checkpoint" in alice.predict(run_id, api_name="/resume_run")
+    assert wait_status(alice, run_id, ("running",)) == "running"
+
+    # The owner, logged in, may cancel, resume and delete Alice's run.
+    owner = app.owner()
+    assert "stop requested" in owner.predict(run_id, api_name="/cancel_run")
+    wait_status(owner, run_id, ("cancelled",))
+    assert "resuming" in owner.predict(run_id, api_name="/resume_run")
+    wait_status(owner, run_id, ("running",))
+    owner.predict(run_id, api_name="/cancel_run")
+    wait_status(owner, run_id, ("cancelled",))
+    message, _ = owner.predict(run_id, True, api_name="/delete_run")
+    assert message == f"Run #{run_id} deleted with its folder."
+    assert run_id not in history(owner) and not (app.runs / f"run-{run_id:04d}").exists()
+
+    # The showcase is read-only for everyone, the owner included.
+    for who in (bob, owner):
+        for endpoint, args in (("/delete_run", (app.showcase[0], True)), ("/resume_run", (app.showcase[1],))):
+            answer = who.predict(*args, api_name=endpoint)
+            message = answer[0] if isinstance(answer, (list, tuple)) else answer
+            assert "is the shipped showcase, which is read-only" in one_line_refusal(message, "**Refused.**")
+    assert set(app.showcase) <= set(history(bob))
+
+
+def test_file_route_serves_sample_images_and_own_exports_only(app):
+    alice = app.client()
+    run_id = launched_id(alice.predict(*form(steps=1), api_name="/launch_run")[0])
+    wait_status(alice, run_id, ("finished",))
+    run_dir = app.runs / f"run-{run_id:04d}"
+
+    gallery = alice.predict(run_id, 1.8, api_name="/live_view")[6]
+    image_url = gallery[0]["image"]["url"]
+    status, body = get(image_url)
+    assert status == 200 and body.startswith(b"\x89PNG")
+    message, files = alice.predict(run_id, api_name="/export_run")
+    assert message == f"Exported run #{run_id}."
+    for item in files:
+        status, body = get(item["url"])
+        assert status == 200 and body, item
+    assert not (app.runs / "exports").exists(), "a visitor's export was written into the runs folder"
+
+    secrets = {
+        "database": app.runs / "jagg.db",
+        "checkpoint": run_dir / "checkpoints" / "step_00001.pt",
+        "log": run_dir / "train.log",
+        "ownership": app.runs / "space-runs.json",
+        "image not shown": run_dir / "samples" / "eval" / "step_00000" / "000_seed0.png",
+    }
+    for what, path in secrets.items():
+        assert path.is_file(), what
+        status, body = get(f"{app.url}gradio_api/file={path}")
+        assert status == 403, (what, status)
+        detail = json.loads(body)["detail"]
+        assert detail == f"File not allowed: {path}." and "\n" not in detail, detail
+
+    # The owner downloads the same files through the owner endpoint; a visitor is refused there.
+    message, file = alice.predict("jagg.db", api_name="/owner_file")
+    assert one_line_refusal(message, "**Refused.**") == "download: only the owner (logged in) can do this"
+    assert file is None
+    owner = app.owner()
+    message, db = owner.predict("jagg.db", api_name="/owner_file")
+    with sqlite3.connect(db) as conn:
+        assert run_id in {row[0] for row in conn.execute("SELECT id FROM runs")}
+    for rel in (f"run-{run_id:04d}/checkpoints/step_00001.pt", f"run-{run_id:04d}/train.log"):
+        message, path = owner.predict(rel, api_name="/owner_file")
+        assert Path(path).read_bytes() == (app.runs / rel).read_bytes(), message
+    message, path = owner.predict("../../etc/passwd", api_name="/owner_file")
+    assert path is None and "no file '../../etc/passwd' in the runs folder" in message
+
+
+def test_queue_limits_per_visitor_and_in_total(app):
+    carol, dave, erin = app.client(), app.client(), app.client()
+    message, jagg_id, _ = carol.predict(*form(steps=CAPS["steps"]), api_name="/compare_exact_jagg")
+    assert message.startswith("Pair queued"), message
+    reason = one_line_refusal(carol.predict(*form(), api_name="/launch_run")[0], "**Not launched.**")
+    assert reason == (
+        "queue: you have 2 run(s) waiting or training and this Space allows 2 per visitor; wait for one to "
+        "finish or cancel it"
+    )
+    dave_run = launched_id(dave.predict(*form(steps=CAPS["steps"]), api_name="/launch_run")[0])
+    reason = one_line_refusal(erin.predict(*form(), api_name="/launch_run")[0], "**Not launched.**")
+    assert reason == (
+        "queue: this Space's queue is full (3 run(s) waiting or training, at most 3); try again when one finishes"
+    )
+    # Cancelling frees the places.
+    for client, run_id in ((carol, jagg_id - 1), (carol, jagg_id), (dave, dave_run)):
+        client.predict(run_id, api_name="/cancel_run")
+    for run_id in (jagg_id - 1, jagg_id, dave_run):
+        wait_status(erin, run_id, ("cancelled",))
+    assert launched_id(erin.predict(*form(steps=1), api_name="/launch_run")[0])
+
+
+def test_the_oldest_visitor_runs_are_pruned_past_the_size_limit(tmp_path):
+    probe = SpaceApp(tmp_path / "probe", SpaceLimits())  # the size of a fresh folder with the showcase
+    probe.close()
+    base = folder_size(probe.runs)
+    ckpt = 2_000_000
+    served = SpaceApp(
+        tmp_path / "app",
+        SpaceLimits(per_visitor=9, total=9, max_runs_bytes=base + int(2.5 * ckpt), prune_every_s=0),
+        ckpt_bytes=ckpt,
+    )
+    try:
+        visitor, owner = served.client(), served.owner()
+        owner_run = launched_id(owner.predict(*form(steps=1, name="owner"), api_name="/launch_run")[0])
+        wait_status(owner, owner_run, ("finished",))
+        runs = []
+        for i in range(3):  # each finished run holds a 2 MB checkpoint
+            runs.append(launched_id(visitor.predict(*form(steps=1, name=f"v{i}"), api_name="/launch_run")[0]))
+            wait_status(visitor, runs[-1], ("finished",))
+        # 4 checkpoints > 2.5: the next launch prunes the oldest visitor runs until 2.5 fit; the owner's
+        # run and the showcase stay.
+        last = launched_id(visitor.predict(*form(steps=1, name="next"), api_name="/launch_run")[0])
+        left = set(history(visitor))
+        assert runs[0] not in left and runs[1] not in left, left
+        assert {owner_run, runs[2], last, *served.showcase} <= left
+        assert not (served.runs / f"run-{runs[0]:04d}").exists()
+    finally:
+        served.close()
