@@ -12,8 +12,9 @@ from __future__ import annotations
 import html
 import math
 import os
+import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -486,6 +487,39 @@ def safe_image_path(
     return str(path)
 
 
+class RunImages:
+    """Finds a run's sample images by listing each of its folders once.
+
+    A gallery asks for up to a few hundred relative paths; looking each one up costs a failed ``stat`` per
+    missing file and a ``resolve`` per present one. Here a folder that is gone (the run folder, or a step's
+    samples folder) is one failed listing and every image in it is skipped at once; only names that the
+    listing holds go through :func:`safe_image_path` (symlinks followed, must stay inside the runs root).
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str] | None, runs_root: str | os.PathLike[str]):
+        self.run_dir = Path(run_dir) if run_dir else None
+        self.runs_root = runs_root
+        self.exists = self.run_dir is not None and self.run_dir.is_dir()
+        self._listings: dict[str, frozenset[str]] = {}
+
+    def path(self, rel: str) -> str | None:
+        """The absolute path of the image ``rel`` (relative to the run folder) if it is there and safe."""
+        if not self.exists:
+            return None
+        parent, name = os.path.split(rel)
+        names = self._listings.get(parent)
+        if names is None:
+            try:
+                with os.scandir(self.run_dir / parent) as entries:
+                    names = frozenset(e.name for e in entries)
+            except OSError:
+                names = frozenset()
+            self._listings[parent] = names
+        if name not in names:
+            return None
+        return safe_image_path(self.run_dir, rel, self.runs_root)
+
+
 def _caption(sample: Mapping[str, Any], with_step: bool = True) -> str:
     parts = [f"step {sample['step']}"] if with_step else []
     parts.append(sample.get("prompt") or "")
@@ -504,12 +538,15 @@ def gallery_items(
     run = store.get_run(run_id)
     if run is None:
         return []
+    images = RunImages(run["run_dir"], runs_root)
+    if not images.exists:  # the run folder is gone: no image to look for
+        return []
     samples = sorted(
         store.samples(run_id, kind), key=lambda s: (-s["step"], s.get("prompt") or "", s.get("seed") or 0)
     )
     items = []
     for s in samples:
-        path = safe_image_path(run["run_dir"], s["path"], runs_root)
+        path = images.path(s["path"])
         if path is not None:
             items.append((path, _caption(s)))
         if len(items) >= limit:
@@ -526,7 +563,8 @@ def side_by_side(
     per_run: list[dict[tuple[str, int], tuple[str, str]]] = []
     for run_id in run_ids:
         run = store.get_run(run_id)
-        samples = store.samples(run_id, "eval") if run else []
+        images = RunImages(run["run_dir"] if run else None, runs_root)
+        samples = store.samples(run_id, "eval") if images.exists else []
         if not samples:
             return []
         last = max(s["step"] for s in samples)
@@ -534,7 +572,7 @@ def side_by_side(
         for s in samples:
             if s["step"] != last:
                 continue
-            path = safe_image_path(run["run_dir"], s["path"], runs_root)
+            path = images.path(s["path"])
             if path is not None:
                 found[(s.get("prompt") or "", s.get("seed") or 0)] = (
                     path,
@@ -566,10 +604,11 @@ def side_by_side_first_last(
     first, last = common_steps[0], common_steps[-1]
     found: dict[tuple[int, int], dict[tuple[str, int], tuple[str, str]]] = {}
     for run in runs:
+        images = RunImages(run["run_dir"], runs_root)  # a missing folder: its images skipped at once
         for s in samples[run["id"]]:
             if s["step"] not in (first, last):
                 continue
-            path = safe_image_path(run["run_dir"], s["path"], runs_root)
+            path = images.path(s["path"])
             if path is not None:
                 found.setdefault((run["id"], s["step"]), {})[(s.get("prompt") or "", s.get("seed") or 0)] = (
                     path,
@@ -643,6 +682,81 @@ def reward_svg(frames: Mapping[str, pd.DataFrame], width: int = 900, height: int
             f'<text x="{lx + 30}" y="{height - 6}">{name}</text>'
         )
     return "".join(out) + "</svg>"
+
+
+# ---------------------------------------------------------------------------------------------- timer
+
+
+def run_signature(store: RunStore, run: Mapping[str, Any] | None) -> tuple:
+    """What changes when a run's live view must be redrawn: status, last step, samples logged, log sizes.
+    Cheap: the run row comes from a run list already read, the samples are counted through an index."""
+    if run is None:
+        return (None,)
+    folder = Path(run["run_dir"] or ".")
+    sizes = []
+    for name in ("train.log", "stdout.log"):
+        try:
+            sizes.append((folder / name).stat().st_size)
+        except OSError:
+            sizes.append(-1)
+    count, last = store.sample_count(run["id"])
+    return (run["id"], run["status"], run["last_step"], count, last, *sizes)
+
+
+class SharedTick:
+    """The reads of the app's timer, done once per tick and shared by every open tab.
+
+    Each tab's timer fires every few seconds; with N tabs, N timers would each run the queue and read the
+    run list. Here the first caller in a tick does the work (:meth:`tick` runs the queue pass, :meth:`runs`
+    reads the run list, :meth:`signature` a watched run's signature) and callers within ``max_age``
+    seconds get the same result; concurrent callers wait for the read in flight instead of repeating it.
+    """
+
+    def __init__(
+        self,
+        store: RunStore,
+        queue_tick: Callable[[], Any] | None = None,
+        max_age: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.store = store
+        self.queue_tick = queue_tick
+        self.max_age = max_age
+        self.clock = clock
+        self._lock = threading.RLock()
+        self._memo: dict[Hashable, tuple[float, Any]] = {}
+
+    def _shared(self, key: Hashable, read: Callable[[], Any]) -> Any:
+        with self._lock:
+            now = self.clock()
+            hit = self._memo.get(key)
+            if hit is not None and 0 <= now - hit[0] < self.max_age:
+                return hit[1]
+            for old in [k for k, (t, _) in self._memo.items() if not 0 <= now - t < self.max_age]:
+                del self._memo[old]  # runs no tab watches any more
+            value = read()
+            self._memo[key] = (now, value)
+            return value
+
+    def tick(self) -> None:
+        """The queue pass (start queued runs, mark dead ones), at most once per ``max_age``."""
+        if self.queue_tick is not None:
+            self._shared("tick", self.queue_tick)
+
+    def runs(self) -> list[dict[str, Any]]:
+        """The run list (``store.list_runs()``) of this tick."""
+        return self._shared("runs", self.store.list_runs)
+
+    def signature(self, run_id: int | None) -> tuple:
+        """:func:`run_signature` of ``run_id`` in this tick's run list."""
+        if run_id is None:
+            return (None,)
+
+        def read() -> tuple:
+            run = next((r for r in self.runs() if r["id"] == run_id), None)
+            return run_signature(self.store, run)
+
+        return self._shared(("signature", run_id), read)
 
 
 # ---------------------------------------------------------------------------------------------- logs

@@ -13,6 +13,7 @@ The app opens on the Compare tab showing the shipped showcase (:mod:`app.showcas
 from __future__ import annotations
 
 import inspect
+import math
 import os
 import shutil
 import sqlite3
@@ -84,6 +85,39 @@ def parse_rewards(text: str) -> dict[str, float]:
     return rewards
 
 
+RUN_ID_MAX = 2**63 - 1  # SQLite's INTEGER
+
+
+def parse_run_id(value: Any, field: str = "run id") -> int | None:
+    """A handler's run id (an int from a dropdown, a float from a number box, a string from a custom value or
+    the API) → int, or None when empty. Anything else raises ConfigError naming ``field``: a fraction, NaN,
+    a bool, a non-numeric string, a value outside 1..2^63 − 1."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    number: Any = value
+    if isinstance(value, str):
+        text = value.strip()
+        number = int(text) if text.lstrip("+-").isdigit() else None
+    elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        number = int(value)
+    if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= RUN_ID_MAX:
+        raise ConfigError(f"{field}: must be a whole number from 1 to {RUN_ID_MAX}, got {value!r}")
+    return number
+
+
+def parse_ratio(value: Any, default: float) -> float:
+    """The cost ratio r of the form (empty = ``default``); must be a finite number > 0."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return default
+    try:
+        r = float(value)
+    except (TypeError, ValueError):
+        r = math.nan
+    if isinstance(value, bool) or not (math.isfinite(r) and r > 0):
+        raise ConfigError(f"r: must be a finite number > 0, got {value!r}")
+    return r
+
+
 def parse_overrides(text: str) -> list[str]:
     """One ``key=value`` a line (or separated by spaces when no value holds a space)."""
     items = []
@@ -115,6 +149,14 @@ def form_config(
 ) -> TrainConfig:
     """The form's values → a validated TrainConfig; raises ConfigError with the one-line message. With
     ``space_mode`` the result must also pass :func:`app.space.check_space_config` (caps, no paths)."""
+    for key, text in (
+        ("name", name),
+        ("model_path", model_path),
+        ("rewards", rewards),
+        ("overrides", overrides),
+    ):
+        if text is not None and not isinstance(text, str):
+            raise ConfigError(f"{key}: must be text, got {text!r}")
     values: dict[str, Any] = {
         "name": (name or "").strip() or backbone,
         "backbone": backbone,
@@ -222,6 +264,8 @@ def build_app(
         read_only=showcase_ids,
     )
     publish = FilePublisher(root)
+    # The queue pass and the timer's reads, once per tick for all open tabs (queue_tick is defined below).
+    shared = data.SharedTick(manager.store, lambda: queue_tick(), max_age=TICK_S / 2)
     r0 = r_default if r_default is not None else data.default_r(has_gpu())
     defaults = TrainConfig()
     reuse_defaults = (defaults.reuse_rollout_velocity == "auto", defaults.updates_per_rollout)
@@ -288,10 +332,16 @@ def build_app(
         return speedup_note(window, jagg_frac, strategy, r, *reuse_defaults)
 
     def live_view(run_id: int | None, r: float) -> tuple[Any, ...]:
-        run = manager.store.get_run(int(run_id)) if run_id not in (None, "") else None
+        try:
+            number, ratio = parse_run_id(run_id), parse_ratio(r, r0)
+        except ConfigError as exc:
+            empty = data._empty("Reward", "pick a run")
+            return (f"**Error:** {exc}", empty, empty, pd.DataFrame(), empty, empty, [], "")
+        run = manager.store.get_run(number) if number is not None else None
         if run is None:
             empty = data._empty("Reward", "pick a run")
-            return ("No run selected.", empty, empty, pd.DataFrame(), empty, empty, [], "")
+            note = "No run selected." if number is None else f"No run #{number}."
+            return (note, empty, empty, pd.DataFrame(), empty, empty, [], "")
         frame = manager.store.metrics_frame(run["id"])
         log = data.log_tail(run["run_dir"], stdout=run["status"] == "failed")
         if run["status"] == "failed" and run.get("error") and not log:
@@ -300,7 +350,7 @@ def build_app(
             data.progress_markdown(run),
             data.reward_figure({"": frame}, title=f"Reward — run #{run['id']}"),
             data.time_breakdown_figure(frame),
-            data.speedup_frame(manager.store, run["id"], float(r or r0)),
+            data.speedup_frame(manager.store, run["id"], ratio),
             data.pass_counts_figure(frame),
             data.probe_figure(
                 manager.store.probes(run["id"]),
@@ -315,21 +365,19 @@ def build_app(
             log,
         )
 
-    def live_signature(run_id: int | None) -> tuple:
-        run = manager.store.get_run(int(run_id)) if run_id not in (None, "") else None
-        if run is None:
-            return (None,)
-        log = Path(run["run_dir"] or ".") / "train.log"
-        stdout = Path(run["run_dir"] or ".") / "stdout.log"
-        sizes = tuple(p.stat().st_size if p.exists() else -1 for p in (log, stdout))
-        return (run["id"], run["status"], run["last_step"], len(manager.store.samples(run["id"])), sizes)
-
     def on_tick(run_id: int | None, r: float, seen: Any, list_seen: Any) -> tuple[Any, ...]:
-        queue_tick()
-        sig = live_signature(run_id)
-        runs_sig = tuple((x["id"], x["status"]) for x in manager.store.list_runs())
+        # Every open tab's timer lands here; `shared` does the queue pass and the reads once per tick.
+        shared.tick()
+        try:
+            sig = shared.signature(parse_run_id(run_id))
+        except ConfigError:
+            sig = ("invalid", repr(run_id))  # live_view shows the one-line error once
+        runs = shared.runs()
+        runs_sig = tuple((x["id"], x["status"]) for x in runs)
         choices_update = (
-            gr.update(choices=run_choices()) if list(runs_sig) != list(list_seen or []) else gr.skip()
+            gr.update(choices=[(data.run_label(x), x["id"]) for x in runs])
+            if list(runs_sig) != list(list_seen or [])
+            else gr.skip()
         )
         if list(sig) == list(seen or []):
             return (*(gr.skip() for _ in range(8)), seen, choices_update, runs_sig)
@@ -340,29 +388,37 @@ def build_app(
         return (gr.update(choices=run_choices(), value=run_id), *live_view(run_id, r))
 
     def cancel(run_id: int | None, request: gr.Request | None = None) -> str:
-        if run_id in (None, ""):
-            return "No run selected."
         try:
-            guard.check_action(_session(request), int(run_id), "cancel")
-            return manager.cancel(int(run_id))
+            number = parse_run_id(run_id)
+            if number is None:
+                return "No run selected."
+            guard.check_action(_session(request), number, "cancel")
+            return manager.cancel(number)
         except SpaceError as exc:
             return f"**Refused.** {exc}"
-        except StoreError as exc:
+        except (ConfigError, StoreError) as exc:
             return f"**Error:** {exc}"
 
     def resume(run_id: float | None, request: gr.Request | None = None) -> str:
-        if run_id in (None, ""):
-            return "Enter a run id."
         try:
-            guard.check_action(_session(request), int(run_id), "resume")
-            return manager.resume(int(run_id))
+            number = parse_run_id(run_id)
+            if number is None:
+                return "Enter a run id."
+            guard.check_action(_session(request), number, "resume")
+            return manager.resume(number)
         except SpaceError as exc:
             return f"**Refused.** {exc}"
-        except StoreError as exc:
+        except (ConfigError, StoreError) as exc:
             return f"**Error:** {exc}"
 
     def compare(run_ids: list[int] | None, r: float) -> tuple[Any, ...]:
-        ids = [int(i) for i in (run_ids or [])]
+        try:
+            if run_ids is not None and not isinstance(run_ids, (list, tuple)):
+                raise ConfigError(f"runs: must be a list of run ids, got {run_ids!r}")
+            ids = [i for i in (parse_run_id(v, "runs") for v in run_ids or []) if i is not None]
+            ratio = parse_ratio(r, r0)
+        except ConfigError as exc:
+            return data._empty("Reward", str(exc)), pd.DataFrame(), pd.DataFrame(), []
         runs = [run for run in (manager.store.get_run(i) for i in ids) if run is not None]
         if len(runs) < 2:
             empty = data._empty("Reward", "pick two or more runs")
@@ -374,7 +430,7 @@ def build_app(
         configs = {f"#{run['id']}": run["config"] for run in runs}
         return (
             data.reward_figure(frames, title="Reward"),
-            data.compare_frame(manager.store, ids, float(r or r0)),
+            data.compare_frame(manager.store, ids, ratio),
             data.config_diff(configs),
             publish.items(data.side_by_side_first_last(manager.store, ids, root)),
         )
@@ -385,30 +441,34 @@ def build_app(
     def delete(
         run_id: float | None, delete_files: bool, request: gr.Request | None = None
     ) -> tuple[str, pd.DataFrame]:
-        if run_id is None:
-            return "Enter a run id.", history()
         try:
-            guard.check_action(_session(request), int(run_id), "delete")
-            removed = manager.store.delete_run(int(run_id), delete_files=bool(delete_files))
+            number = parse_run_id(run_id)
+            if number is None:
+                return "Enter a run id.", history()
+            if not isinstance(delete_files, bool) and delete_files is not None:
+                raise ConfigError(f"also delete its folder: must be true or false, got {delete_files!r}")
+            guard.check_action(_session(request), number, "delete")
+            removed = manager.store.delete_run(number, delete_files=bool(delete_files))
         except SpaceError as exc:
             return f"**Refused.** {exc}", history()
-        except StoreError as exc:
+        except (ConfigError, StoreError) as exc:
             return f"**Error:** {exc}", history()
-        guard.forget(int(run_id))
-        return f"Run #{int(run_id)} deleted{' with its folder' if removed else ''}.", history()
+        guard.forget(number)
+        return f"Run #{number} deleted{' with its folder' if removed else ''}.", history()
 
     def export(run_id: float | None, request: gr.Request | None = None) -> tuple[str, list[str] | None]:
-        if run_id is None:
-            return "Enter a run id.", None
         # A visitor's exports go to a folder of their own session, never into the runs folder.
         out_dir = session_export_dir(_session(request)) if space else root / "exports"
         try:
-            csv_path, json_path = manager.store.export_run(int(run_id), out_dir)
-        except StoreError as exc:
+            number = parse_run_id(run_id)
+            if number is None:
+                return "Enter a run id.", None
+            csv_path, json_path = manager.store.export_run(number, out_dir)
+        except (ConfigError, StoreError) as exc:
             return f"**Error:** {exc}", None
         except OSError as exc:  # a read-only or full folder
             return f"**Error:** cannot write {out_dir}: {exc.strerror or exc}", None
-        return f"Exported run #{int(run_id)}.", [publish(csv_path), publish(json_path)]
+        return f"Exported run #{number}.", [publish(csv_path), publish(json_path)]
 
     def login(password: str, request: gr.Request | None = None) -> str:
         return guard.login(_session(request), password)
@@ -569,7 +629,7 @@ def build_app(
                 history_table = gr.Dataframe(label="runs", interactive=False)
                 with gr.Row():
                     history_btn = gr.Button("Refresh")
-                    target = gr.Number(label="run id", precision=0)
+                    target = gr.Number(label="run id")  # no rounding: 1.5 is refused, not run 2
                     delete_files = gr.Checkbox(label="also delete its folder", value=False)
                     delete_btn = gr.Button("Delete", variant="stop")
                     resume_btn = gr.Button("Resume")
@@ -646,12 +706,13 @@ def build_app(
         demo.load(history, None, history_table, api_visibility="private")
 
     demo.jagg_manager = manager  # type: ignore[attr-defined]
+    demo.jagg_shared = shared  # type: ignore[attr-defined]
     demo.jagg_runs_dir = root  # type: ignore[attr-defined]
     demo.jagg_guard = guard  # type: ignore[attr-defined]
     demo.jagg_showcase_ids = list(showcase_ids)  # type: ignore[attr-defined]
     demo.jagg_stop_ticker = threading.Event()  # type: ignore[attr-defined]  # set() stops the queue ticker
     if background_ticks:
-        _start_ticker(queue_tick, stop=demo.jagg_stop_ticker)
+        _start_ticker(shared.tick, stop=demo.jagg_stop_ticker)
     return demo
 
 

@@ -14,6 +14,8 @@ runs     id, name, config (JSON of TrainConfig.to_dict()), status, pid, created_
          (Unix seconds), error, run_dir, cancel_requested (0/1), last_step, paired_run_id
 metrics  (run_id, step, key) → value — long format, primary key (run_id, step, key): logging a step twice
          (a resumed run replaying steps after its last checkpoint) overwrites, never duplicates
+latest   (run_id, key) → step, value: each key's value at its largest step, kept in the same transaction as
+         metrics, so run lists and final rewards read O(runs) rows however long the history is
 probes   (run_id, step, batch, group_index, method) → t_start, t_end, cosine, rel_error
 samples  (run_id, path) → step, kind (train | eval), prompt, seed, reward; path is relative to run_dir
 
@@ -186,8 +188,32 @@ class RunStore:
             if "launcher" not in self.db["runs"].columns_dict:  # before launcher: the app started queued runs
                 self.db.execute("ALTER TABLE runs ADD COLUMN launcher TEXT")
                 self.db.execute("UPDATE runs SET launcher = 'app' WHERE status = 'queued' AND pid IS NULL")
+            self._ensure_latest()
             self.db.execute("CREATE INDEX IF NOT EXISTS runs_status ON runs (status)")
             self.db.execute("CREATE INDEX IF NOT EXISTS samples_step ON samples (run_id, step)")
+
+    def _ensure_latest(self) -> None:
+        """The ``latest`` summary table; a history written before it existed is filled from metrics once."""
+        fresh = "latest" not in self.db.table_names()
+        self.db.execute(
+            "CREATE TABLE IF NOT EXISTS latest (run_id INTEGER NOT NULL, key TEXT NOT NULL, step INTEGER NOT NULL,"
+            " value REAL, PRIMARY KEY (run_id, key))"
+        )
+        self.db.execute("CREATE INDEX IF NOT EXISTS latest_key ON latest (key)")
+        if fresh:
+            self._refill_latest(None)
+
+    def _refill_latest(self, run_id: int | None) -> None:
+        """Recompute ``latest`` from metrics for one run (or all): each key's row at its largest step. SQLite
+        takes the bare columns of a MAX() aggregate from the row that holds the maximum."""
+        where, args = ("WHERE run_id = ?", [run_id]) if run_id is not None else ("", [])
+        self.db.execute(
+            "INSERT INTO latest (run_id, key, step, value)"
+            f" SELECT run_id, key, MAX(step), value FROM metrics {where} GROUP BY run_id, key"
+            " ON CONFLICT (run_id, key) DO UPDATE SET step = excluded.step, value = excluded.value"
+            " WHERE excluded.step >= latest.step",
+            args,
+        )
 
     # ------------------------------------------------------------------ runs
     def create_run(
@@ -319,7 +345,9 @@ class RunStore:
         return _decode_run(rows[0]) if rows else None
 
     def list_runs(self) -> list[dict[str, Any]]:
-        """All runs, newest first, with ``config`` decoded and ``final_reward`` / ``final_reward_key`` added."""
+        """All runs, newest first, with ``config`` decoded and ``final_reward`` / ``final_reward_key`` added.
+
+        Reads the runs and ``latest`` tables only (never metrics): its cost does not grow with the history."""
         with self._lock:
             runs = [_decode_run(r) for r in self.db.query("SELECT * FROM runs ORDER BY id DESC")]
             finals = self._final_rewards()
@@ -336,10 +364,8 @@ class RunStore:
         marks = ", ".join("?" for _ in keys)
         with self._lock:
             rows = self.db.execute(
-                f"SELECT m.key, m.step, m.value FROM metrics m JOIN (SELECT key, MAX(step) AS step FROM metrics"
-                f" WHERE run_id = ? AND key IN ({marks}) GROUP BY key) last"
-                f" ON m.key = last.key AND m.step = last.step WHERE m.run_id = ?",
-                [run_id, *keys, run_id],
+                f"SELECT key, step, value FROM {self._latest()} WHERE run_id = ? AND key IN ({marks})",
+                [run_id, *keys],
             ).fetchall()
         return {key: (step, value) for key, step, value in rows}
 
@@ -358,7 +384,7 @@ class RunStore:
         ):
             raise StoreError(f"run {run_id}: is {run['status']} (pid {run['pid']}); cancel it first")
         with self._lock, self.db.conn:
-            for table in ("metrics", "probes", "samples"):
+            for table in ("metrics", "latest", "probes", "samples"):
                 self.db.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
             self.db.execute("UPDATE runs SET paired_run_id = NULL WHERE paired_run_id = ?", [run_id])
             self.db.execute("DELETE FROM runs WHERE id = ?", [run_id])
@@ -386,6 +412,12 @@ class RunStore:
             self.db.conn.executemany(
                 "INSERT INTO metrics (run_id, step, key, value) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT (run_id, step, key) DO UPDATE SET value = excluded.value",
+                rows,
+            )
+            self.db.conn.executemany(
+                "INSERT INTO latest (run_id, step, key, value) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (run_id, key) DO UPDATE SET step = excluded.step, value = excluded.value"
+                " WHERE excluded.step >= latest.step",
                 rows,
             )
             self.db.execute(
@@ -463,8 +495,9 @@ class RunStore:
         self._check_writable()
         with self._lock, self.db.conn:
             self._status(run_id)
-            for table in ("metrics", "probes", "samples"):
+            for table in ("metrics", "latest", "probes", "samples"):
                 self.db.execute(f"DELETE FROM {table} WHERE run_id = ? AND step > ?", [run_id, step])
+            self._refill_latest(run_id)  # keys whose latest row went: their value at the new last step
             self.db.execute(
                 "UPDATE runs SET last_step = (SELECT MAX(step) FROM metrics WHERE run_id = ?) WHERE id = ?",
                 [run_id, run_id],
@@ -498,6 +531,14 @@ class RunStore:
         sql = "SELECT * FROM samples WHERE run_id = ?" + (" AND kind = ?" if kind else "")
         with self._lock:
             return list(self.db.query(sql + " ORDER BY step, path", [run_id, kind] if kind else [run_id]))
+
+    def sample_count(self, run_id: int) -> tuple[int, int | None]:
+        """(number of sample rows, largest step) of a run, through the (run_id, step) index."""
+        with self._lock:
+            count, last = self.db.execute(
+                "SELECT COUNT(*), MAX(step) FROM samples WHERE run_id = ?", [run_id]
+            ).fetchone()
+        return int(count), last
 
     def export_run(self, run_id: int, out_dir: str | os.PathLike[str]) -> tuple[Path, Path]:
         """Write ``run-<id>-<name>.csv`` (the wide metrics frame) and ``run-<id>-<name>.json`` (the run
@@ -574,14 +615,23 @@ class RunStore:
         with self._lock:
             self._status(run_id)
 
+    def _latest(self) -> str:
+        """Where each key's last value is read: the ``latest`` table, or — in a history written before it
+        existed and opened read-only, where it cannot be filled — the same rows computed from metrics."""
+        if (
+            not self.read_only
+            or self.db.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'latest'"
+            ).fetchone()
+        ):
+            return "latest"
+        return "(SELECT run_id, key, MAX(step) AS step, value FROM metrics GROUP BY run_id, key)"
+
     def _final_rewards(self) -> dict[int, tuple[str, float | None]]:
         """run_id → (key, value at its last step) for the first of FINAL_REWARD_KEYS each run logged."""
         marks = ", ".join("?" for _ in FINAL_REWARD_KEYS)
         rows = self.db.execute(
-            f"SELECT m.run_id, m.key, m.value FROM metrics m JOIN (SELECT run_id, key, MAX(step) AS step"
-            f" FROM metrics WHERE key IN ({marks}) GROUP BY run_id, key) last"
-            f" ON m.run_id = last.run_id AND m.key = last.key AND m.step = last.step",
-            list(FINAL_REWARD_KEYS),
+            f"SELECT run_id, key, value FROM {self._latest()} WHERE key IN ({marks})", list(FINAL_REWARD_KEYS)
         ).fetchall()
         found: dict[int, dict[str, float | None]] = {}
         for run_id, key, value in rows:

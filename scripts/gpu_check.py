@@ -41,8 +41,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from jagg_engine.backbones.base import Cond  # noqa: E402
 from jagg_engine.backbones.common import ATTENTION_PROJECTIONS, add_lora  # noqa: E402
@@ -101,11 +103,26 @@ class CheckSpec:
     train_micro_batch: int
 
 
+def _spec(name: str, config_file: str, text_len: int, guided: bool) -> CheckSpec:
+    """The check's setting read from the shipped config (one source: change the YAML, the check follows)."""
+    cfg = yaml.safe_load((ROOT / config_file).read_text(encoding="utf-8"))
+    return CheckSpec(
+        name=name,
+        config_file=config_file,
+        lora_rank=int(cfg["lora_rank"]),
+        lora_alpha=float(cfg["lora_alpha"]),
+        text_len=text_len,
+        cfg_scale=float(cfg["cfg_scale"]) if guided else 1.0,  # FLUX.1-dev's is a guidance embedding, one row
+        algorithm=str(cfg["algorithm"]),
+        eta=float(cfg["eta"]),
+        lr=float(cfg["lr"]),
+        train_micro_batch=int(cfg["train_micro_batch"]),
+    )
+
+
 SPECS = {
-    "sd3.5-medium": CheckSpec(
-        "sd3.5-medium", "configs/sd3-lora.yaml", 32, 64.0, 77 + 256, 4.5, "flow-grpo", 0.7, 3e-4, 2
-    ),
-    "flux-dev": CheckSpec("flux-dev", "configs/flux-lora.yaml", 64, 128.0, 512, 1.0, "dance", 0.3, 1e-4, 2),
+    "sd3.5-medium": _spec("sd3.5-medium", "configs/sd3-lora.yaml", 77 + 256, guided=True),
+    "flux-dev": _spec("flux-dev", "configs/flux-lora.yaml", 512, guided=False),
 }
 
 

@@ -238,3 +238,91 @@ def test_progress_and_log_tail(store, tmp_path):
     (run_dir / "train.log").write_text("\n".join(f"line {i}" for i in range(100)))
     assert data.log_tail(run_dir, lines=2) == "line 98\nline 99"
     assert data.log_tail(run_dir, stdout=True) == "boot"
+
+
+# ---------------------------------------------------------------------------------------------- a fast timer
+
+
+def _count_calls(monkeypatch, owner, name):
+    calls = []
+    original = getattr(owner, name)
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
+def test_open_tabs_share_one_read_per_tick(store, monkeypatch):
+    s, ids, _ = store
+    list_calls = _count_calls(monkeypatch, s, "list_runs")
+    count_calls = _count_calls(monkeypatch, s, "sample_count")
+    queue = []
+    now = [0.0]
+    shared = data.SharedTick(s, lambda: queue.append(now[0]), max_age=1.0, clock=lambda: now[0])
+
+    def tab(run_id):  # what each tab's timer reads
+        shared.tick()
+        return shared.signature(run_id), [r["id"] for r in shared.runs()]
+
+    first = [tab(ids["jagg"]) for _ in range(5)] + [tab(ids["exact"])]
+    assert (len(queue), len(list_calls), len(count_calls)) == (1, 1, 2)  # 6 tabs, two runs watched
+    assert all(f == first[0] for f in first[:5]) and first[0][0][0] == ids["jagg"]
+    now[0] = 1.5  # the next tick reads again, once
+    assert tab(ids["jagg"]) == first[0] and tab(ids["jagg"]) == first[0]
+    assert (len(queue), len(list_calls), len(count_calls)) == (2, 2, 3)
+    s.log_samples(ids["jagg"], 9, [{"kind": "eval", "prompt": "x", "seed": 0, "path": "samples/x.png"}])
+    now[0] = 3.0
+    assert tab(ids["jagg"])[0] != first[0][0]  # a new sample changes the signature
+
+
+def test_the_app_timer_work_does_not_grow_with_open_tabs(tmp_path, monkeypatch):
+    from app import ui
+
+    demo = ui.build_app(tmp_path / "runs", background_ticks=False)
+    try:
+        manager, shared = demo.jagg_manager, demo.jagg_shared
+        run_id = manager.store.create_run("r", _config(), tmp_path / "runs" / "run-0001")
+        manager.store.set_status(run_id, "cancelled")
+        on_tick = next(f.fn for f in demo.fns.values() if f.fn.__name__ == "on_tick")
+        reads = _count_calls(monkeypatch, manager.store, "list_runs")
+        clock = [0.0]
+        shared.clock = lambda: clock[0]
+        first = on_tick(run_id, 1.8, None, None)  # a tab draws the run once
+        assert first[0].startswith(f"**Run #{run_id} r**")
+        seen, list_seen = first[-3], first[-1]
+        per_tick = []
+        for tabs in (1, 6):
+            clock[0] += 10  # a new tick with nothing new: every tab skips every output
+            before = len(reads)
+            for _ in range(tabs):
+                outputs = on_tick(run_id, 1.8, seen, list_seen)
+                assert all(type(o).__name__ == "skip" or o == {"__type__": "update"} for o in outputs[:8])
+            per_tick.append(len(reads) - before)
+        assert per_tick[0] == per_tick[1] > 0, per_tick
+    finally:
+        demo.jagg_manager.shutdown()
+
+
+def test_missing_images_are_skipped_at_once(store, monkeypatch):
+    import shutil
+
+    s, ids, root = store
+    rows = [
+        {"kind": "eval", "prompt": f"p{i}", "seed": 0, "path": f"samples/eval/gone-{i}.png"}
+        for i in range(300)
+    ]
+    s.log_samples(ids["jagg"], 7, rows)  # 300 rows whose files were never written
+    safe = _count_calls(monkeypatch, data, "safe_image_path")
+    listings = _count_calls(monkeypatch, data.os, "scandir")
+    items = data.gallery_items(s, ids["jagg"], root)
+    assert [c.split(" · ")[0] for _, c in items] == ["step 3"] * 2 + ["step 0"] * 2  # the 4 real images
+    assert len(safe) == 4 and len(listings) == 1  # one listing of samples/eval, no lookup per missing file
+
+    shutil.rmtree(root / "run-jagg")  # the whole run folder is gone
+    del safe[:], listings[:]
+    assert data.gallery_items(s, ids["jagg"], root) == []
+    assert data.side_by_side(s, [ids["jagg"], ids["exact"]], root) == []
+    assert (len(safe), len(listings)) == (0, 0)

@@ -52,7 +52,7 @@ def test_form_values_become_a_validated_config(tmp_path):
         ({"rewards": "nope: 1"}, "rewards: unknown reward 'nope'"),
         ({"rewards": "brightness: lots"}, "rewards: weight of 'brightness' must be a number"),
         ({"overrides": "sampling_stepz=6"}, "did you mean 'sampling_steps'"),
-        ({"model_path": "./no/such/folder"}, "model_path: no such file or folder"),
+        ({"backbone": "tiny-shapes", "model_path": "./no/such/folder"}, "model_path: no such file or folder"),
         ({"steps": None}, "steps: must not be empty"),
     ],
 )

@@ -202,7 +202,9 @@ def test_yaml_errors_are_one_line(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="^config file: cannot read"):
         load_config(str(tmp_path / "missing.yaml"), [])
     bad.write_text("- 1\n- 2\n")
-    with pytest.raises(ConfigError, match="^config: must be a mapping"):
+    with pytest.raises(
+        ConfigError, match=r"^config file: .* must be a mapping of field names to values, got list"
+    ):
         load_config(str(bad), [])
     bad.write_text("windw: 4\n")
     with pytest.raises(ConfigError, match="^unknown field 'windw'; did you mean 'window'"):
@@ -255,10 +257,24 @@ def test_model_path_local_hub_or_missing(
     for missing in ("./nope", "/no/such/dir", "~/nope-xyz", "nope.safetensors", "a/b/c"):
         assert model_path_kind(missing) == "missing", missing
 
-    cfg.apply_overrides(["model_path=black-forest-labs/FLUX.1-dev"]).validate()
-    cfg.apply_overrides(["model_path=model.safetensors"]).validate()
+    (tmp_path / "p.txt").write_text("a cat\n")
+    flux = ["backbone=flux", "prompts_file=p.txt", "eval_num_prompts=1"]
+    cfg.apply_overrides([*flux, "model_path=black-forest-labs/FLUX.1-dev"]).validate()
     assert _error(cfg, ["model_path=./nope"], True) == "model_path: no such file or folder: ./nope"
     cfg.apply_overrides(["model_path=./nope"]).validate(check_environment=False)
+    # A path that exists must hold what the backbone loads.
+    assert _error(cfg, [*flux, "model_path=model.safetensors"], True).startswith(
+        "model_path: model.safetensors holds no flux pipeline (missing the folder"
+    )
+    assert _error(cfg, [*flux, "model_path=checkpoints"], True) == (
+        "model_path: checkpoints holds no flux pipeline (missing model_index.json); pass a diffusers pipeline folder"
+    )
+    assets = Path(__file__).parents[1] / "assets" / "tiny-shapes"
+    cfg.apply_overrides([f"model_path={assets}"]).validate()
+    assert _error(cfg, ["model_path=checkpoints"], True) == (
+        "model_path: checkpoints holds no tiny-shapes weights (missing transformer/config.json, "
+        "text_embedding.safetensors, vocab.json)"
+    )
 
 
 def test_reward_check_failure_is_a_config_error(cfg: TrainConfig, tmp_path: Path) -> None:
@@ -303,7 +319,10 @@ def test_overrides_are_parsed_with_the_field_type(cfg: TrainConfig) -> None:
     assert out.lora_targets == ["to_q", "to_k"]
     assert out.sde_window() == (0, 12) and out.num_windows == 3
     assert cfg.steps == 40  # the original is untouched
-    out.validate(check_environment=False)
+    # LoRA, fsdp and a model path are used by the diffusers backbones with more than one process.
+    out.apply_overrides(["backbone=flux", "processes=2", "prompts_file=p.txt"]).validate(
+        check_environment=False
+    )
 
 
 def test_yaml_values_are_typed_and_overrides_win(cfg: TrainConfig, tmp_path: Path) -> None:

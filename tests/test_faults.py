@@ -232,7 +232,9 @@ def test_the_apps_history_and_compare_work_on_a_read_only_runs_folder(history, m
         assert sorted(table["name"].tolist()) == ["exact", "jagg"] and set(table["status"]) == {"finished"}
         figure, frame, diff, pairs = _handler(demo, "compare_runs")([1, 2], 1.8)
         assert frame["final reward"].tolist() == [0.2, 0.2]
-        assert "read-only" in _handler(demo, "launch_run")(*[*ui_form().values()])[0]
+        assert (
+            "read-only" in _handler(demo, "launch_run")(*ui_form().values(), None)[0]
+        )  # None: no gr.Request
         assert "read-only" in _handler(demo, "delete_run")(1, False)[0]
         assert "cannot write" in _handler(demo, "export_run")(1)[0]
         assert demo.jagg_manager.tick() == []

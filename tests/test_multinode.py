@@ -224,10 +224,10 @@ def test_probe_is_taken_at_the_parameters_before_the_step(tmp_path, monkeypatch)
     seen = {}
     real = trainer_mod.policy_update
 
-    def recording(model, traj, advantages, update, sampler, **kw):
+    def recording(model, traj, advantages, update, sampler, *args, **kw):
         params = model.trainable_parameters()
         seen.update(traj=traj, adv=advantages.clone(), before=[p.detach().clone() for p in params])
-        return real(model, traj, advantages, update, sampler, **kw)
+        return real(model, traj, advantages, update, sampler, *args, **kw)
 
     monkeypatch.setattr(trainer_mod, "policy_update", recording)
     cfg = load_config(

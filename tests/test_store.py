@@ -500,3 +500,95 @@ def test_export_command(store: RunStore, tmp_path: Path, capsys: pytest.CaptureF
     argv = ["1", "--runs-dir", str(tmp_path / "missing")]
     assert runs_cli.run_export(_args(runs_cli.add_export_arguments, argv)) == 2
     assert capsys.readouterr().err.startswith("jagg export: no run database at ")
+
+
+# ---------------------------------------------------------------------- run lists that stay fast
+
+
+def _vm_steps(store: RunStore, fn) -> tuple[int, list[str]]:
+    """SQLite virtual-machine instructions run by ``fn()`` (rows read and compared, not time) and its SQL."""
+    steps, sql = [0], []
+
+    def count() -> int:
+        steps[0] += 1
+        return 0
+
+    store.db.conn.set_progress_handler(count, 1)
+    store.db.conn.set_trace_callback(sql.append)
+    try:
+        fn()
+    finally:
+        store.db.conn.set_progress_handler(None, 1)
+        store.db.conn.set_trace_callback(None)
+    return steps[0], sql
+
+
+def _history(store: RunStore, runs: int, steps: int) -> None:
+    keys = ["reward/mean", "reward/std", "eval/reward/mean", "loss/policy", "time/update"]
+    for i in range(runs):
+        run_id = _run(store, f"r{i}", "running")
+        for step in range(steps):
+            store.log_step(run_id, step, {k: step + j for j, k in enumerate(keys)})
+
+
+def test_run_lists_never_read_the_metrics_table(tmp_path: Path) -> None:
+    """list_runs reads the same rows whether the runs logged 3 steps or 120: its work is O(runs)."""
+    costs = {}
+    for steps in (3, 120):
+        with open_store(tmp_path / f"runs-{steps}") as s:
+            _history(s, runs=4, steps=steps)
+            runs = s.list_runs()
+            assert [r["final_reward"] for r in runs] == [
+                steps - 1 + 2
+            ] * 4  # eval/reward/mean at the last step
+            costs[steps], sql = _vm_steps(s, s.list_runs)
+            assert sql and not any("metrics" in q for q in sql), sql
+            first = runs[0]["id"]
+            last, _ = _vm_steps(
+                s, lambda s=s, first=first: s.last_values(first, ["reward/mean", "loss/policy"])
+            )
+            costs[f"last-{steps}"] = last
+    assert costs[3] == costs[120] and costs["last-3"] == costs["last-120"], costs
+
+
+def test_latest_values_follow_truncate_delete_and_nan(store: RunStore) -> None:
+    run_id = _run(store, "a", "running")
+    for step in range(1, 6):
+        store.log_step(run_id, step, {"reward/mean": step / 10, **({"only5": 5.0} if step == 5 else {})})
+    store.log_step(run_id, 2, {"reward/mean": 9.0})  # an older step logged again does not win
+    assert store.last_values(run_id, ["reward/mean", "only5"]) == {"reward/mean": (5, 0.5), "only5": (5, 5.0)}
+    store.truncate_after(run_id, 3)
+    assert store.last_values(run_id, ["reward/mean", "only5"]) == {"reward/mean": (3, 0.3)}
+    store.log_step(run_id, 4, {"reward/mean": math.nan})  # NaN at the last step is the final value (NULL)
+    assert store.last_values(run_id, ["reward/mean"]) == {"reward/mean": (4, None)}
+    assert store.list_runs()[0]["final_reward"] is None
+    store.set_status(run_id, "failed")
+    store.delete_run(run_id)
+    assert store.db.execute("SELECT COUNT(*) FROM latest").fetchone()[0] == 0
+
+
+def test_a_history_without_the_latest_table_is_filled_once(tmp_path: Path) -> None:
+    with open_store(tmp_path / "runs") as s:
+        a, b = _run(s, "a", "running"), _run(s, "b", "running")
+        for step in range(4):
+            s.log_step(a, step, {"reward/mean": step, "eval/reward/mean": 10 + step})
+            s.log_step(b, step, {"reward/mean": -step})
+        s.db.execute("DROP TABLE latest")  # as written by a version without it
+        s.db.conn.commit()
+    with open_store(tmp_path / "runs") as s:
+        finals = {r["id"]: (r["final_reward_key"], r["final_reward"]) for r in s.list_runs()}
+        assert finals == {a: ("eval/reward/mean", 13.0), b: ("reward/mean", -3.0)}
+        assert s.last_values(a, ["reward/mean"]) == {"reward/mean": (3, 3.0)}
+
+
+def test_a_read_only_history_without_the_latest_table_still_lists_final_rewards(tmp_path: Path) -> None:
+    with open_store(tmp_path / "runs") as s:
+        a = _run(s, "a", "running")
+        for step in range(3):
+            s.log_step(a, step, {"reward/mean": step, "loss/policy": -step})
+        s.db.execute("DROP TABLE latest")  # written by a version without it; read-only: cannot be migrated
+        s.db.conn.commit()
+    with open_store(tmp_path / "runs", read_only=True) as s:
+        assert "latest" not in s.db.table_names()
+        assert [(r["final_reward_key"], r["final_reward"]) for r in s.list_runs()] == [("reward/mean", 2.0)]
+        assert s.last_values(a, ["loss/policy"]) == {"loss/policy": (2, -2.0)}

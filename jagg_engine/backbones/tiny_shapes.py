@@ -176,6 +176,14 @@ def random_init(seed: int = 0, **config_overrides: Any) -> TinyShapes:
     return TinyShapes(transformer, train_embeddings=True)
 
 
+WEIGHT_FILES = ("transformer/config.json", "text_embedding.safetensors", "vocab.json")
+
+
+def missing_weight_files(directory: str | Path) -> list[str]:
+    """The files of :data:`WEIGHT_FILES` that ``directory`` lacks (all of them when it is not a folder)."""
+    return [name for name in WEIGHT_FILES if not (Path(directory) / name).is_file()]
+
+
 def build(
     weights_dir: str | Path | None = None,
     cfg_scale: float = 1.0,
@@ -204,8 +212,7 @@ def build(
         model.cfg_scale = float(cfg_scale)
     else:
         directory = Path(weights_dir) if weights_dir is not None else DEFAULT_WEIGHTS_DIR
-        needed = [directory / "transformer" / "config.json", directory / "text_embedding.safetensors"]
-        missing = [str(p) for p in needed + [directory / "vocab.json"] if not p.exists()]
+        missing = [str(directory / name) for name in missing_weight_files(directory)]
         if missing:
             raise BackboneConfigError(
                 f"tiny-shapes: missing weight files {', '.join(missing)}; run scripts/pretrain_tiny_shapes.py"

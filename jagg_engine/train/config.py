@@ -27,8 +27,10 @@ configs name hub ids and still validate on a machine without the weights.
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import difflib
+import inspect
 import json
 import math
 import os
@@ -52,17 +54,57 @@ PROMPT_SUFFIXES = (".txt", ".jsonl")
 PROCEDURAL_PROMPT_BACKBONES = ("tiny-shapes", "tiny-flux", "linear-toy")
 _WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".ckpt", ".bin", ".gguf")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# Every integer field lies in [low, high]; the defaults are 0 and INT_MAX (2^31 − 1: a seed, a count or a size
+# beyond it is a typo, and 64-bit arithmetic on it — seeds × steps — cannot overflow).
+INT_MAX = 2**31 - 1
+NAME_MAX = 200  # characters of a run name (one line, shown in tables and dropdowns)
+_DIFFUSERS = ("flux", "qwen-image", "sd3")
+_DIFFUSERS_OPTIONS = {
+    "model_path": "model_path",
+    "lora_rank": "lora_rank",
+    "lora_alpha": "lora_alpha",
+    "lora_target_modules": "lora_targets",
+    "gradient_checkpointing": "gradient_checkpointing",
+    "reference_copy": "beta",
+    "dtype": "precision",
+    "device": "(the trainer)",
+}
+# backbone → {factory option: the config field the trainer fills it from} (:meth:`TrainConfig.backbone_kwargs`).
+# A model field is used only by the backbones that map it; set on another backbone it would be silently ignored,
+# so the validator refuses it. Setting a mapped option in backbone_options is refused too (the field is the one
+# place for it). A new backbone needs an entry here.
+BACKBONE_FIELDS: dict[str, dict[str, str]] = {
+    "tiny-shapes": {"weights_dir": "model_path", "cfg_scale": "cfg_scale"},
+    "flux": {**_DIFFUSERS_OPTIONS, "guidance": "cfg_scale"},
+    "qwen-image": dict(_DIFFUSERS_OPTIONS),
+    "sd3": {**_DIFFUSERS_OPTIONS, "cfg_scale": "cfg_scale"},
+    "tiny-flux": {},
+    "bench-flux": {},
+    "linear-toy": {},
+}
+# Fields that only some backbones use (see BACKBONE_FIELDS); a non-default value elsewhere is an error.
+MODEL_FIELDS = ("model_path", "lora_rank", "lora_alpha", "lora_targets", "gradient_checkpointing", "precision",
+                "cfg_scale")  # fmt: skip
 
 
 class ConfigError(ValueError):
     """A bad config value; the message is one line naming the field and what is allowed."""
 
 
-def _f(default: Any, help: str) -> Any:
-    """A dataclass field with a help string; mutable defaults are copied per instance."""
+def _f(default: Any, help: str, *, low: int | None = None, high: int | None = None) -> Any:
+    """A dataclass field with a help string; mutable defaults are copied per instance.
+
+    ``low`` / ``high`` bound an integer field (or the integers inside a list field); without them every
+    integer must lie in 0..INT_MAX (:func:`_check_ranges`), so a new field is range-checked with no code.
+    """
+    meta: dict[str, Any] = {"help": help}
+    if low is not None:
+        meta["low"] = low
+    if high is not None:
+        meta["high"] = high
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: json.loads(json.dumps(d)), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+        return field(default_factory=lambda d=default: json.loads(json.dumps(d)), metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass
@@ -73,9 +115,15 @@ class TrainConfig:
     # --- run ---
     name: str = _f("tiny-shapes", "Run name shown in `jagg runs` and the app.")
     seed: int = _f(0, "Seed for prompt sampling, initial noise and SDE noise.")
-    steps: int = _f(40, "Number of GRPO steps (one rollout + one optimizer step each).")
+    steps: int = _f(40, "Number of GRPO steps (one rollout + one optimizer step each).", low=1)
     output_dir: str = _f("runs", "Runs root: holds jagg.db and one folder per run.")
-    processes: int = _f(1, "Number of training processes (GPUs); > 1 launches through accelerate.")
+    processes: int = _f(1, "Number of training processes (GPUs); > 1 launches through accelerate.", low=1)
+    max_batch: int = _f(
+        1024,
+        "Most samples one process may hold in a step: a rollout's group_size × prompts_per_step / processes and"
+        " the eval's eval_num_prompts × len(eval_seeds). A larger config is refused; raise it on a big machine.",
+        low=1,
+    )
 
     # --- model ---
     backbone: str = _f("tiny-shapes", "Backbone name (jagg_engine.backbones.BACKBONES).")
@@ -99,7 +147,7 @@ class TrainConfig:
     eval_prompts_file: str | None = _f(
         None, "Eval prompts (same formats); null = the training prompt source."
     )
-    eval_num_prompts: int = _f(90, "Number of eval prompts (the first N of the eval source).")
+    eval_num_prompts: int = _f(90, "Number of eval prompts (the first N of the eval source).", low=1)
     eval_seeds: list[int] = _f(
         [0, 1], "Seeds of the eval images; each eval prompt is rendered once per seed."
     )
@@ -110,26 +158,31 @@ class TrainConfig:
 
     # --- sampling (rollout) ---
     algorithm: str = _f("flow-grpo", "SDE sampler: flow-grpo, dance or cps.")
-    sampling_steps: int = _f(12, "Number of denoising steps T of a rollout.")
+    sampling_steps: int = _f(12, "Number of denoising steps T of a rollout.", low=2, high=1000)
     eta: float = _f(0.7, "SDE noise level η (> 0; cps needs η <= 1).")
     shift: float = _f(1.0, "Timestep shift of the flow schedule (1 = none; Flux/SD3 use 3).")
     sde_window_start: int | None = _f(0, "First SDE (trained) step; null = 0.")
     sde_window_end: int | None = _f(
         8, "End (exclusive) of the SDE (trained) steps; null = sampling_steps. Steps outside run as ODE."
     )
-    cfg_scale: float = _f(1.0, "Classifier-free guidance scale during rollouts (1 = no guidance).")
-    group_size: int = _f(8, "Samples per prompt (the GRPO group).")
-    prompts_per_step: int = _f(18, "Prompts per step; a step has group_size × prompts_per_step samples.")
+    cfg_scale: float = _f(
+        1.0, "Classifier-free guidance scale during rollouts (1 = no guidance); flux: its distilled guidance."
+    )
+    group_size: int = _f(8, "Samples per prompt (the GRPO group).", low=2)
+    prompts_per_step: int = _f(
+        18, "Prompts per step; a step has group_size × prompts_per_step samples.", low=1
+    )
     rollout_micro_batch: int | None = _f(
         None,
         "Samples per model call while sampling; null = the rank's whole batch. The split changes no sample.",
+        low=1,
     )
 
     # --- update ---
     strategy: str = _f(
         "jagg", "Backward per window: exact (every step), jagg (two endpoints), endpoint (ablation)."
     )
-    window: int = _f(4, "JAGG window W: consecutive trained steps aggregated into one group.")
+    window: int = _f(4, "JAGG window W: consecutive trained steps aggregated into one group.", low=2)
     jagg_frac: float = _f(
         1.0, "Fraction of the windows (high-noise first) that use the strategy; the rest use exact backward."
     )
@@ -140,7 +193,7 @@ class TrainConfig:
         " auto_route_every steps, and route to JAGG the leading groups whose cosine is >= auto_route_threshold.",
     )
     auto_route_threshold: float = _f(0.7, "Cosine a group must reach to stay on JAGG under auto_route.")
-    auto_route_every: int = _f(10, "Steps between two routing probes under auto_route.")
+    auto_route_every: int = _f(10, "Steps between two routing probes under auto_route.", low=1)
     reuse_rollout_velocity: str = _f(
         "auto",
         "auto: JAGG inner steps take the rollout's velocities where the policy is provably the sampling one"
@@ -150,11 +203,13 @@ class TrainConfig:
         None,
         "Samples per forward/backward in the update (the joint JAGG endpoint call holds twice as many);"
         " gradients are accumulated to the mini-batch's exactly; null = the whole mini-batch.",
+        low=1,
     )
     updates_per_rollout: int = _f(
         1,
         "Optimizer steps per rollout: the rank's samples are shuffled and split into this many mini-batches,"
         " one step each; on the later ones the policy has moved, so the PPO ratio and clip act.",
+        low=1,
     )
     lr: float = _f(5e-5, "AdamW learning rate.")
     weight_decay: float = _f(1e-4, "AdamW weight decay.")
@@ -180,7 +235,9 @@ class TrainConfig:
     sample_every: int = _f(10, "Save training sample images every N steps.")
     eval_every: int = _f(10, "Run the deterministic (ODE) eval every N steps.")
     checkpoint_every: int = _f(25, "Save a resumable checkpoint every N steps (and at the end).")
-    keep_checkpoints: int = _f(2, "Keep the newest N checkpoints of a run (older ones are deleted; >= 1).")
+    keep_checkpoints: int = _f(
+        2, "Keep the newest N checkpoints of a run (older ones are deleted; >= 1).", low=1
+    )
     probe_every: int = _f(0, "Measure JAGG-vs-exact gradient fidelity every N steps.")
 
     # ------------------------------------------------------------------ building
@@ -269,6 +326,50 @@ class TrainConfig:
             kl_form=self.kl_form,
         )
 
+    def backbone_kwargs(self, device: str = "cpu") -> dict[str, Any]:
+        """The keyword options of the backbone factory: ``backbone_options`` plus the options the model fields
+        map to (:data:`BACKBONE_FIELDS`)."""
+        mapped = BACKBONE_FIELDS.get(self.backbone, {})
+        values = {
+            "weights_dir": self.model_path,
+            "model_path": self.model_path,
+            "cfg_scale": self.cfg_scale,
+            "guidance": self.cfg_scale,
+            "lora_rank": self.lora_rank,
+            "lora_alpha": self.lora_alpha,
+            "lora_target_modules": list(self.lora_targets) or None,
+            "gradient_checkpointing": self.gradient_checkpointing,
+            "reference_copy": self.beta > 0,
+            "dtype": "bfloat16" if self.precision == "bf16" else "float32",
+            "device": str(device),
+        }
+        opts = dict(self.backbone_options)
+        for option in mapped:
+            if values[option] is None and option in ("weights_dir", "lora_target_modules"):
+                continue  # the factory's default
+            opts[option] = values[option]
+        return opts
+
+    def _check_backbone_fields(self) -> None:
+        """Refuse model fields the backbone would ignore and backbone_options it does not take."""
+        mapped = BACKBONE_FIELDS.get(self.backbone, {})
+        defaults = TrainConfig()
+        for name in MODEL_FIELDS:
+            if getattr(self, name) != getattr(defaults, name) and name not in mapped.values():
+                users = [b for b, m in BACKBONE_FIELDS.items() if name in m.values()]
+                raise ConfigError(
+                    f"{name}: backbone {self.backbone!r} does not use it (only {', '.join(users)}); "
+                    f"leave it at {_show(getattr(defaults, name))}"
+                )
+        if self.backbone_options:
+            from jagg_engine.backbones import BACKBONES
+
+            module, factory = BACKBONES[self.backbone].split(":")
+            import importlib
+
+            target = getattr(importlib.import_module(module), factory)
+            check_options("backbone_options", target, self.backbone_options, reserved=mapped)
+
     # ------------------------------------------------------------------ validation
     def validate(self, check_environment: bool = True) -> TrainConfig:
         """Raise ConfigError (one line) on the first bad field; return self.
@@ -279,14 +380,15 @@ class TrainConfig:
         from jagg_engine.backbones import BACKBONES
         from jagg_engine.rewards.registry import RewardConfigError, available_rewards, check_reward
 
+        _check_ranges(self)
         _nonempty_str("name", self.name)
+        if len(self.name) > NAME_MAX or not self.name.isprintable():
+            raise ConfigError(
+                f"name: must be one line of at most {NAME_MAX} printable characters, got {self.name[:40]!r}"
+            )
         _nonempty_str("output_dir", self.output_dir)
-        _int_at_least("seed", self.seed, 0)
-        _int_at_least("steps", self.steps, 1)
-        _int_at_least("processes", self.processes, 1)
         _one_of("backbone", self.backbone, tuple(BACKBONES))
 
-        _int_at_least("lora_rank", self.lora_rank, 0)
         if self.lora_alpha is not None:
             _positive("lora_alpha", self.lora_alpha)
         if self.lora_targets and self.lora_rank == 0:
@@ -294,6 +396,7 @@ class TrainConfig:
                 "lora_targets: only used with LoRA; set lora_rank > 0 or leave lora_targets empty"
             )
         _one_of("precision", self.precision, PRECISIONS)
+        self._check_backbone_fields()
 
         for key in ("prompts_file", "eval_prompts_file"):
             path = getattr(self, key)
@@ -304,7 +407,6 @@ class TrainConfig:
                 f"prompts_file: required for backbone {self.backbone!r} (procedural prompts only suit "
                 f"{', '.join(PROCEDURAL_PROMPT_BACKBONES)})"
             )
-        _int_at_least("eval_num_prompts", self.eval_num_prompts, 1)
         if not self.eval_seeds:
             raise ConfigError("eval_seeds: must be a non-empty list of integers, got []")
         if len(set(self.eval_seeds)) != len(self.eval_seeds):
@@ -327,9 +429,12 @@ class TrainConfig:
                 raise ConfigError(
                     f"reward_options: {reward!r} is not in rewards; allowed: {', '.join(self.rewards)}"
                 )
+        for reward, options in self.reward_options.items():
+            from jagg_engine.rewards.registry import _REGISTRY
+
+            check_options(f"reward_options.{reward}", _REGISTRY[reward].factory, options)
 
         _one_of("algorithm", self.algorithm, ALGORITHMS)
-        _int_at_least("sampling_steps", self.sampling_steps, 2)
         _positive("eta", self.eta)
         if self.algorithm == "cps" and self.eta > 1:
             raise ConfigError(f"eta: cps needs 0 < eta <= 1, got {self.eta}")
@@ -350,16 +455,25 @@ class TrainConfig:
             raise ConfigError(
                 f"sde_window_end: must be in {start + 1}..{last} (after sde_window_start, at most {limit}), got {end}"
             )
-        _int_at_least("group_size", self.group_size, 2)
-        _int_at_least("prompts_per_step", self.prompts_per_step, 1)
         if self.prompts_per_step % self.processes:
             raise ConfigError(
                 f"prompts_per_step: must be a multiple of processes ({self.processes}), got {self.prompts_per_step}"
             )
+        per_process = self.group_size * self.prompts_per_step // self.processes
+        if per_process > self.max_batch:
+            raise ConfigError(
+                f"group_size: group_size × prompts_per_step / processes = {per_process} samples per process is "
+                f"over max_batch ({self.max_batch}); lower them, or raise max_batch on a machine with the memory"
+            )
+        eval_samples = self.eval_num_prompts * len(self.eval_seeds)
+        if eval_samples > self.max_batch:
+            raise ConfigError(
+                f"eval_num_prompts: eval_num_prompts × len(eval_seeds) = {eval_samples} eval samples is over "
+                f"max_batch ({self.max_batch}); lower them, or raise max_batch on a machine with the memory"
+            )
 
         self._validate_batches()
         _one_of("strategy", self.strategy, STRATEGIES)
-        _int_at_least("window", self.window, 2)
         if self.window > self.num_trained_steps:
             raise ConfigError(
                 f"window: must be at most the number of trained steps "
@@ -373,8 +487,8 @@ class TrainConfig:
             raise ConfigError(
                 f"auto_route_threshold: must be a cosine in [-1, 1], got {self.auto_route_threshold}"
             )
-        if self.auto_route_every < 1:
-            raise ConfigError(f"auto_route_every: must be an integer >= 1, got {self.auto_route_every}")
+        if self.fsdp and self.processes == 1:
+            raise ConfigError("fsdp: shards the model across processes; needs processes > 1, got processes 1")
         if self.fsdp and (self.probe_every > 0 or self.auto_route):
             raise ConfigError(
                 "fsdp: the gradient probe (probe_every, auto_route) does not run on sharded weights;"
@@ -397,24 +511,33 @@ class TrainConfig:
         _one_of("kl_form", self.kl_form, KL_FORMS)
         _one_of("cps_log_prob", self.cps_log_prob, CPS_LOG_PROBS)
 
-        for key in ("sample_every", "eval_every", "checkpoint_every", "probe_every"):
-            _int_at_least(key, getattr(self, key), 0)
-        _int_at_least("keep_checkpoints", self.keep_checkpoints, 1)
         if self.probe_every and self.strategy == "exact":
             raise ConfigError("probe_every: probes compare JAGG with exact; needs strategy jagg or endpoint")
+
+        if self.backbone == "tiny-shapes" and self.eval_prompts_file is None and self.prompts_file is None:
+            from jagg_engine.shapes_data import all_prompts
+
+            if self.eval_num_prompts > len(all_prompts()):
+                raise ConfigError(
+                    f"eval_num_prompts: must be at most the {len(all_prompts())} tiny-shapes prompts, "
+                    f"got {self.eval_num_prompts}"
+                )
 
         if check_environment:
             for key in ("prompts_file", "eval_prompts_file"):
                 path = getattr(self, key)
                 if path is not None:
                     prompts = read_prompts(path, field_name=key)
-                    if key == "eval_prompts_file" and len(prompts) < self.eval_num_prompts:
+                    eval_source = key == "eval_prompts_file" or self.eval_prompts_file is None
+                    if eval_source and len(prompts) < self.eval_num_prompts:
                         raise ConfigError(
                             f"eval_num_prompts: must be at most the {len(prompts)} prompts in "
                             f"{path}, got {self.eval_num_prompts}"
                         )
             if self.model_path is not None and model_path_kind(self.model_path) == "missing":
                 raise ConfigError(f"model_path: no such file or folder: {self.model_path}")
+            if self.model_path is not None:
+                _check_model_folder(self.backbone, self.model_path)
             for reward in self.rewards:
                 try:
                     check_reward(reward, **self.reward_options.get(reward, {}))
@@ -450,14 +573,74 @@ def load_config(path: str | None, overrides: list[str], check_environment: bool 
     if path is not None:
         try:
             text = Path(path).read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"config file: {path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
+            ) from None
         except OSError as exc:
             raise ConfigError(f"config file: cannot read {path}: {exc.strerror}") from None
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file: {path} is not valid YAML: {_one_line(str(exc))}") from None
-        cfg = TrainConfig.from_dict(data or {})
+        if data is None:
+            raise ConfigError(f"config file: {path} is empty; it must be a mapping of field names to values")
+        if not isinstance(data, dict):
+            raise ConfigError(
+                f"config file: {path} must be a mapping of field names to values, got {type(data).__name__}"
+            )
+        cfg = TrainConfig.from_dict(data)
     return cfg.apply_overrides(overrides).validate(check_environment=check_environment)
+
+
+def check_runs_dir(path: str | os.PathLike[str], field_name: str = "output_dir") -> Path:
+    """Make sure the runs root ``path`` can hold a history: create it if missing, write and delete a probe file.
+
+    Refused with a one-line ConfigError naming ``field_name``: a NUL byte or a too-long name, a file in the
+    way, a folder that cannot be created or written (read-only filesystem, no permission). Returns the path.
+    Called once the config validated, just before the store is opened, so a refusal leaves nothing behind
+    (a folder created by this call is removed again when the probe fails).
+    """
+    text = os.fspath(path)
+    if not text or "\0" in text:
+        raise ConfigError(f"{field_name}: must be a folder path without NUL bytes, got {text!r}")
+    folder = Path(text).expanduser()
+    for part in folder.parts:
+        if len(os.fsencode(part)) > 255:
+            raise ConfigError(f"{field_name}: the name {part[:40]!r}… is longer than 255 bytes")
+    if len(os.fsencode(str(folder.absolute()))) >= 4096:
+        raise ConfigError(f"{field_name}: the path is longer than 4095 bytes")
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"{field_name}: {text} is a file, not a folder")
+    existing = folder.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{field_name}: cannot create {text}: {existing} is a file, not a folder")
+    created = not folder.exists()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        if created:
+            _remove_empty_chain(folder, existing)
+        raise ConfigError(
+            f"{field_name}: cannot write to {text}: {exc.strerror or _one_line(str(exc))}"
+        ) from None
+    return folder
+
+
+def _remove_empty_chain(folder: Path, stop: Path) -> None:
+    """Remove ``folder`` and its empty parents up to (not including) ``stop``; ignore what cannot go."""
+    current = folder.absolute()
+    while current != stop and current != current.parent:
+        try:
+            current.rmdir()
+        except OSError:
+            return
+        current = current.parent
 
 
 def read_prompts(path: str | os.PathLike[str], field_name: str = "prompts_file") -> list[str]:
@@ -467,7 +650,11 @@ def read_prompts(path: str | os.PathLike[str], field_name: str = "prompts_file")
         lines = p.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
         raise ConfigError(f"{field_name}: no such file: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{field_name}: {path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
+        ) from None
+    except OSError as exc:
         raise ConfigError(f"{field_name}: cannot read {path}: {_one_line(str(exc))}") from None
     prompts = []
     for lineno, line in enumerate(lines, 1):
@@ -490,13 +677,13 @@ def read_prompts(path: str | os.PathLike[str], field_name: str = "prompts_file")
 
 def model_path_kind(path: str) -> str:
     """ "local" (exists), "hub" (looks like a hub id ``owner/name``) or "missing" — see the module docstring."""
-    if Path(path).expanduser().exists():
+    if os.path.exists(os.path.expanduser(path)):  # False, not an error, for an impossible path
         return "local"
     looks_local = (
         path.startswith(("/", "./", "../", "~", "."))
         or path.endswith(_WEIGHT_SUFFIXES)
         or not _HUB_ID.match(path)
-        or Path(path.split("/")[0]).is_dir()
+        or os.path.isdir(path.split("/")[0])
     )
     return "missing" if looks_local else "hub"
 
@@ -652,3 +839,166 @@ def _positive(key: str, value: float) -> None:
 def _nonempty_str(key: str, value: str) -> None:
     if not value.strip():
         raise ConfigError(f"{key}: must be a non-empty string")
+
+
+def _show(value: Any) -> str:
+    return (
+        "null"
+        if value is None
+        else json.dumps(value)
+        if isinstance(value, (list, dict, bool))
+        else str(value)
+    )
+
+
+def _check_ranges(cfg: TrainConfig) -> None:
+    """Types and ranges every field gets from its declaration: each value re-parsed as its type (a config
+    built in code is held to the same types as one read from YAML), every integer (also inside lists and
+    mappings) in [low, high] of the field's metadata (default 0..INT_MAX), every float finite."""
+    hints = _hints()
+    for f in dataclasses.fields(cfg):
+        value = _coerce(f.name, hints[f.name], getattr(cfg, f.name))
+        low, high = f.metadata.get("low", 0), f.metadata.get("high", INT_MAX)
+        _check_value(f.name, hints[f.name], value, low, high)
+
+
+def _check_value(key: str, tp: Any, value: Any, low: int, high: int) -> None:
+    base, optional = _split_optional(tp)
+    null = " or null" if optional else ""
+    if value is None:
+        return
+    origin = typing.get_origin(base)
+    if origin is list:
+        (item,) = typing.get_args(base)
+        for i, v in enumerate(value):
+            _check_value(f"{key}[{i}]", item, v, low, high)
+    elif origin is dict:
+        _, vtype = typing.get_args(base)
+        for k, v in value.items():
+            _check_value(f"{key}.{k}", vtype, v, low, high)
+    elif base is int:
+        if value < low:
+            raise ConfigError(f"{key}: must be an integer >= {low}{null}, got {value}")
+        if value > high:
+            raise ConfigError(f"{key}: must be an integer <= {high}{null}, got {value}")
+    elif base is float and not math.isfinite(value):
+        raise ConfigError(f"{key}: must be a finite number, got {value}")
+
+
+def check_options(
+    where: str, factory: Any, options: dict[str, Any], reserved: dict[str, str] | None = None
+) -> None:
+    """Check ``options`` against the keyword parameters of ``factory`` (a function or a class) before it is
+    called: unknown names, options a config field sets (``reserved``: option → field) and values of the wrong
+    type for the parameter's annotation raise a one-line ConfigError ``<where>.<option>: …``."""
+    reserved = reserved or {}
+    target = factory.__init__ if isinstance(factory, type) else factory
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin without a signature: nothing to check against
+        return
+    try:
+        hints = typing.get_type_hints(target)
+    except Exception:  # an annotation that does not resolve here: check names only
+        hints = {}
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    params = {n: p for n, p in sig.parameters.items() if p.kind in kinds}
+    open_ended = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values())
+    allowed = sorted(n for n in params if n not in reserved)
+    for key, value in options.items():
+        if key in reserved:
+            field_name = reserved[key]
+            hint = "it is set by the trainer" if field_name.startswith("(") else f"set the field {field_name}"
+            raise ConfigError(f"{where}.{key}: not allowed here; {hint}")
+        if key not in params:
+            if open_ended:
+                continue
+            raise ConfigError(f"{where}.{key}: unknown option; allowed: {', '.join(allowed) or '(none)'}")
+        tp = hints.get(key)
+        if tp is not None and not _matches(value, tp):
+            raise ConfigError(f"{where}.{key}: must be {_describe(tp)}, got {value!r}")
+    for name, p in params.items():
+        if p.default is inspect.Parameter.empty and name not in options and name not in reserved:
+            raise ConfigError(f"{where}.{name}: required option is missing")
+
+
+def _matches(value: Any, tp: Any) -> bool:
+    """Whether a YAML value fits an annotation (bool is not an int; an int is a float; lists are sequences)."""
+    if tp is Any or tp is object:
+        return True
+    if tp is type(None):
+        return value is None
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, a) for a in args)
+    if origin is typing.Literal:
+        return value in args
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool) and abs(value) <= INT_MAX
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if tp is str or tp is os.PathLike or tp is Path:
+        return isinstance(value, str)
+    if origin in (list, tuple, collections.abc.Sequence, collections.abc.Iterable):
+        if not isinstance(value, (list, tuple)):
+            return False
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return len(value) == len(args) and all(_matches(v, a) for v, a in zip(value, args))
+        return not args or all(_matches(v, args[0]) for v in value)
+    if origin in (dict, collections.abc.Mapping):
+        return isinstance(value, dict)
+    if isinstance(tp, type):
+        return isinstance(value, tp)
+    return True  # an annotation this checker does not know: the factory checks it
+
+
+def _describe(tp: Any) -> str:
+    if tp is type(None):
+        return "null"
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in args)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(map(repr, args))
+    if origin in (list, tuple, collections.abc.Sequence, collections.abc.Iterable):
+        return "a list"
+    if origin in (dict, collections.abc.Mapping):
+        return "a mapping"
+    names = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}
+    if tp in names:
+        return names[tp]
+    return f"a {getattr(tp, '__name__', str(tp))}"
+
+
+def _check_model_folder(backbone: str, model_path: str) -> None:
+    """A model_path that exists must hold what the backbone loads (a diffusers pipeline folder, the
+    tiny-shapes weight files); a hub id is left to the backbone's loader."""
+    folder = Path(model_path).expanduser()
+    if not os.path.exists(folder):
+        if backbone == "tiny-shapes":
+            raise ConfigError(f"model_path: tiny-shapes loads a local folder; no such folder: {model_path}")
+        return  # a hub id: the loader fetches it or says why not
+    if backbone in _DIFFUSERS:
+        from jagg_engine.backbones.common import missing_pipeline_files
+
+        try:
+            missing = missing_pipeline_files(folder)
+        except (OSError, ValueError) as exc:  # model_index.json unreadable or not JSON
+            raise ConfigError(
+                f"model_path: {model_path} holds no readable pipeline: {_one_line(str(exc))}"
+            ) from None
+        if missing:
+            raise ConfigError(
+                f"model_path: {model_path} holds no {backbone} pipeline (missing {', '.join(missing)}); "
+                "pass a diffusers pipeline folder"
+            )
+    elif backbone == "tiny-shapes":
+        from jagg_engine.backbones.tiny_shapes import missing_weight_files
+
+        missing = missing_weight_files(folder)
+        if missing:
+            raise ConfigError(
+                f"model_path: {model_path} holds no tiny-shapes weights (missing {', '.join(missing)})"
+            )

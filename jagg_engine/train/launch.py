@@ -222,6 +222,17 @@ def accelerate_argv(
     return argv + (["--resume"] if resume else [])
 
 
+RUN_ID_MAX = 2**63 - 1  # SQLite's INTEGER
+
+
+def _processes_override(args: argparse.Namespace) -> list[str]:
+    """``--processes`` (or the accelerate config file's num_processes) as one more ``key=value``, so the config
+    is validated with the processes it runs with (fsdp, prompts_per_step and max_batch depend on them)."""
+    if args.accelerate_config is not None:
+        return [f"processes={_topology_from_accelerate_config(args.accelerate_config).processes}"]
+    return [f"processes={args.processes}"] if args.processes is not None else []
+
+
 def writable_store(runs_dir: str | os.PathLike[str]):
     """The store of ``runs_dir``, or a one-line UsageError when the folder cannot be written."""
     from jagg_engine.store import StoreError, open_store
@@ -236,12 +247,18 @@ def writable_store(runs_dir: str | os.PathLike[str]):
 
 
 def run(args: argparse.Namespace) -> int:
-    from jagg_engine.train.config import ConfigError, TrainConfig, load_config
+    from jagg_engine.store import DB_NAME
+    from jagg_engine.train.config import ConfigError, TrainConfig, check_runs_dir, load_config
     from jagg_engine.train.trainer import train
 
     if args.resume is not None and args.run_id is not None:
         raise UsageError("--resume and --run-id: give one of them")
     attach = args.resume if args.resume is not None else args.run_id
+    flag = "--resume" if args.resume is not None else "--run-id"
+    if attach is not None and not 1 <= attach <= RUN_ID_MAX:
+        raise UsageError(f"{flag}: must be a run id from 1 to {RUN_ID_MAX}, got {attach}")
+    if args.processes is not None and args.processes < 1:
+        raise UsageError(f"--processes: must be an integer >= 1, got {args.processes}")
     if args.overrides and args.config and "=" in args.config:  # `jagg train steps=3` without a file
         args.overrides.insert(0, args.config)
         args.config = None
@@ -257,7 +274,7 @@ def run(args: argparse.Namespace) -> int:
         # No store here: the run id and config come from machine 0; what is given is checked against them.
         if given:
             try:
-                cfg = load_config(args.config, args.overrides)
+                cfg = load_config(args.config, [*args.overrides, *_processes_override(args)])
             except ConfigError as exc:
                 raise UsageError(str(exc)) from None
             expect["config"] = cfg.to_dict()
@@ -266,6 +283,10 @@ def run(args: argparse.Namespace) -> int:
         runs_dir = args.runs_dir or (cfg.output_dir if cfg is not None else "runs")
     elif attach is not None:
         runs_dir = args.runs_dir or "runs"
+        if not os.path.isfile(
+            os.path.join(runs_dir, DB_NAME)
+        ):  # opening the store would create an empty history
+            raise UsageError(f"{flag}: no run history in {runs_dir} (no {DB_NAME}); give --runs-dir")
         store = writable_store(runs_dir)
         store.check_liveness()
         run = store.get_run(attach)
@@ -281,7 +302,7 @@ def run(args: argparse.Namespace) -> int:
         run_id = attach
     else:
         try:
-            cfg = load_config(args.config, args.overrides)
+            cfg = load_config(args.config, [*args.overrides, *_processes_override(args)])
         except ConfigError as exc:
             raise UsageError(str(exc)) from None
         runs_dir = args.runs_dir or cfg.output_dir
@@ -295,6 +316,11 @@ def run(args: argparse.Namespace) -> int:
         if "config" in expect:
             expect["config"] = cfg.to_dict()
     if machine_rank == 0 and attach is None:
+        if not os.path.isfile(os.path.join(runs_dir, DB_NAME)):  # a new history: the folder must take one
+            try:
+                check_runs_dir(runs_dir, "--runs-dir" if args.runs_dir else "output_dir")
+            except ConfigError as exc:
+                raise UsageError(str(exc)) from None
         store = writable_store(runs_dir)
         # launcher "cli" and this process's pid, in one insert: the app never starts a run created here
         run_id = store.create_run(cfg.name, cfg.to_dict(), None, launcher="cli", pid=os.getpid())

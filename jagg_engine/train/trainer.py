@@ -111,26 +111,8 @@ def average_gradients(params: list[torch.nn.Parameter], world: int, bucket_bytes
 
 
 def build_model(cfg: TrainConfig, device: torch.device) -> Any:
-    """The backbone of ``cfg`` with the options its factory takes."""
-    opts = dict(cfg.backbone_options)
-    if cfg.backbone == "tiny-shapes":
-        opts.setdefault("cfg_scale", cfg.cfg_scale)
-        if cfg.model_path:
-            opts.setdefault("weights_dir", cfg.model_path)
-    elif cfg.backbone in ("flux", "qwen-image", "sd3"):
-        opts.update(
-            model_path=cfg.model_path,
-            lora_rank=cfg.lora_rank,
-            lora_alpha=cfg.lora_alpha,
-            gradient_checkpointing=cfg.gradient_checkpointing,
-            reference_copy=cfg.beta > 0,
-            device=str(device),
-            dtype="bfloat16" if cfg.precision == "bf16" else "float32",
-        )
-        if cfg.lora_targets:
-            opts["lora_target_modules"] = list(cfg.lora_targets)
-        if cfg.backbone == "sd3":
-            opts.setdefault("cfg_scale", cfg.cfg_scale)
+    """The backbone of ``cfg`` with the options its factory takes (:meth:`TrainConfig.backbone_kwargs`)."""
+    opts = cfg.backbone_kwargs(device=str(device))
     model = build_backbone(cfg.backbone, **opts)
     if isinstance(model, torch.nn.Module):
         model.to(device).eval()  # no dropout: the update must see the function that sampled

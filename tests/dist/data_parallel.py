@@ -93,9 +93,9 @@ def routing(acc: Accelerator, runs_dir: Path) -> dict:
     used: list[tuple[int, float]] = []
     real = trainer_mod.policy_update
 
-    def recording(model, traj, advantages, update, sampler, **kw):
+    def recording(model, traj, advantages, update, sampler, *args, **kw):
         used.append(update.jagg_frac)
-        return real(model, traj, advantages, update, sampler, **kw)
+        return real(model, traj, advantages, update, sampler, *args, **kw)
 
     trainer_mod.policy_update = recording
     try:
