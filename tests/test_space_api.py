@@ -349,7 +349,9 @@ def test_the_oldest_visitor_runs_are_pruned_past_the_size_limit(tmp_path):
     probe = SpaceApp(tmp_path / "probe", SpaceLimits())  # the size of a fresh folder with the showcase
     probe.close()
     base = folder_size(probe.runs)
-    ckpt = 2_000_000
+    # Checkpoints large against the history's WAL file (up to ~4 MB before SQLite checkpoints it), which the
+    # folder size also counts: the pruning below then depends on the runs, not on when the WAL was reset.
+    ckpt = 10_000_000
     served = SpaceApp(
         tmp_path / "app",
         SpaceLimits(per_visitor=9, total=9, max_runs_bytes=base + int(2.5 * ckpt), prune_every_s=0),
@@ -360,7 +362,7 @@ def test_the_oldest_visitor_runs_are_pruned_past_the_size_limit(tmp_path):
         owner_run = launched_id(owner.predict(*form(steps=1, name="owner"), api_name="/launch_run")[0])
         wait_status(owner, owner_run, ("finished",))
         runs = []
-        for i in range(3):  # each finished run holds a 2 MB checkpoint
+        for i in range(3):  # each finished run holds a 10 MB checkpoint
             runs.append(launched_id(visitor.predict(*form(steps=1, name=f"v{i}"), api_name="/launch_run")[0]))
             wait_status(visitor, runs[-1], ("finished", None))  # None: already pruned
         # Past 2.5 checkpoints the queue's tick prunes the oldest finished visitor runs until the folder fits:
