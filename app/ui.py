@@ -387,29 +387,24 @@ def build_app(
         run_id = default_run()
         return (gr.update(choices=run_choices(), value=run_id), *live_view(run_id, r))
 
-    def cancel(run_id: int | None, request: gr.Request | None = None) -> str:
+    def run_action(run_id: float | None, request: gr.Request | None, action: str, empty: str) -> str:
+        """Cancel or resume ``run_id`` once the id parses and Space mode allows this session the action."""
         try:
             number = parse_run_id(run_id)
             if number is None:
-                return "No run selected."
-            guard.check_action(_session(request), number, "cancel")
-            return manager.cancel(number)
+                return empty
+            guard.check_action(_session(request), number, action)
+            return getattr(manager, action)(number)
         except SpaceError as exc:
             return f"**Refused.** {exc}"
         except (ConfigError, StoreError) as exc:
             return f"**Error:** {exc}"
 
+    def cancel(run_id: int | None, request: gr.Request | None = None) -> str:
+        return run_action(run_id, request, "cancel", "No run selected.")
+
     def resume(run_id: float | None, request: gr.Request | None = None) -> str:
-        try:
-            number = parse_run_id(run_id)
-            if number is None:
-                return "Enter a run id."
-            guard.check_action(_session(request), number, "resume")
-            return manager.resume(number)
-        except SpaceError as exc:
-            return f"**Refused.** {exc}"
-        except (ConfigError, StoreError) as exc:
-            return f"**Error:** {exc}"
+        return run_action(run_id, request, "resume", "Enter a run id.")
 
     def compare(run_ids: list[int] | None, r: float) -> tuple[Any, ...]:
         try:
