@@ -180,6 +180,8 @@ class RunManager:
                     f"run {run_id}: {self._busy()} run(s) training and at most {self.max_concurrent} at a time;"
                     " resume it when one finishes"
                 )
+            # A cancel deadline left from the process that ended the run must not stop the resumed one.
+            self._cancel_deadline.pop(run_id, None)
             pid = self._spawn(run, self.resume_command(run_id, self.runs_dir))
             self._resuming.add(run_id)
             return f"run {run_id}: resuming from its last checkpoint (pid {pid})"

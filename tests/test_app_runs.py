@@ -259,3 +259,25 @@ def test_the_apps_queue_ticking_never_starts_a_run_of_jagg_train(tmp_path):
             os.killpg(proc.pid, 9)
             proc.wait()
         manager.shutdown()
+
+
+def test_a_resumed_run_is_not_cancelled_again_by_the_cancel_that_ended_it(manager_factory, tmp_path):
+    m = manager_factory(step_s=0.3, cancel_timeout=60.0)
+    m.resume_command = m.command  # the fake trainer takes the same arguments for both
+    run_id = m.create(_config(steps=200))
+    m.tick()
+    assert _wait(lambda: m.store.get_run(run_id)["status"] == "running")
+    m.cancel(run_id)
+    # No tick of the app between the cooperative stop and the resume (a busy machine, a slow timer).
+    assert _wait(lambda: m.store.get_run(run_id)["status"] == "cancelled")
+    first_pid = m.store.get_run(run_id)["pid"]
+    assert _wait(lambda: not group_alive(first_pid))
+    m.resume(run_id)
+    assert _wait(lambda: m.store.get_run(run_id)["status"] == "running")
+    for _ in range(15):  # ticks while the resumed trainer runs must not ask it to stop
+        m.tick()
+        time.sleep(0.1)
+    run = m.store.get_run(run_id)
+    assert (run["status"], run["cancel_requested"]) == ("running", False)
+    m.cancel(run_id)
+    assert _wait(lambda: m.store.get_run(run_id)["status"] == "cancelled", manager=m)
