@@ -1,4 +1,4 @@
-"""The `jagg` command: probe | eval | bench | train | runs | export.
+"""The `jagg` command: probe | eval | bench | train | runs | export | report.
 
 Every user error (a bad flag value, an unknown backbone or strategy) ends with exit code 2 and ONE line
 ``jagg <command>: error: <field>: <what is allowed>`` — no traceback, nothing half-written.
@@ -159,6 +159,12 @@ def _commands() -> dict[str, tuple[str, Callable, Callable]]:
             "jagg_engine.runs_cli",
             "add_export_arguments",
             "run_export",
+        ),
+        "report": (
+            "write runs as one self-contained HTML file (config, curves, speedup, images)",
+            "app.report",
+            "add_arguments",
+            "run",
         ),
     }
     import importlib.util
