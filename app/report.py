@@ -179,7 +179,7 @@ def render_report(
         ("runs", "Runs", _runs_section(store, ids)),
         ("config", "Config", _config_section(runs)),
         ("reward", "Reward", _reward_section(plots, {labels[i]: frames[i] for i in ids})),
-        ("speedup", "Speedup", _speedup_section(store, ids, r)),
+        ("speedup", "Speedup", _speedup_section(store, runs, r)),
         ("step-time", "Step time", _time_section(plots, runs, frames)),
     ]
     say("encoding the eval images")
@@ -220,10 +220,11 @@ class _Plots:
         )
 
 
-def _table(frame: pd.DataFrame, css: str = "") -> str:
+def _table(frame: pd.DataFrame) -> str:
     if frame.empty:
         return '<p class="note">no data</p>'
-    return frame.to_html(index=False, border=0, classes=css or None, na_rep="–", escape=True)
+    shown = frame.astype(object).where(frame.notna(), "–")  # None and NaN alike
+    return shown.to_html(index=False, border=0, escape=True)
 
 
 def _runs_section(store: RunStore, ids: Sequence[int]) -> str:
@@ -261,19 +262,24 @@ def _reward_section(plots: _Plots, frames: Mapping[str, pd.DataFrame]) -> str:
     return plots.div(fig, "reward") + (f"<noscript>{static}</noscript>" if static else "")
 
 
-def _speedup_section(store: RunStore, ids: Sequence[int], r: float) -> str:
+def _speedup_section(store: RunStore, runs: Sequence[Mapping[str, Any]], r: float) -> str:
+    ids = [run["id"] for run in runs]
     compare = data.compare_frame(store, ids, r)
-    paired = pd.concat([data.speedup_frame(store, i, r) for i in ids], ignore_index=True)
+    others = [run["id"] for run in runs if run["config"].get("strategy") != "exact"]
+    paired = [data.speedup_frame(store, i, r) for i in others]
     note = (
         "Update-phase seconds per step are medians with the first step left out (it pays one-off warm-up "
         "costs). Measured speedup = the exact run's update s/step ÷ this run's (the exact run in this "
         "report, else the run's paired exact run). Predicted = the cost model for the run's W, jagg_frac "
         f"and strategy with r = {r:g} (forward+backward ÷ forward)."
     )
-    return (
-        f"{_table(compare)}\n<h3>Against each run's paired exact run</h3>\n{_table(paired)}\n"
-        f'<p class="note">{html.escape(note)}</p>'
-    )
+    parts = [_table(compare)]
+    if paired:
+        parts += [
+            "<h3>Against each run's paired exact run</h3>",
+            _table(pd.concat(paired, ignore_index=True)),
+        ]
+    return "\n".join([*parts, f'<p class="note">{html.escape(note)}</p>'])
 
 
 def _time_section(
