@@ -195,7 +195,9 @@ def render_report(
         csp=CSP,
         title=html.escape(title),
         style=_STYLE,
-        meta=html.escape(f"Written {written} from {store.path} · cost-model r = {r:g}"),
+        meta=html.escape(
+            f"Written {written} from {store.runs_root.name}/{store.path.name} · cost-model r = {r:g}"
+        ),
         nav=nav,
         body=body,
     )
