@@ -154,6 +154,9 @@ def _write_atomic(path: Path, text: str) -> None:
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise ReportError(f"--out: cannot write {path}: {exc.strerror or exc}") from None
+    except BaseException:  # an interrupt: no temporary file left behind either
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def default_report_r() -> float:
@@ -244,7 +247,7 @@ def _config_section(runs: Sequence[Mapping[str, Any]]) -> str:
         parts.append(_table(diff) if not diff.empty else '<p class="note">the configs are identical</p>')
     keys = sorted({k for cfg in configs.values() for k in cfg})
     full = pd.DataFrame(
-        [{"field": k, **{label: _show(cfg.get(k)) for label, cfg in configs.items()}} for k in keys],
+        [{"field": k, **{label: data._show(cfg.get(k)) for label, cfg in configs.items()}} for k in keys],
         columns=["field", *configs],
     )
     summary = "Full config" + ("s" if len(runs) > 1 else "")
@@ -252,10 +255,6 @@ def _config_section(runs: Sequence[Mapping[str, Any]]) -> str:
         f"<details{' open' if len(runs) == 1 else ''}><summary>{summary}</summary>{_table(full)}</details>"
     )
     return "\n".join(parts)
-
-
-def _show(value: Any) -> str:
-    return "null" if value is None else str(value)
 
 
 def _reward_section(plots: _Plots, frames: Mapping[str, pd.DataFrame]) -> str:
