@@ -476,6 +476,7 @@ table { border-collapse: collapse; font-size: .85rem; margin: .5rem 0; }
 th, td { border: 1px solid #ddd; padding: .25rem .5rem; text-align: left; vertical-align: top; }
 thead th { background: #f4f4f4; }
 table.images td { text-align: center; }
+section { overflow-x: auto; }  /* many runs: wide tables scroll, the page does not */
 figure { margin: 0; }
 figure img { display: block; margin: 0 auto; height: auto; }
 img.pixelated { image-rendering: pixelated; }
