@@ -43,7 +43,10 @@ from typing import Any
 
 import yaml
 
-ALGORITHMS = ("flow-grpo", "dance", "cps")
+from jagg_engine.sde_kinds import SDE_KINDS, get_sde
+
+# The registered SDE kinds (a live view of jagg_engine.sde_kinds.SDE_KINDS: a kind registered later is in it).
+ALGORITHMS = SDE_KINDS.keys()
 STRATEGIES = ("exact", "jagg", "endpoint")
 ENDPOINT_BACKWARDS = ("joint", "sequential")
 ADV_STDS = ("group", "global")
@@ -279,13 +282,20 @@ class TrainConfig:
     def sde_window(self) -> tuple[int, int]:
         """The trained/SDE steps as a half-open range [start, end) of the sampling steps.
 
-        As in SamplerConfig.sde_steps, cps never samples the last step (σ_next = 0 has zero variance), so
-        with sde_window_end null its window ends at sampling_steps − 1.
+        As in SamplerConfig.sde_steps, a kind whose last step is not stochastic (cps: σ_next = 0 has zero
+        variance) never samples it, so with sde_window_end null its window ends at sampling_steps − 1.
         """
         start = 0 if self.sde_window_start is None else self.sde_window_start
-        last = self.sampling_steps - 1 if self.algorithm == "cps" else self.sampling_steps
+        last = self.sampling_steps - (0 if self._sde_kind().last_step_stochastic else 1)
         end = last if self.sde_window_end is None else self.sde_window_end
         return start, end
+
+    def _sde_kind(self) -> Any:
+        """The registry entry of ``algorithm``; ConfigError (one line) when it is not registered."""
+        try:
+            return get_sde(self.algorithm)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     @property
     def num_trained_steps(self) -> int:
@@ -434,10 +444,10 @@ class TrainConfig:
 
             check_options(f"reward_options.{reward}", _REGISTRY[reward].factory, options)
 
-        _one_of("algorithm", self.algorithm, ALGORITHMS)
+        kind = self._sde_kind()
         _positive("eta", self.eta)
-        if self.algorithm == "cps" and self.eta > 1:
-            raise ConfigError(f"eta: cps needs 0 < eta <= 1, got {self.eta}")
+        if kind.max_eta is not None and self.eta > kind.max_eta:
+            raise ConfigError(f"eta: {self.algorithm} needs 0 < eta <= {kind.max_eta:g}, got {self.eta}")
         _positive("shift", self.shift)
         _positive("cfg_scale", self.cfg_scale)
         start, end = self.sde_window()
@@ -445,12 +455,12 @@ class TrainConfig:
             raise ConfigError(
                 f"sde_window_start: must be in 0..{self.sampling_steps - 1} (sampling_steps - 1), got {start}"
             )
-        last = self.sampling_steps - 1 if self.algorithm == "cps" else self.sampling_steps
+        last = self.sampling_steps - (0 if kind.last_step_stochastic else 1)
         if not start < end <= last:
             limit = (
-                "sampling_steps - 1 for cps, whose last step has zero variance"
-                if self.algorithm == "cps"
-                else ("sampling_steps")
+                "sampling_steps"
+                if kind.last_step_stochastic
+                else f"sampling_steps - 1 for {self.algorithm}, whose last step is not stochastic"
             )
             raise ConfigError(
                 f"sde_window_end: must be in {start + 1}..{last} (after sde_window_start, at most {limit}), got {end}"
