@@ -49,8 +49,9 @@ from typing import Any
 
 import torch
 
-from .backbones.base import Cond, VelocityFn
-from .backbones.flux_core import FluxVelocity, TinyFlux
+from .backbones import BACKBONES
+from .backbones.base import VelocityFn
+from .backbones.flux_core import BenchFlux, TinyFlux
 from .jagg import (
     UpdateConfig,
     UpdateResult,
@@ -63,7 +64,7 @@ from .jagg import (
 from .sde import SamplerConfig, Trajectory, rollout
 
 BENCH_STRATEGIES = ("exact", "jagg", "jagg-sequential", "endpoint", "paper-code", "jagg+reuse")
-BENCH_BACKBONES = ("tiny-flux", "bench-flux", "tiny-shapes", "flux")
+BENCH_BACKBONES = tuple(name for name, spec in BACKBONES.items() if spec.bench)  # the registry's bench flag
 CLOCKS = ("wall", "cpu")
 
 # ----------------------------------------------------------------------------------------------------------
@@ -198,70 +199,6 @@ def strategy_update(name: str, window: int, jagg_frac: float, micro_batch: int |
     if name == "paper-code":
         return lambda model, traj, adv, sampler: paper_code_update(model, traj, adv, update, sampler)
     return lambda model, traj, adv, sampler: policy_update(model, traj, adv, update, sampler)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The bench-flux backbone
-
-BENCH_FLUX_CONFIG = dict(
-    patch_size=1,
-    in_channels=16,
-    num_layers=2,
-    num_single_layers=4,
-    attention_head_dim=32,
-    num_attention_heads=4,
-    joint_attention_dim=64,
-    pooled_projection_dim=64,
-    guidance_embeds=False,
-    axes_dims_rope=(8, 12, 12),
-)
-"""2.3 M parameters; at batch 4 × 256 tokens one forward takes ~70–100 ms on one core of the project CPU."""
-
-
-class BenchFlux(TinyFlux):
-    """`bench-flux`: a FluxTransformer2DModel from ``config`` (default :data:`BENCH_FLUX_CONFIG`), seeded random
-    weights, a 16×16 token grid and 8 text tokens — large enough that the model, not Python, dominates a step.
-
-    Everything but the size is `tiny-flux` (:class:`~jagg_engine.backbones.flux_core.TinyFlux`).
-    """
-
-    name = "bench-flux"
-
-    def __init__(
-        self,
-        seed: int = 0,
-        dtype: torch.dtype = torch.float32,
-        device: str | torch.device = "cpu",
-        config: dict[str, Any] | None = None,
-        grid: tuple[int, int] = (16, 16),
-        text_len: int = 8,
-    ):
-        from diffusers import FluxTransformer2DModel
-
-        torch.nn.Module.__init__(self)
-        torch.manual_seed(seed)
-        with torch.device(device):
-            transformer = FluxTransformer2DModel(**(config or BENCH_FLUX_CONFIG))
-        if dtype != torch.float32:
-            transformer = transformer.to(dtype)
-        self.text_len = text_len
-        self.velocity = FluxVelocity(transformer, grid=grid, text_len=text_len).to(device)
-        self.latent_shape = self.velocity.latent_shape
-        self.dtype = dtype
-
-    def encode_prompts(self, prompts: Sequence[str]) -> Cond:
-        """Seeded random embeddings per prompt: (B, L, D_joint), (B, D_pool)."""
-        cfg = self.velocity.transformer.config
-        device = self.velocity.img_ids.device
-        embeds, pooled = [], []
-        for p in prompts:
-            g = torch.Generator().manual_seed(sum(ord(c) * (i + 1) for i, c in enumerate(p)) % (2**31))
-            embeds.append(torch.randn(self.text_len, cfg.joint_attention_dim, generator=g))
-            pooled.append(torch.randn(cfg.pooled_projection_dim, generator=g))
-        return {
-            "prompt_embeds": torch.stack(embeds).to(device, self.dtype),
-            "pooled": torch.stack(pooled).to(device, self.dtype),
-        }
 
 
 # ----------------------------------------------------------------------------------------------------------
