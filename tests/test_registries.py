@@ -5,10 +5,11 @@ unknown names are one-line errors naming the field and the allowed values; listi
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import subprocess
 import sys
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -190,43 +191,32 @@ def test_registered_names_join_the_allowed_lists(registered) -> None:
 
 
 @pytest.mark.slow
-def test_plugins_register_in_every_process_of_jagg_train(tmp_path: Path) -> None:
-    """A user's module named in ``plugins`` registers an SDE kind, a reward and a backbone; `jagg train` (its
-    launcher and the trainer process it starts) imports it and trains one step with all three."""
-    plugin = tmp_path / "plugin_src" / "jagg_test_plugin.py"
-    plugin.parent.mkdir()
-    plugin.write_text(
-        textwrap.dedent(
-            """
-            import torch
-            from jagg_engine.backbones import register_backbone
-            from jagg_engine.rewards.registry import register_reward
-            from jagg_engine.sde import register_sde
-
-            register_sde("plugin-sde", "jagg_engine.sde:dance_sampler_step")
-            register_backbone(
-                "plugin-toy", "jagg_engine.backbones.linear_toy:LinearToy", options={"seed": "seed"},
-                procedural_prompts=True,
-            )
-
-            @register_reward("plugin-reward")
-            def plugin_reward():
-                return lambda images, prompts: images.float().mean(dim=(1, 2, 3)) / 255.0
-            """
-        )
-    )
+def test_readme_plugin_registers_in_every_process_of_jagg_train(tmp_path: Path) -> None:
+    """README's plugin example: a user's module named in ``plugins`` registers an SDE kind, a reward and a
+    backbone; README's `jagg train` command (its launcher and the trainer process it starts both import the
+    module) trains one step with all three."""
+    section = (REPO / "README.md").read_text().split("## Extending", 1)[1].split("\n## ", 1)[0]
+    code = section.split("```python\n", 1)[1].split("\n```", 1)[0]
+    command = section.split("```bash\n", 1)[1].split("\n```", 1)[0]
+    (tmp_path / "my_plugin.py").write_text(code + "\n")
+    env_assignment, jagg, *args = shlex.split(command)
+    assert (env_assignment, jagg) == ("PYTHONPATH=.", "jagg")
     runs = tmp_path / "runs"
-    overrides = ["plugins=[jagg_test_plugin]", "backbone=plugin-toy", "algorithm=plugin-sde"]
-    overrides += ["rewards={plugin-reward: 1.0}", *ONE_STEP]
-    env = {**os.environ, "PYTHONPATH": f"{plugin.parent}:{REPO}"}
-    cmd = [sys.executable, "-m", "jagg_engine.cli", "train", *overrides, "--runs-dir", str(runs)]
+    env = {**os.environ, "PYTHONPATH": f".:{REPO}"}  # README's PYTHONPATH=., and this checkout's package
+    cmd = [sys.executable, "-m", "jagg_engine.cli", *args, *ONE_STEP, "--runs-dir", str(runs)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     store = open_store(runs)
     (run,) = store.list_runs()
     assert run["status"] == "finished"
+    config = json.loads(run["config"]) if isinstance(run["config"], str) else run["config"]
+    assert (config["backbone"], config["algorithm"], config["plugins"]) == (
+        "toy",
+        "euler-maruyama",
+        ["my_plugin"],
+    )
     frame = store.metrics_frame(run["id"])
-    assert frame.loc[frame["step"] == 1, "reward/plugin-reward/mean"].notna().all()
+    assert frame.loc[frame["step"] == 1, "reward/redness/mean"].notna().all()
 
 
 def test_rewards_are_found_by_importing_the_package_without_optional_dependencies() -> None:
