@@ -282,3 +282,15 @@ def test_flags_and_the_diffusers_factory_come_from_the_entries() -> None:
     )
     with pytest.raises(BackboneConfigError, match=r"^flux: got an unexpected keyword argument 'rank'$"):
         flux.build("/nowhere", rank=4)
+
+
+def test_a_space_imports_no_visitor_plugin() -> None:
+    """A public Space keeps the shipped plugins (none): the check runs before the config is validated, so a
+    visitor's module name is refused without being imported."""
+    import dataclasses
+
+    from app.space import CAPS, check_space_config
+
+    cfg = dataclasses.replace(TrainConfig(), steps=CAPS["steps"], plugins=["no_such_plugin_module"])
+    with pytest.raises(ConfigError, match=r"^plugins: this Space keeps the shipped value \[\], got \["):
+        check_space_config(cfg)

@@ -372,7 +372,8 @@ class TrainConfig:
         """Raise ConfigError (one line) on the first bad field; return self.
 
         ``check_environment=False`` skips what depends on this machine: file existence and the reward
-        registry's dependency/weight checks. Reward *names* are always checked.
+        registry's dependency/weight checks. Reward *names* are always checked. The ``plugins`` modules are
+        imported first, so the SDE kinds, rewards and backbones they register are known by name.
         """
         from jagg_engine.plugins import import_plugins
         from jagg_engine.rewards.registry import RewardConfigError, available_rewards, check_reward
