@@ -49,7 +49,8 @@ class BackboneSpec:
     factory:             ``factory(**options) -> Backbone`` (a reference or the callable)
     options:             factory option → the config field it is read from ("(the trainer)" = set by the
                          trainer, e.g. the device); an option not listed is only set through backbone_options
-    procedural_prompts:  trains without a prompts file (the tiny-shapes prompts, or generic text)
+    procedural_prompts:  trains without a prompts file, on ``prompts()`` or else generic text ("prompt 0", …)
+    prompts:             ``prompts() -> list[str]``, the prompts of a procedural backbone (None: generic text)
     bench:               offered by ``jagg bench``
     in_app:              listed in the app's New-run form
     model_folder:        how a local model_path is checked (None: not checked)
@@ -59,6 +60,7 @@ class BackboneSpec:
     factory: str | Callable[..., Any]
     options: Mapping[str, str] = field(default_factory=dict)
     procedural_prompts: bool = False
+    prompts: str | Callable[[], list[str]] | None = None
     bench: bool = False
     in_app: bool = False
     model_folder: ModelFolder | None = None
@@ -77,6 +79,7 @@ def register_backbone(
     *,
     options: Mapping[str, str] | None = None,
     procedural_prompts: bool = False,
+    prompts: str | Callable[[], list[str]] | None = None,
     bench: bool = False,
     in_app: bool = False,
     model_folder: ModelFolder | None = None,
@@ -86,7 +89,7 @@ def register_backbone(
     if not name or not isinstance(name, str):
         raise ValueError(f"backbone: a backbone needs a non-empty name, got {name!r}")
     spec = BackboneSpec(
-        name, factory, dict(options or {}), procedural_prompts, bench, in_app, model_folder, help
+        name, factory, dict(options or {}), procedural_prompts, prompts, bench, in_app, model_folder, help
     )
     BACKBONES[name] = spec
     return spec
@@ -124,6 +127,7 @@ register_backbone(
     "jagg_engine.backbones.tiny_shapes:build",
     options={"weights_dir": "model_path", "cfg_scale": "cfg_scale"},
     procedural_prompts=True,
+    prompts="jagg_engine.shapes_data:all_prompts",
     bench=True,
     in_app=True,
     model_folder=ModelFolder(

@@ -519,12 +519,13 @@ class TrainConfig:
         if self.probe_every and self.strategy == "exact":
             raise ConfigError("probe_every: probes compare JAGG with exact; needs strategy jagg or endpoint")
 
-        if self.backbone == "tiny-shapes" and self.eval_prompts_file is None and self.prompts_file is None:
-            from jagg_engine.shapes_data import all_prompts
+        if backbone.prompts is not None and self.eval_prompts_file is None and self.prompts_file is None:
+            from jagg_engine.plugins import resolve
 
-            if self.eval_num_prompts > len(all_prompts()):
+            n_prompts = len(resolve(backbone.prompts)())
+            if self.eval_num_prompts > n_prompts:
                 raise ConfigError(
-                    f"eval_num_prompts: must be at most the {len(all_prompts())} tiny-shapes prompts, "
+                    f"eval_num_prompts: must be at most the {n_prompts} {self.backbone} prompts, "
                     f"got {self.eval_num_prompts}"
                 )
 
