@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import weakref
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -211,51 +211,29 @@ def ode_step(v: torch.Tensor, z: torch.Tensor, sigma: float | torch.Tensor, sigm
 
 
 # The steps of the registered SDE kinds (:mod:`jagg_engine.sde_kinds`): step j of a sampler, read from its
-# schedule ``sigmas`` (T + 1,) and its options. Shapes: v, z (B, ...) → StepOutput with log_prob (B,).
+# schedule ``sigmas`` (T + 1,) and its options; ``draw`` is prev_sample / noise / generator (keywords).
+# Shapes: v, z (B, ...) → StepOutput with log_prob (B,).
 
 
 def flow_grpo_sampler_step(
-    sampler: SamplerConfig,
-    v: torch.Tensor,
-    z: torch.Tensor,
-    j: int,
-    sigmas: torch.Tensor,
-    prev_sample: torch.Tensor | None = None,
-    noise: torch.Tensor | None = None,
-    generator: torch.Generator | None = None,
+    sampler: SamplerConfig, v: torch.Tensor, z: torch.Tensor, j: int, sigmas: torch.Tensor, **draw: Any
 ) -> StepOutput:
     """SDE kind "flow-grpo": :func:`flow_grpo_step` with σ_1 standing in for σ = 1 in std_t's denominator."""
-    s, s_next = sigmas[j], sigmas[j + 1]
-    return flow_grpo_step(v, z, s, s_next, sampler.eta, sigmas[1], prev_sample, noise, generator)
+    return flow_grpo_step(v, z, sigmas[j], sigmas[j + 1], sampler.eta, sigma_max=sigmas[1], **draw)
 
 
 def dance_sampler_step(
-    sampler: SamplerConfig,
-    v: torch.Tensor,
-    z: torch.Tensor,
-    j: int,
-    sigmas: torch.Tensor,
-    prev_sample: torch.Tensor | None = None,
-    noise: torch.Tensor | None = None,
-    generator: torch.Generator | None = None,
+    sampler: SamplerConfig, v: torch.Tensor, z: torch.Tensor, j: int, sigmas: torch.Tensor, **draw: Any
 ) -> StepOutput:
     """SDE kind "dance": :func:`dance_step`."""
-    return dance_step(v, z, sigmas[j], sigmas[j + 1], sampler.eta, prev_sample, noise, generator)
+    return dance_step(v, z, sigmas[j], sigmas[j + 1], sampler.eta, **draw)
 
 
 def cps_sampler_step(
-    sampler: SamplerConfig,
-    v: torch.Tensor,
-    z: torch.Tensor,
-    j: int,
-    sigmas: torch.Tensor,
-    prev_sample: torch.Tensor | None = None,
-    noise: torch.Tensor | None = None,
-    generator: torch.Generator | None = None,
+    sampler: SamplerConfig, v: torch.Tensor, z: torch.Tensor, j: int, sigmas: torch.Tensor, **draw: Any
 ) -> StepOutput:
     """SDE kind "cps": :func:`cps_step` with the sampler's ``cps_log_prob`` form."""
-    s, s_next = sigmas[j], sigmas[j + 1]
-    return cps_step(v, z, s, s_next, sampler.eta, prev_sample, noise, generator, sampler.cps_log_prob)
+    return cps_step(v, z, sigmas[j], sigmas[j + 1], sampler.eta, log_prob_form=sampler.cps_log_prob, **draw)
 
 
 def unit_kl_step_size(sampler: SamplerConfig, j: int, sigmas: torch.Tensor) -> float:
@@ -315,7 +293,8 @@ class SamplerConfig:
     def step(self, v, z, j: int, sigmas: torch.Tensor, prev_sample=None, noise=None, generator=None):
         """The SDE step j of this sampler: its kind's registered step (see :func:`flow_grpo_sampler_step` and
         friends). Returns StepOutput."""
-        return get_sde(self.kind).step_fn()(self, v, z, j, sigmas, prev_sample, noise, generator)
+        step = get_sde(self.kind).step_fn()
+        return step(self, v, z, j, sigmas, prev_sample=prev_sample, noise=noise, generator=generator)
 
     def kl_step_size(self, j: int, sigmas: torch.Tensor) -> torch.Tensor | float:
         """h_j of :func:`jagg_engine.grpo.step_kl`: the step std is g·sqrt(h_j) with g the noise scale Flow-GRPO's

@@ -5,7 +5,7 @@ and its KL step size from them, the config validator its allowed names and η bo
 An unknown name is an error, never a fallback.
 
 An entry (:class:`SDEKind`):
-    step                  ``step(sampler, v, z, j, sigmas, prev_sample=None, noise=None, generator=None)``
+    step                  ``step(sampler, v, z, j, sigmas, *, prev_sample=None, noise=None, generator=None)``
                           → :class:`jagg_engine.sde.StepOutput`: SDE step j of ``sampler`` (a SamplerConfig,
                           for η and kind options) from z_j at σ_j = sigmas[j] to z_{j+1} at sigmas[j + 1]
     last_step_stochastic  whether the last step (σ_next = 0) may be an SDE step; False keeps it an ODE step
