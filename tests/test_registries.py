@@ -294,3 +294,13 @@ def test_a_space_imports_no_visitor_plugin() -> None:
     cfg = dataclasses.replace(TrainConfig(), steps=CAPS["steps"], plugins=["no_such_plugin_module"])
     with pytest.raises(ConfigError, match=r"^plugins: this Space keeps the shipped value \[\], got \["):
         check_space_config(cfg)
+
+
+def test_a_plugin_that_fails_to_import_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "jagg_broken_plugin.py").write_text("raise RuntimeError('registers nothing\\nsecond line')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["plugins=[jagg_broken_plugin]"])
+    assert str(err.value) == (
+        "plugins: importing 'jagg_broken_plugin' failed: RuntimeError: registers nothing second line"
+    )
