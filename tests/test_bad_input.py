@@ -121,6 +121,12 @@ CLI_CASES = [
     ("nested types", ["backbone_options={seed: 1.5}"], "backbone_options.seed: must be an integer, got 1.5"),
     ("nested types", ["reward_options={shapes-dense: 5}"], "reward_options.shapes-dense: must be a mapping"),
     ("unknown options", ["backbone_options={lora: 4}"], "backbone_options.lora: unknown option; allowed: "),
+    ("unknown names", ["algorithm=ddim"], "algorithm: must be one of flow-grpo, dance, cps, got 'ddim'"),
+    (
+        "unknown names",
+        ["plugins=[no_such_plugin_module]"],
+        "plugins: cannot import 'no_such_plugin_module' (",
+    ),
     (
         "unknown options",
         ["rewards={brightness: 1}", "reward_options={brightness: {bogus: 1}}"],
