@@ -43,7 +43,7 @@ calls = {"step": 0, "reward": 0, "factory": []}
 
 
 def euler_maruyama_step(sampler, v, z, j, sigmas, prev_sample=None, noise=None, generator=None) -> StepOutput:
-    """A plain Euler–Maruyama step with constant diffusion η: μ = z + (σ_{j+1} − σ_j)·v̂, std = η·sqrt(σ_j − σ_{j+1})."""
+    """Euler–Maruyama with constant diffusion η: μ = z − (σ_j − σ_{j+1})·v̂, std = η·sqrt(σ_j − σ_{j+1})."""
     calls["step"] += 1
     dtype = torch.promote_types(v.dtype, torch.float32)
     v, z = v.to(dtype), z.to(dtype)
@@ -70,18 +70,24 @@ def toy_factory(seed: int = 0, dim: int = 16) -> LinearToy:
 
 
 @pytest.fixture
-def registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The three test entries, removed again afterwards (monkeypatch restores each registry's dict)."""
-    monkeypatch.setitem(SDE_KINDS, SDE, SDE_KINDS.get("dance"))  # placeholder the registration replaces
-    monkeypatch.setitem(BACKBONES, BACKBONE, BACKBONES["linear-toy"])
-    rewards.available_rewards()  # the built-ins first, so that the teardown keeps them
-    monkeypatch.setitem(rewards._REGISTRY, REWARD, rewards._REGISTRY["brightness"])
+def registries() -> Iterator[None]:
+    """Whatever a test registers is gone afterwards: the three registries are restored to their contents."""
+    rewards.available_rewards()  # the built-in rewards first (found lazily), so that the restore keeps them
+    saved = [(registry, dict(registry)) for registry in (SDE_KINDS, BACKBONES, rewards._REGISTRY)]
+    yield
+    for registry, contents in saved:
+        registry.clear()
+        registry.update(contents)
+
+
+@pytest.fixture
+def registered(registries) -> None:
+    """The three test entries, registered from this file alone."""
     register_sde(SDE, euler_maruyama_step, help="test: Euler–Maruyama with constant diffusion")
     rewards.register_reward(REWARD, help="test: mean grey level")(mean_grey)
     # The backbone reads the config's seed (how a backbone says which config fields it takes).
     register_backbone(BACKBONE, toy_factory, options={"seed": "seed"}, procedural_prompts=True)
     calls.update(step=0, reward=0, factory=[])
-    yield
 
 
 def test_registered_sde_reward_and_backbone_train_one_step_in_process(registered, tmp_path: Path) -> None:
@@ -116,8 +122,8 @@ def test_registered_sde_reward_and_backbone_train_one_step_in_process(registered
 
 
 def test_registered_sde_drives_the_sampler(registered) -> None:
-    """The step comes from the entry (no branch to forget): a rollout of the test kind calls it T times and
-    its trajectory matches the step recomputed by hand from the same noise."""
+    """The step comes from the entry (no branch to forget): a rollout of the test kind calls it T times, its
+    stored log-prob is the step's own on the stored next sample, and h_j is the Euler–Maruyama default."""
     model = LinearToy(dim=8)
     sampler = SamplerConfig(kind=SDE, num_steps=3, eta=0.5)
     gen = torch.Generator().manual_seed(0)
@@ -131,8 +137,7 @@ def test_registered_sde_drives_the_sampler(registered) -> None:
     torch.testing.assert_close(sampler.kl_step_size(j, traj.sigmas), traj.sigmas[1] - traj.sigmas[2])
 
 
-def test_a_kind_whose_last_step_is_not_stochastic_keeps_it_an_ode_step(monkeypatch) -> None:
-    monkeypatch.setitem(SDE_KINDS, "test-no-last", SDE_KINDS["cps"])
+def test_a_kind_whose_last_step_is_not_stochastic_keeps_it_an_ode_step(registries) -> None:
     register_sde("test-no-last", euler_maruyama_step, last_step_stochastic=False, max_eta=0.5)
     assert SamplerConfig(kind="test-no-last", num_steps=4).sde_steps() == [0, 1, 2]
     cfg = TrainConfig(algorithm="test-no-last", eta=0.5, sampling_steps=6, sde_window_end=None)
