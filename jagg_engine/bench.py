@@ -51,7 +51,6 @@ import torch
 
 from .backbones import BACKBONES
 from .backbones.base import VelocityFn
-from .backbones.flux_core import BenchFlux, TinyFlux
 from .jagg import (
     UpdateConfig,
     UpdateResult,
@@ -64,8 +63,13 @@ from .jagg import (
 from .sde import SamplerConfig, Trajectory, rollout
 
 BENCH_STRATEGIES = ("exact", "jagg", "jagg-sequential", "endpoint", "paper-code", "jagg+reuse")
-BENCH_BACKBONES = tuple(name for name, spec in BACKBONES.items() if spec.bench)  # the registry's bench flag
 CLOCKS = ("wall", "cpu")
+
+
+def bench_backbones() -> tuple[str, ...]:
+    """The backbones `jagg bench` offers: the registry's entries flagged ``bench``."""
+    return tuple(name for name, spec in BACKBONES.items() if spec.bench)
+
 
 # ----------------------------------------------------------------------------------------------------------
 # Cost model
@@ -442,7 +446,7 @@ def peak_memory(
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of `jagg bench`."""
-    p.add_argument("--backbone", default="bench-flux", help=f"one of {', '.join(BENCH_BACKBONES)}")
+    p.add_argument("--backbone", default="bench-flux", help=f"one of {', '.join(bench_backbones())}")
     p.add_argument("--window", type=int, default=4, help="W, trained steps per group (>= 2)")
     p.add_argument("--jagg-frac", type=float, default=1.0, help="fraction of groups routed, in [0, 1]")
     p.add_argument("--batch", type=int, default=4, help="rollout batch size B")
@@ -475,32 +479,43 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def build_bench_backbone(
     name: str, device: torch.device, dtype: torch.dtype, seed: int, model_path: str | None
 ) -> Any:
-    """The backbone ``name`` for benchmarking; raises ValueError with a one-line message on bad input."""
-    from .backbones import BackboneConfigError, build_backbone
+    """The backbone ``name`` for benchmarking, from its registry entry: ``seed``, ``dtype`` and ``device`` where
+    its factory takes them; ``model_path`` through the option the entry reads from the model_path field, else
+    random weights where the factory offers them (a backbone that loads weights and has no random ones needs
+    --model-path). Raises ValueError with a one-line message on bad input."""
+    import inspect
 
-    if name not in BENCH_BACKBONES:
-        raise ValueError(f"backbone: must be one of {', '.join(BENCH_BACKBONES)}, got {name!r}")
-    if name == "bench-flux":
-        return BenchFlux(seed=seed, dtype=dtype, device=device)
-    if name == "tiny-flux":
-        return TinyFlux(seed=seed, dtype=dtype).to(device)
+    from .backbones import BackboneConfigError, get_backbone
+
+    if name not in bench_backbones():
+        raise ValueError(f"backbone: must be one of {', '.join(bench_backbones())}, got {name!r}")
+    spec = get_backbone(name)
+    factory = spec.factory_fn()
+    params = inspect.signature(factory).parameters
+    options: dict[str, Any] = {
+        k: v for k, v in (("seed", seed), ("dtype", dtype), ("device", device)) if k in params
+    }
+    path_option = next((option for option, field in spec.options.items() if field == "model_path"), None)
+    if model_path and path_option:
+        options[path_option] = model_path
+    elif "random_weights" in params:
+        options["random_weights"] = True
+    elif spec.model_folder is not None:
+        raise ValueError(f"model-path: required for --backbone {name} (a local folder of its weights)")
     try:
-        if name == "tiny-shapes":
-            if model_path:
-                return build_backbone(name, weights_dir=model_path, dtype=dtype, device=device)
-            return build_backbone(name, random_weights=True, seed=seed, dtype=dtype, device=device)
-        if not model_path:
-            raise ValueError("model-path: required for --backbone flux (a local FluxPipeline folder)")
-        return build_backbone(name, model_path=model_path, device=str(device), dtype=dtype)
+        model = factory(**options)
     except (BackboneConfigError, TypeError, OSError) as exc:
         raise ValueError(str(exc).splitlines()[0]) from None
+    if "device" not in params and isinstance(model, torch.nn.Module):
+        model = model.to(device)
+    return model
 
 
 def _check_args(args: argparse.Namespace) -> None:
     from .errors import UsageError
 
-    if args.backbone not in BENCH_BACKBONES:
-        raise UsageError(f"backbone: must be one of {', '.join(BENCH_BACKBONES)}, got {args.backbone!r}")
+    if args.backbone not in bench_backbones():
+        raise UsageError(f"backbone: must be one of {', '.join(bench_backbones())}, got {args.backbone!r}")
     if args.window < 2:
         raise UsageError(f"window: must be an integer >= 2, got {args.window}")
     if not (math.isfinite(args.jagg_frac) and 0.0 <= args.jagg_frac <= 1.0):

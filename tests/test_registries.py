@@ -277,7 +277,7 @@ def test_flags_and_the_diffusers_factory_come_from_the_entries() -> None:
     from jagg_engine.backbones import flux, get_backbone
     from jagg_engine.backbones.flux_core import BenchFlux
 
-    assert bench.BENCH_BACKBONES == tuple(n for n, s in BACKBONES.items() if s.bench)
+    assert bench.bench_backbones() == ("tiny-shapes", "flux", "tiny-flux", "bench-flux")
     assert get_backbone("bench-flux").factory_fn() is BenchFlux
     # One diffusers factory: its signature lists the adapter's options and the shared LoRA/precision ones, and
     # an unknown option is refused before any folder is read.
@@ -309,3 +309,30 @@ def test_a_plugin_that_fails_to_import_is_one_line(tmp_path: Path, monkeypatch: 
     assert str(err.value) == (
         "plugins: importing 'jagg_broken_plugin' failed: RuntimeError: registers nothing second line"
     )
+
+
+def test_a_registered_bench_backbone_is_offered_and_built_by_jagg_bench(registries) -> None:
+    """`jagg bench` reads the entry: the flag puts it on the list, and the factory gets the seed, dtype and
+    device its signature takes, random weights when it offers them, the model path through the option the
+    entry reads from model_path."""
+    from jagg_engine import bench
+
+    built = []
+
+    def factory(
+        seed: int = 0,
+        dtype: torch.dtype = torch.float64,
+        weights: str | None = None,
+        random_weights: bool = False,
+    ) -> LinearToy:
+        built.append((seed, dtype, weights, random_weights))
+        return LinearToy(dim=4, seed=seed, dtype=dtype)
+
+    register_backbone("test-bench-toy", factory, options={"weights": "model_path"}, bench=True)
+    assert "test-bench-toy" in bench.bench_backbones()
+    model = bench.build_bench_backbone("test-bench-toy", torch.device("cpu"), torch.float32, 3, None)
+    model = bench.build_bench_backbone("test-bench-toy", torch.device("cpu"), torch.float32, 3, "/w")
+    assert built == [(3, torch.float32, None, True), (3, torch.float32, "/w", False)]
+    assert model.theta0.dtype == torch.float32
+    with pytest.raises(ValueError, match=r"^backbone: must be one of tiny-shapes, .*, got 'test-other'$"):
+        bench.build_bench_backbone("test-other", torch.device("cpu"), torch.float32, 0, None)
