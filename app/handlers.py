@@ -121,7 +121,7 @@ class Handlers:
         except ConfigError as exc:
             return (*(gr.skip() for _ in FORM_FIELDS), gr.skip(), f"**Error:** {exc}")
         note = f"New run form filled with run #{number}'s config: change a field and press Launch."
-        return (*values, gr.Tabs(selected="new"), note)
+        return (*values, gr.update(selected="new"), note)
 
     # ------------------------------------------------------------------ Live
     def live_view(self, run_id: int | None, r: float) -> tuple[Any, ...]:
