@@ -32,7 +32,9 @@ def session(request: gr.Request | None) -> str | None:
 
 
 class Handlers:
-    """Every handler of one app (``space``: Space mode; ``r0``: the default cost ratio r)."""
+    """One app's state (``space``: Space mode; ``r0``: the default cost ratio r), the queue, and its
+    handlers by tab: ``new`` (:class:`NewRunHandlers`), ``live`` (:class:`LiveHandlers`) and ``history``
+    (:class:`HistoryHandlers`, with Compare)."""
 
     def __init__(
         self,
@@ -50,6 +52,7 @@ class Handlers:
         self.shared = data.SharedTick(self.store, self.queue_tick, max_age=TICK_S / 2)
         defaults = TrainConfig()
         self.reuse_defaults = (defaults.reuse_rollout_velocity == "auto", defaults.updates_per_rollout)
+        self.new, self.live, self.history = NewRunHandlers(self), LiveHandlers(self), HistoryHandlers(self)
 
     # ------------------------------------------------------------------ runs and the queue
     def run_choices(self) -> list[tuple[str, int]]:
@@ -71,11 +74,36 @@ class Handlers:
         self.guard.prune(self.store)
         return started
 
-    # ------------------------------------------------------------------ New run
+    def run_action(self, run_id: float | None, request: gr.Request | None, action: str, empty: str) -> str:
+        """Cancel or resume ``run_id`` once the id parses and Space mode allows this session the action."""
+        try:
+            number = parse_run_id(run_id)
+            if number is None:
+                return empty
+            self.guard.check_action(session(request), number, action)
+            return getattr(self.manager, action)(number)
+        except SpaceError as exc:
+            return f"**Refused.** {exc}"
+        except (ConfigError, StoreError) as exc:
+            return f"**Error:** {exc}"
+
+
+class _Part:
+    """The handlers of one tab over the app's shared :class:`Handlers` (``self.app``)."""
+
+    def __init__(self, app: Handlers):
+        self.app, self.manager, self.store, self.guard = app, app.manager, app.store, app.guard
+        self.root, self.space, self.r0, self.publish = app.root, app.space, app.r0, app.publish
+        self.panels = app.panels
+
+
+class NewRunHandlers(_Part):
+    """New run: launch one run or an exact/JAGG pair, the cost-model note, Duplicate."""
+
     def checked_config(self, form: tuple[Any, ...], sess: str | None, new_runs: int) -> TrainConfig:
         cfg = form_config(self.root, *form, space_mode=self.space and not self.guard.is_owner(sess))
         if self.space:
-            self.guard.check_queue(sess, self.waiting(), new_runs)
+            self.guard.check_queue(sess, self.app.waiting(), new_runs)
         return cfg
 
     def launch(self, *form: Any, request: gr.Request | None = None) -> tuple[str, int | None, Any]:
@@ -86,9 +114,9 @@ class Handlers:
         except (ConfigError, SpaceError, StoreError) as exc:
             return f"**Not launched.** {exc}", None, gr.skip()
         self.guard.record(sess, [run_id])
-        started = self.queue_tick()
+        started = self.app.queue_tick()
         where = "started" if run_id in started else "queued (starts when the current run finishes)"
-        return f"Run #{run_id} {where}.", run_id, gr.update(choices=self.run_choices(), value=run_id)
+        return f"Run #{run_id} {where}.", run_id, gr.update(choices=self.app.run_choices(), value=run_id)
 
     def launch_pair(self, *form: Any, request: gr.Request | None = None) -> tuple[str, int | None, Any]:
         sess = session(request)
@@ -98,16 +126,16 @@ class Handlers:
         except (ConfigError, SpaceError, StoreError) as exc:
             return f"**Not launched.** {exc}", None, gr.skip()
         self.guard.record(sess, [exact_id, jagg_id])
-        self.queue_tick()
+        self.app.queue_tick()
         return (
             f"Pair queued: exact #{exact_id}, then JAGG #{jagg_id} (same config, prompts and seeds; the second "
             f"starts when the first finishes).",
             jagg_id,
-            gr.update(choices=self.run_choices(), value=exact_id),
+            gr.update(choices=self.app.run_choices(), value=exact_id),
         )
 
     def predict(self, window: float, jagg_frac: float, strategy: str, r: float) -> str:
-        return speedup_note(window, jagg_frac, strategy, r, *self.reuse_defaults)
+        return speedup_note(window, jagg_frac, strategy, r, *self.app.reuse_defaults)
 
     def duplicate(self, run_id: float | None) -> tuple[Any, ...]:
         """The New run form filled with run ``run_id``'s config (other fields as overrides), and the tab
@@ -123,7 +151,10 @@ class Handlers:
         note = f"New run form filled with run #{number}'s config: change a field and press Launch."
         return (*values, gr.update(selected="new"), note)
 
-    # ------------------------------------------------------------------ Live
+
+class LiveHandlers(_Part):
+    """Live: the registry's panels, the timer, the step slider, cancel and resume of the picked run."""
+
     def live_view(self, run_id: int | None, r: float) -> tuple[Any, ...]:
         """(progress line, then one value per Live panel in registration order)."""
         try:
@@ -152,13 +183,13 @@ class Handlers:
         """Every open tab's timer lands here; ``shared`` does the queue pass and the reads once per tick. The
         live view is redrawn only when the watched run's signature changed; the step slider follows the last
         step while it sits on it."""
-        self.shared.tick()
+        self.app.shared.tick()
         try:
             number = parse_run_id(run_id)
-            sig = self.shared.signature(number)
+            sig = self.app.shared.signature(number)
         except ConfigError:
             number, sig = None, ("invalid", repr(run_id))  # live_view shows the one-line error once
-        runs = self.shared.runs()
+        runs = self.app.shared.runs()
         runs_sig = tuple((x["id"], x["status"]) for x in runs)
         choices_update = (
             gr.update(choices=[(data.run_label(x), x["id"]) for x in runs])
@@ -180,8 +211,8 @@ class Handlers:
         return (*self.live_view(run_id, r), slider, sig, choices_update, runs_sig)
 
     def on_load(self, r: float) -> tuple[Any, ...]:
-        run_id = self.default_run()
-        return (gr.update(choices=self.run_choices(), value=run_id), *self.live_refresh(run_id, r))
+        run_id = self.app.default_run()
+        return (gr.update(choices=self.app.run_choices(), value=run_id), *self.live_refresh(run_id, r))
 
     def step_images(self, run_id: int | None, kind: str, step: float | None) -> tuple[list, str]:
         """The run's ``kind`` images (eval | train) at the logged step nearest ``step``, and a note."""
@@ -197,29 +228,19 @@ class Handlers:
         note = samples.steps_note(kind, shown, samples.sample_steps(self.store, number, kind))
         return self.publish.items(items), note
 
-    def run_action(self, run_id: float | None, request: gr.Request | None, action: str, empty: str) -> str:
-        """Cancel or resume ``run_id`` once the id parses and Space mode allows this session the action."""
-        try:
-            number = parse_run_id(run_id)
-            if number is None:
-                return empty
-            self.guard.check_action(session(request), number, action)
-            return getattr(self.manager, action)(number)
-        except SpaceError as exc:
-            return f"**Refused.** {exc}"
-        except (ConfigError, StoreError) as exc:
-            return f"**Error:** {exc}"
-
     def cancel(self, run_id: int | None, request: gr.Request | None = None) -> str:
-        return self.run_action(run_id, request, "cancel", "No run selected.")
-
-    def resume(self, run_id: float | None, request: gr.Request | None = None) -> str:
-        return self.run_action(run_id, request, "resume", "Enter a run id.")
+        return self.app.run_action(run_id, request, "cancel", "No run selected.")
 
     def resume_live(self, run_id: float | None, request: gr.Request | None = None) -> str:
-        return self.run_action(run_id, request, "resume", "No run selected.")
+        return self.app.run_action(run_id, request, "resume", "No run selected.")
 
-    # ------------------------------------------------------------------ Compare
+
+class HistoryHandlers(_Part):
+    """Compare and History: side by side, the runs table, delete, export, resume, the owner's downloads."""
+
+    def resume(self, run_id: float | None, request: gr.Request | None = None) -> str:
+        return self.app.run_action(run_id, request, "resume", "Enter a run id.")
+
     def compare(self, run_ids: list[int] | None, r: float) -> tuple[Any, ...]:
         try:
             if run_ids is not None and not isinstance(run_ids, (list, tuple)):
@@ -244,7 +265,6 @@ class Handlers:
             self.publish.items(data.side_by_side_first_last(self.store, ids, self.root)),
         )
 
-    # ------------------------------------------------------------------ History
     def history(self) -> pd.DataFrame:
         return data.history_frame(self.store)
 

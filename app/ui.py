@@ -121,7 +121,7 @@ def build_app(
 def build_layout(h: Handlers, backbones: tuple[str, ...], showcase_ids: list[int]) -> SimpleNamespace:
     """Every tab's components, inside the open Blocks; the page opens on the showcase when there is one."""
     layout.header(h.space, h.guard.limits.per_visitor)
-    shown = h.compare(showcase_ids, h.r0) if len(showcase_ids) >= 2 else None
+    shown = h.history.compare(showcase_ids, h.r0) if len(showcase_ids) >= 2 else None
     defaults = TrainConfig()
     note = speedup_note(defaults.window, defaults.jagg_frac, defaults.strategy, h.r0, *h.reuse_defaults)
     with gr.Tabs(selected="compare" if shown else "new") as tabs:
@@ -143,31 +143,31 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
     """Connect the components of :func:`build_layout` to the handlers, each public event by its api_name."""
     new, live, compare, history = page.new, page.live, page.compare, page.history
     launched = [new.launch_msg, new.launched_id, live.live_run]
-    new.launch_btn.click(_with_request(h.launch, FORM_FIELDS), new.form, launched, api_name="launch_run")
+    new.launch_btn.click(_with_request(h.new.launch, FORM_FIELDS), new.form, launched, api_name="launch_run")
     new.pair_btn.click(
-        _with_request(h.launch_pair, FORM_FIELDS), new.form, launched, api_name="compare_exact_jagg"
+        _with_request(h.new.launch_pair, FORM_FIELDS), new.form, launched, api_name="compare_exact_jagg"
     )
     speedup_inputs = [new.window, new.jagg_frac, new.strategy, new.r_input]
     for component in speedup_inputs:
-        component.change(h.predict, speedup_inputs, new.prediction, api_visibility="private")
-    gr.Button(visible=False).click(h.predict, speedup_inputs, new.prediction, api_name="predict_speedup")
+        component.change(h.new.predict, speedup_inputs, new.prediction, api_visibility="private")
+    gr.Button(visible=False).click(h.new.predict, speedup_inputs, new.prediction, api_name="predict_speedup")
 
     # Live: the view's outputs are the registry's; the timer and the run picker also move the step slider.
     view = [live.live_run, new.r_input]
     refreshed = [*live.outputs, live.step_slider]
-    gr.Button(visible=False).click(h.live_view, view, live.outputs, api_name="live_view")
-    live.live_run.change(h.live_refresh, view, refreshed, api_visibility="private")
-    live.refresh_btn.click(h.live_refresh, view, refreshed, api_visibility="private")
-    live.cancel_btn.click(h.cancel, live.live_run, live.action_msg, api_name="cancel_run")
-    live.resume_btn.click(h.resume_live, live.live_run, live.action_msg, api_name="resume_live_run")
+    gr.Button(visible=False).click(h.live.live_view, view, live.outputs, api_name="live_view")
+    live.live_run.change(h.live.live_refresh, view, refreshed, api_visibility="private")
+    live.refresh_btn.click(h.live.live_refresh, view, refreshed, api_visibility="private")
+    live.cancel_btn.click(h.live.cancel, live.live_run, live.action_msg, api_name="cancel_run")
+    live.resume_btn.click(h.live.resume_live, live.live_run, live.action_msg, api_name="resume_live_run")
     filled = [*new.form, page.tabs, live.action_msg]
-    live.duplicate_btn.click(h.duplicate, live.live_run, filled, api_name="duplicate_run")
+    live.duplicate_btn.click(h.new.duplicate, live.live_run, filled, api_name="duplicate_run")
     steps = [live.live_run, live.step_kind, live.step_slider]
     shown = [live.step_gallery, live.step_note]
-    live.step_slider.change(h.step_images, steps, shown, api_name="step_images")
-    live.step_kind.change(h.step_images, steps, shown, api_visibility="private")
+    live.step_slider.change(h.live.step_images, steps, shown, api_name="step_images")
+    live.step_kind.change(h.live.step_images, steps, shown, api_visibility="private")
     gr.Timer(TICK_S).tick(
-        h.on_tick,
+        h.live.on_tick,
         [*view, page.run_seen, page.list_seen, live.step_slider],
         [*refreshed, page.run_seen, live.live_run, page.list_seen],
         api_visibility="private",
@@ -175,7 +175,7 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
     )
 
     compare.compare_btn.click(
-        h.compare, [compare.compare_runs, new.r_input],
+        h.history.compare, [compare.compare_runs, new.r_input],
         [compare.compare_plot, compare.compare_table, compare.diff_table, compare.compare_gallery],
         api_name="compare_runs",
     )  # fmt: skip
@@ -183,24 +183,27 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
         lambda: gr.update(choices=h.run_choices()), None, compare.compare_runs, api_visibility="private"
     )
 
-    history.history_btn.click(h.history, None, history.history_table, api_name="history")
+    history.history_btn.click(h.history.history, None, history.history_table, api_name="history")
     history.delete_btn.click(
-        h.delete, [history.target, history.delete_files], [history.history_msg, history.history_table],
+        h.history.delete, [history.target, history.delete_files], [history.history_msg, history.history_table],
         api_name="delete_run",
     )  # fmt: skip
     history.export_btn.click(
-        h.export, history.target, [history.history_msg, history.export_files], api_name="export_run"
+        h.history.export, history.target, [history.history_msg, history.export_files], api_name="export_run"
     )
-    history.resume_btn.click(h.resume, history.target, history.history_msg, api_name="resume_run")
+    history.resume_btn.click(h.history.resume, history.target, history.history_msg, api_name="resume_run")
     history.duplicate_btn.click(
-        h.duplicate, history.target, [*new.form, page.tabs, history.history_msg], api_visibility="private"
+        h.new.duplicate, history.target, [*new.form, page.tabs, history.history_msg], api_visibility="private"
     )
-    history.login_btn.click(h.login, history.password, history.login_msg, api_name="owner_login")
+    history.login_btn.click(h.history.login, history.password, history.login_msg, api_name="owner_login")
     history.owner_btn.click(
-        h.owner_file, history.owner_path, [history.owner_msg, history.owner_download], api_name="owner_file"
+        h.history.owner_file,
+        history.owner_path,
+        [history.owner_msg, history.owner_download],
+        api_name="owner_file",
     )
-    demo.load(h.on_load, new.r_input, [live.live_run, *refreshed], api_visibility="private")
-    demo.load(h.history, None, history.history_table, api_visibility="private")
+    demo.load(h.live.on_load, new.r_input, [live.live_run, *refreshed], api_visibility="private")
+    demo.load(h.history.history, None, history.history_table, api_visibility="private")
 
 
 def _with_request(handler: Callable[..., Any], names: tuple[str, ...]) -> Callable[..., Any]:
