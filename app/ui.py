@@ -36,15 +36,10 @@ from app.form import (
 from app.handlers import TICK_S, Handlers
 from app.runs import CommandFactory, RunManager, train_command, train_resume_command
 from app.space import OWNER_PASSWORD_ENV, SPACE_BACKBONES, SpaceGuard, SpaceLimits, space_mode_from_env
+from jagg_engine.backbones import BACKBONES
 from jagg_engine.train.config import TrainConfig
 
-BACKBONE_CHOICES = (
-    "tiny-shapes",
-    "flux",
-    "qwen-image",
-    "sd3",
-    "tiny-flux",
-)  # tiny-flux: random weights, smoke tests
+BACKBONE_CHOICES = tuple(name for name, spec in BACKBONES.items() if spec.in_app)  # the registry's app flag
 __all__ = ["build_app", "form_config", "space_mode_from_env", "speedup_note"]
 __all__ += [
     "FORM_FIELDS",
