@@ -23,7 +23,6 @@ import io
 import math
 import os
 import secrets
-import shutil
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -161,8 +160,9 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def default_report_r() -> float:
     """The app's default r: 3 where an NVIDIA driver is present, 1.8 (measured on the CPU) otherwise."""
-    gpu = Path("/proc/driver/nvidia/version").exists() or shutil.which("nvidia-smi") is not None
-    return data.default_r(gpu)
+    from app.form import has_gpu  # the app's own test (no CUDA initialised)
+
+    return data.default_r(has_gpu())
 
 
 # ---------------------------------------------------------------------------------------------- rendering
