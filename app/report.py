@@ -382,6 +382,8 @@ def report_for_app(
     if not run_ids:
         return "Pick one or more runs.", None
     try:
+        if not isinstance(run_ids, (list, tuple)):
+            raise ReportError(f"runs: must be a list of run ids, got {run_ids!r}")
         ids = [_as_run_id(value) for value in run_ids]
         runs = check_run_ids(store, ids, field="runs")
         ratio = check_r(r, "r")

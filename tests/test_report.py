@@ -327,6 +327,7 @@ def test_report_for_app_writes_into_its_folder_and_answers_in_one_line(store, tm
         ([1, 99], 1.8, "**Error:** runs: no run with id 99 in "),
         (["abc"], 1.8, "**Error:** runs: must be whole numbers from 1 to 9223372036854775807, got 'abc'"),
         ([1], -1.0, "**Error:** r: must be a finite number > 0, got -1.0"),
+        ("12", 1.8, "**Error:** runs: must be a list of run ids, got '12'"),
     ]:
         message, path = report_for_app(store, ids, tmp_path / "bad", r=r)
         assert message.startswith(expected) and path is None, message
