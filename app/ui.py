@@ -322,8 +322,7 @@ def build_app(
         guard.record(session, [exact_id, jagg_id])
         queue_tick()
         return (
-            f"Pair queued: exact #{exact_id}, then JAGG #{jagg_id} (same config, prompts and seeds; the second "
-            f"starts when the first finishes).",
+            manager.pair_message(exact_id, jagg_id),  # side by side or one after the other, and why
             jagg_id,
             gr.update(choices=run_choices(), value=exact_id),
         )
