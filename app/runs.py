@@ -20,7 +20,7 @@ The database is the source of truth, so nothing here needs to survive the app pr
   pair takes ONE slot of ``max_concurrent`` (together it loads the CPU as one run with every core would). Each
   run keeps its share of the cores from its first step to its last, so both are timed under the same load, also
   after the faster one has finished. On a GPU machine, or with too few cores, the pair runs one after the other,
-  exact first, each alone on the machine. The mode is kept on both runs
+  exact first: the second starts when the first has ended, even if ``max_concurrent`` leaves a slot free. The mode is kept on both runs
   (``runs.pair_mode``) and :meth:`RunManager.pair_message` says which one the app used.
 * Cancel is cooperative first (``store.request_cancel``; the trainer stops between steps, saves, marks
   cancelled); a run still alive ``cancel_timeout`` seconds later has its process group sent SIGTERM, then
@@ -309,13 +309,17 @@ class RunManager:
         partner = self._partner(run)
         return min(run["id"], partner["id"]) if partner is not None else run["id"]
 
-    def _busy_slots(self) -> set[int]:
-        """The slots taken by active runs and by runs resumed here whose trainer is starting."""
+    def _busy_runs(self) -> dict[int, dict[str, Any]]:
+        """Active runs and runs resumed here whose trainer is starting, by id."""
         runs = {r["id"]: r for r in self.active()}
         for run_id in self.resuming():
             if run_id not in runs and (run := self.store.get_run(run_id)) is not None:
                 runs[run_id] = run
-        return {self._slot(run) for run in runs.values()}
+        return runs
+
+    def _busy_slots(self) -> set[int]:
+        """The slots taken by active runs and by runs resumed here whose trainer is starting."""
+        return {self._slot(run) for run in self._busy_runs().values()}
 
     def _busy(self) -> int:
         return len(self._busy_slots())
@@ -341,17 +345,22 @@ class RunManager:
             self._escalate_cancels()
             started: list[int] = []
             handled: set[int] = set()  # started together with an earlier run, or failed to start with it
-            busy = self._busy_slots()
+            training = self._busy_runs()
+            busy = {self._slot(run) for run in training.values()}
             for run in self.pending():
                 if run["id"] in handled or run["cancel_requested"]:
                     continue
+                if run.get("pair_mode") == SEQUENTIAL and run.get("paired_run_id") in training:
+                    continue  # a sequential pair's second run waits for the first, even with a slot free
                 slot = self._slot(run)
                 if slot not in busy and len(busy) >= self.max_concurrent:
                     break  # oldest first: a later run does not overtake one waiting for a slot
                 partner = self._partner(run)
                 together = [run] + ([partner] if partner is not None and self._startable(partner) else [])
                 handled.update(r["id"] for r in together)
-                started += self._start_together(together)
+                now = self._start_together(together)
+                training.update((r["id"], r) for r in together if r["id"] in now)
+                started += now
                 busy.add(slot)
             return started
 

@@ -390,6 +390,18 @@ def test_a_resumed_run_of_a_pair_rejoins_its_partner_with_the_same_threads(manag
     assert _wait(lambda: m.store.get_run(other)["status"] == "finished", manager=m)
 
 
+def test_a_sequential_pair_stays_one_after_the_other_with_two_slots(manager_factory):
+    m = manager_factory(step_s=0.2, cores=8, gpu=True, max_concurrent=2)
+    exact_id, jagg_id = m.create_pair(_config(name="p", steps=3))
+    assert m.tick() == [exact_id]
+    assert m.tick() == [], "the second run of a sequential pair started while the first trains"
+    other = m.create(_config(name="other", steps=1))
+    assert m.tick() == [other], "the free slot still serves the rest of the queue"
+    assert _wait(lambda: m.store.get_run(jagg_id)["status"] == "finished", manager=m)
+    exact, jagg = m.store.get_run(exact_id), m.store.get_run(jagg_id)
+    assert jagg["started_at"] >= exact["finished_at"]
+
+
 def test_a_pair_whose_second_trainer_cannot_start_leaves_no_half_training(manager_factory):
     m = manager_factory(step_s=0.3, cores=2, gpu=False)
     exact_id, jagg_id = m.create_pair(_config(name="p", steps=50))
