@@ -16,12 +16,13 @@ The database is the source of truth, so nothing here needs to survive the app pr
   (from its last checkpoint) when a slot is free; the trainer marks it running.
 * A compare pair (:meth:`RunManager.create_pair`: exact and jagg, same config, prompts and seeds) runs side by
   side on a CPU machine with at least two cores per training process (:func:`plan_pair`): both runs start in the
-  same tick or neither does, each process gets half the cores as torch threads (``OMP_NUM_THREADS``), and the
-  pair takes ONE slot of ``max_concurrent`` (together it loads the CPU as one run with every core would). Each
-  run keeps its share of the cores from its first step to its last, so both are timed under the same load, also
-  after the faster one has finished. On a GPU machine, or with too few cores, the pair runs one after the other,
-  exact first: the second starts when the first has ended, even if ``max_concurrent`` leaves a slot free. The mode is kept on both runs
-  (``runs.pair_mode``) and :meth:`RunManager.pair_message` says which one the app used.
+  same tick or neither does, the cores are split evenly between their processes as torch threads
+  (``OMP_NUM_THREADS``), and the pair takes ONE slot of ``max_concurrent`` (together it loads the CPU as one run
+  with every core would). Each run keeps its share of the cores from its first step to its last, so both are
+  timed under the same load, also after the faster one has finished. On a GPU machine, or with too few cores,
+  the pair runs one after the other, exact first: the second starts when the first has ended, even if
+  ``max_concurrent`` leaves a slot free. The mode is kept on both runs (``runs.pair_mode``) and
+  :meth:`RunManager.pair_message` says which one the app used.
 * Cancel is cooperative first (``store.request_cancel``; the trainer stops between steps, saves, marks
   cancelled); a run still alive ``cancel_timeout`` seconds later has its process group sent SIGTERM, then
   SIGKILL, and is marked cancelled.
@@ -320,9 +321,6 @@ class RunManager:
     def _busy_slots(self) -> set[int]:
         """The slots taken by active runs and by runs resumed here whose trainer is starting."""
         return {self._slot(run) for run in self._busy_runs().values()}
-
-    def _busy(self) -> int:
-        return len(self._busy_slots())
 
     @staticmethod
     def _startable(run: Mapping[str, Any]) -> bool:
