@@ -8,13 +8,9 @@ import pytest
 import torch
 
 from jagg_engine.backbones.flux_core import TinyFlux
-from jagg_engine.bench import (
-    BENCH_STRATEGIES,
-    SavedActivationMeter,
-    cost_model_speedup,
-    paper_code_update,
-)
+from jagg_engine.bench import SavedActivationMeter, paper_code_update
 from jagg_engine.cli import main
+from jagg_engine.cost import BENCH_STRATEGIES, cost_model_speedup
 from jagg_engine.jagg import UpdateConfig, policy_update
 from jagg_engine.sde import SamplerConfig, rollout
 
