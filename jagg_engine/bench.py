@@ -11,8 +11,8 @@ Timing harness: one rollout batch, then the update phase of every strategy, repe
 round first) so that a drift in machine load hits every strategy alike; medians and min–max per strategy, and
 per-round paired speedups. On a shared CPU, ``--threads 1 --clock cpu`` times with the process's CPU time,
 which other jobs do not inflate. Every strategy is :func:`jagg_engine.jagg.policy_update`, the same code the
-trainer calls (``paper-code`` with its own routine for the routed groups). ``r`` is measured on the same model and batch: median(grad forward + backward)
-over median(no-grad forward), both interleaved with the updates.
+trainer calls (``paper-code`` with its own routine for the routed groups). ``r`` is measured on the same model
+and batch: median(grad forward + backward) over median(no-grad forward), both interleaved with the updates.
 
 Micro-batches (``--micro-batch m``): every strategy of the engine runs with ``UpdateConfig.micro_batch = m`` (the
 update forwards and backwards m samples at a time and accumulates the gradient), and ``r`` is measured on a
@@ -39,9 +39,10 @@ from typing import Any
 
 import torch
 
-from .backbones.base import Cond, VelocityFn
-from .backbones.flux_core import FluxVelocity, TinyFlux
+from .backbones.base import VelocityFn, default_prompts
+from .backbones.flux_core import TinyFlux, flux_config
 from .cost import BENCH_STRATEGIES, cost_model_speedup
+from .devices import default_dtype, resolve_device
 from .jagg import (
     UpdateConfig,
     UpdateResult,
@@ -58,6 +59,8 @@ CLOCKS = ("wall", "cpu")
 # ----------------------------------------------------------------------------------------------------------
 # The paper authors' schedule, as a baseline
 
+UpdateFn = Callable[[VelocityFn, Trajectory, torch.Tensor, SamplerConfig], UpdateResult]
+
 
 def _paper_code_group(state: UpdateState, steps: list[int]) -> None:
     """All n steps forwarded without grad → s_j; then endpoint 0 forward+backward with s_base, endpoint
@@ -70,26 +73,19 @@ def _paper_code_group(state: UpdateState, steps: list[int]) -> None:
         state.backward([v], [s])
 
 
-def paper_code_update(
-    model: VelocityFn,
-    traj: Trajectory,
-    advantages: torch.Tensor,
-    update: UpdateConfig,
-    sampler: SamplerConfig,
-    ref_model: VelocityFn | None = None,
-) -> UpdateResult:
+def paper_code_update(update: UpdateConfig) -> UpdateFn:
     """The `paper-code` strategy: JAGG's gradient computed the way the paper authors' public code schedules it.
 
-    Routing as :func:`jagg_engine.jagg.group_plan` with strategy jagg; routed groups cost n + 2r units
-    (:func:`_paper_code_group`), the rest run the engine's exact routine. A baseline for `jagg bench`, not a
-    training path.
+    :func:`~jagg_engine.jagg.policy_update` of ``update`` (strategy jagg, its routing) with
+    :func:`_paper_code_group` for the routed groups (n + 2r units each); the rest run the engine's exact
+    routine. A baseline for `jagg bench`, not a training path.
     """
     if update.strategy != "jagg":
         raise ValueError(f"strategy: paper-code computes the jagg gradient, got {update.strategy!r}")
-    return policy_update(model, traj, advantages, update, sampler, ref_model, {"jagg": _paper_code_group})
-
-
-UpdateFn = Callable[[VelocityFn, Trajectory, torch.Tensor, SamplerConfig], UpdateResult]
+    routines = {"jagg": _paper_code_group}
+    return lambda model, traj, adv, sampler: policy_update(
+        model, traj, adv, update, sampler, routines=routines
+    )
 
 
 def strategy_update(name: str, window: int, jagg_frac: float, micro_batch: int | None = None) -> UpdateFn:
@@ -112,25 +108,14 @@ def strategy_update(name: str, window: int, jagg_frac: float, micro_batch: int |
         raise ValueError("strategy: paper-code has no micro-batches; leave it out with --micro-batch")
     update = UpdateConfig(window=window, jagg_frac=jagg_frac, **options[name], **extra)
     if name == "paper-code":
-        return lambda model, traj, adv, sampler: paper_code_update(model, traj, adv, update, sampler)
+        return paper_code_update(update)
     return lambda model, traj, adv, sampler: policy_update(model, traj, adv, update, sampler)
 
 
 # ----------------------------------------------------------------------------------------------------------
 # The bench-flux backbone
 
-BENCH_FLUX_CONFIG = dict(
-    patch_size=1,
-    in_channels=16,
-    num_layers=2,
-    num_single_layers=4,
-    attention_head_dim=32,
-    num_attention_heads=4,
-    joint_attention_dim=64,
-    pooled_projection_dim=64,
-    guidance_embeds=False,
-    axes_dims_rope=(8, 12, 12),
-)
+BENCH_FLUX_CONFIG = flux_config(2, 4, heads=4, head_dim=32, text_dim=64, pooled_dim=64, rope=(8, 12, 12))
 """2.3 M parameters; at batch 4 × 256 tokens one forward takes ~70–100 ms on one core of the project CPU."""
 
 
@@ -152,32 +137,7 @@ class BenchFlux(TinyFlux):
         grid: tuple[int, int] = (16, 16),
         text_len: int = 8,
     ):
-        from diffusers import FluxTransformer2DModel
-
-        torch.nn.Module.__init__(self)
-        torch.manual_seed(seed)
-        with torch.device(device):
-            transformer = FluxTransformer2DModel(**(config or BENCH_FLUX_CONFIG))
-        if dtype != torch.float32:
-            transformer = transformer.to(dtype)
-        self.text_len = text_len
-        self.velocity = FluxVelocity(transformer, grid=grid, text_len=text_len).to(device)
-        self.latent_shape = self.velocity.latent_shape
-        self.dtype = dtype
-
-    def encode_prompts(self, prompts: Sequence[str]) -> Cond:
-        """Seeded random embeddings per prompt: (B, L, D_joint), (B, D_pool)."""
-        cfg = self.velocity.transformer.config
-        device = self.velocity.img_ids.device
-        embeds, pooled = [], []
-        for p in prompts:
-            g = torch.Generator().manual_seed(sum(ord(c) * (i + 1) for i, c in enumerate(p)) % (2**31))
-            embeds.append(torch.randn(self.text_len, cfg.joint_attention_dim, generator=g))
-            pooled.append(torch.randn(cfg.pooled_projection_dim, generator=g))
-        return {
-            "prompt_embeds": torch.stack(embeds).to(device, self.dtype),
-            "pooled": torch.stack(pooled).to(device, self.dtype),
-        }
+        super().__init__(seed, dtype, grid, config or BENCH_FLUX_CONFIG, text_len, device)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -513,9 +473,9 @@ def run(args: argparse.Namespace) -> int:
     _check_args(args)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(args.device)
     if args.dtype is None:
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        dtype = default_dtype(device)
     else:
         dtype = torch.bfloat16 if args.dtype in ("bf16", "bfloat16") else torch.float32
     try:
@@ -559,8 +519,6 @@ def bench_backbone(
     """One seeded rollout batch of ``backbone``, then :func:`bench_update` (or, with ``memory_only``, only
     :func:`peak_memory`); the full `jagg bench` report. ``strategies`` default: all of
     :data:`BENCH_STRATEGIES`, less paper-code with a ``micro_batch``."""
-    from .cli import default_prompts
-
     sampler = SamplerConfig(num_steps=steps)
     params = backbone.trainable_parameters()
     gen = torch.Generator().manual_seed(seed)
