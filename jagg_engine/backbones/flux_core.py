@@ -118,8 +118,9 @@ class TinyFlux(torch.nn.Module):
     """`tiny-flux`: a FluxTransformer2DModel from a small config with seeded random weights (no download).
 
     For tests and the gradient probe: prompts map to seeded random embeddings (a hash of the text), latents
-    are an 8×8 grid of 16-channel tokens. ``config``, ``grid`` and ``text_len`` make other sizes (`bench-flux`). ``decode`` maps the first 3 channels to a grey-ish uint8 image
-    (there is no VAE); it exists so the reward plumbing can run end to end.
+    are an 8×8 grid of 16-channel tokens; ``config``, ``grid`` and ``text_len`` make other sizes (`bench-flux`).
+    ``decode`` maps the first 3 channels to a grey-ish uint8 image (there is no VAE); it exists so the reward
+    plumbing can run end to end.
     """
 
     name = "tiny-flux"
