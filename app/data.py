@@ -22,7 +22,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from jagg_engine.cost import predicted_speedup
-from jagg_engine.store import RunStore
+from jagg_engine.store import RunStore, file_tail
 
 # Step-time phases, in the order they are stacked (bottom → top), with their labels.
 TIME_PHASES = (
@@ -738,16 +738,7 @@ def log_tail(
     if not run_dir:
         return ""
     for name in ("stdout.log", "train.log") if stdout else ("train.log", "stdout.log"):
-        path = Path(run_dir) / name
-        try:
-            with path.open("rb") as fh:
-                fh.seek(0, os.SEEK_END)
-                size = fh.tell()
-                fh.seek(max(0, size - max_bytes))
-                data = fh.read()
-        except OSError:
-            continue
-        text = data.decode("utf-8", errors="replace")
+        text = file_tail(Path(run_dir) / name, lines, max_bytes)
         if text.strip():
-            return "\n".join(text.splitlines()[-lines:])
+            return text
     return ""
