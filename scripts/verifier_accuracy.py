@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         asked = shapes_data.sample_prompts(args.model_samples, seed=HELD_OUT_SEED)
         noise = torch.stack([eval_noise(model.latent_shape, i, 0) for i in range(len(asked))])
         with torch.no_grad():
-            out = model.decode(ode_sample(model, model.encode_prompts(asked), noise, steps=20))
+            out = model.decode(ode_sample(model, model.encode_prompts(asked), noise, num_steps=20))
         _report(f"tiny-shapes samples ({len(asked)})", out, asked)
         feats = verifier.blob_features(out, asked)
         _quantiles(feats, asked)
