@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 
-# The strategies `jagg bench` times; the first three are the engine's (jagg_engine.jagg.STRATEGIES).
+# The strategies `jagg bench` times, and the engine's (jagg_engine.jagg.STRATEGIES), which routing knows.
 BENCH_STRATEGIES = ("exact", "jagg", "jagg-sequential", "endpoint", "paper-code", "jagg+reuse")
 ROUTED_STRATEGIES = ("exact", "jagg", "endpoint")
 

@@ -41,11 +41,11 @@ from dataclasses import dataclass, field
 import torch
 
 from .backbones.base import VelocityFn, cat_cond
-from .cost import check_routing, route_groups
+from .cost import ROUTED_STRATEGIES, check_routing, route_groups
 from .grpo import KL_FORMS, PPOStats, ppo_clip_loss, step_kl
 from .sde import SamplerConfig, Trajectory, compute_dtype, same_policy
 
-STRATEGIES = ("exact", "jagg", "endpoint")
+STRATEGIES = ROUTED_STRATEGIES  # exact | jagg | endpoint, the strategies the cost model routes
 ENDPOINT_BACKWARDS = ("joint", "sequential")
 REUSE_MODES = ("off", "auto")
 
