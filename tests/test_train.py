@@ -157,11 +157,12 @@ def test_cancel_marks_cancelled_with_a_checkpoint(tmp_path):
     store = open_store(tmp_path)
     assert wait_for(lambda: store.list_runs() and steps_logged(store, store.list_runs()[0]["id"]))
     run_id = store.list_runs()[0]["id"]
-    t0 = time.time()
+    before = len(steps_logged(store, run_id))
     store.request_cancel(run_id)
-    assert wait_for(lambda: store.get_run(run_id)["status"] == "cancelled", timeout=30)
-    assert time.time() - t0 < 30
-    proc.wait(timeout=30)
+    # Stops at the next step boundary: counted in steps, not seconds (the machine may be busy).
+    assert wait_for(lambda: store.get_run(run_id)["status"] == "cancelled", timeout=180)
+    assert len(steps_logged(store, run_id)) <= before + 2  # the step in flight, and one that ended meanwhile
+    proc.wait(timeout=60)
     assert list((Path(store.get_run(run_id)["run_dir"]) / "checkpoints").glob("step_*/manifest.json"))
 
 
