@@ -174,3 +174,19 @@ def test_app_builds_and_draws_every_page_without_torch(tmp_path: Path) -> None:
     assert history["rows"] == 3, history
     assert "1.29×" in facts["prediction"]  # the cost model (7.2 / 5.6), read without torch
     assert facts["heavy"] == [] and not facts["torch"] and not facts["diffusers"], facts["heavy"]
+
+
+def test_the_app_modules_and_the_cost_model_import_without_torch() -> None:
+    """The quick form of the check above: the modules the app process loads, imported alone."""
+    modules = ["jagg_engine.cost", "jagg_engine.store", "jagg_engine.train.config", "app.data", "app.runs",
+               "app.space", "app.showcase"]  # fmt: skip
+    code = (
+        f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'diffusers', 'transformers')))"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "[]"
