@@ -22,6 +22,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from jagg_engine.cost import predicted_speedup
+from jagg_engine.sde_kinds import SDE_KINDS
 from jagg_engine.store import RunStore, file_tail
 
 # Step-time phases, in the order they are stacked (bottom → top), with their labels.
@@ -48,7 +49,8 @@ def config_speedup(config: Mapping[str, Any], r: float) -> float | None:
         start = config.get("sde_window_start") or 0
         end = config.get("sde_window_end")
         if end is None:
-            end = config["sampling_steps"] - (1 if config.get("algorithm") == "cps" else 0)
+            last_stochastic = SDE_KINDS[config.get("algorithm", "flow-grpo")].last_step_stochastic
+            end = config["sampling_steps"] - (0 if last_stochastic else 1)
         return predicted_speedup(
             int(config["window"]),
             r,

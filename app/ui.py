@@ -41,16 +41,11 @@ from app.space import (
     session_export_dir,
     space_mode_from_env,
 )
+from jagg_engine.backbones import BACKBONES
 from jagg_engine.store import DB_NAME, StoreError
 from jagg_engine.train.config import ALGORITHMS, STRATEGIES, ConfigError, TrainConfig
 
-BACKBONE_CHOICES = (
-    "tiny-shapes",
-    "flux",
-    "qwen-image",
-    "sd3",
-    "tiny-flux",
-)  # tiny-flux: random weights, smoke tests
+BACKBONE_CHOICES = tuple(name for name, spec in BACKBONES.items() if spec.in_app)  # the registry's app flag
 TICK_S = 2.0
 # The New run form's inputs, in the order of form_config's parameters (the API's parameter names).
 FORM_FIELDS = ("name", "backbone", "model_path", "rewards", "algorithm", "window", "jagg_frac", "strategy", "steps",

@@ -39,8 +39,8 @@ from typing import Any
 
 import torch
 
+from .backbones import BACKBONES
 from .backbones.base import VelocityFn, default_prompts
-from .backbones.flux_core import TinyFlux, flux_config
 from .cost import BENCH_STRATEGIES, cost_model_speedup
 from .devices import default_dtype, resolve_device
 from .jagg import (
@@ -53,8 +53,13 @@ from .jagg import (
 )
 from .sde import SamplerConfig, Trajectory, rollout
 
-BENCH_BACKBONES = ("tiny-flux", "bench-flux", "tiny-shapes", "flux")
 CLOCKS = ("wall", "cpu")
+
+
+def bench_backbones() -> tuple[str, ...]:
+    """The backbones `jagg bench` offers: the registry's entries flagged ``bench``."""
+    return tuple(name for name, spec in BACKBONES.items() if spec.bench)
+
 
 # ----------------------------------------------------------------------------------------------------------
 # The paper authors' schedule, as a baseline
@@ -110,34 +115,6 @@ def strategy_update(name: str, window: int, jagg_frac: float, micro_batch: int |
     if name == "paper-code":
         return paper_code_update(update)
     return lambda model, traj, adv, sampler: policy_update(model, traj, adv, update, sampler)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# The bench-flux backbone
-
-BENCH_FLUX_CONFIG = flux_config(2, 4, heads=4, head_dim=32, text_dim=64, pooled_dim=64, rope=(8, 12, 12))
-"""2.3 M parameters; at batch 4 × 256 tokens one forward takes ~70–100 ms on one core of the project CPU."""
-
-
-class BenchFlux(TinyFlux):
-    """`bench-flux`: a FluxTransformer2DModel from ``config`` (default :data:`BENCH_FLUX_CONFIG`), seeded random
-    weights, a 16×16 token grid and 8 text tokens — large enough that the model, not Python, dominates a step.
-
-    Everything but the size is `tiny-flux` (:class:`~jagg_engine.backbones.flux_core.TinyFlux`).
-    """
-
-    name = "bench-flux"
-
-    def __init__(
-        self,
-        seed: int = 0,
-        dtype: torch.dtype = torch.float32,
-        device: str | torch.device = "cpu",
-        config: dict[str, Any] | None = None,
-        grid: tuple[int, int] = (16, 16),
-        text_len: int = 8,
-    ):
-        super().__init__(seed, dtype, grid, config or BENCH_FLUX_CONFIG, text_len, device)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -381,7 +358,7 @@ def peak_memory(
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of `jagg bench`."""
-    p.add_argument("--backbone", default="bench-flux", help=f"one of {', '.join(BENCH_BACKBONES)}")
+    p.add_argument("--backbone", default="bench-flux", help=f"one of {', '.join(bench_backbones())}")
     p.add_argument("--window", type=int, default=4, help="W, trained steps per group (>= 2)")
     p.add_argument("--jagg-frac", type=float, default=1.0, help="fraction of groups routed, in [0, 1]")
     p.add_argument("--batch", type=int, default=4, help="rollout batch size B")
@@ -414,32 +391,43 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def build_bench_backbone(
     name: str, device: torch.device, dtype: torch.dtype, seed: int, model_path: str | None
 ) -> Any:
-    """The backbone ``name`` for benchmarking; raises ValueError with a one-line message on bad input."""
-    from .backbones import BackboneConfigError, build_backbone
+    """The backbone ``name`` for benchmarking, from its registry entry: ``seed``, ``dtype`` and ``device`` where
+    its factory takes them; ``model_path`` through the option the entry reads from the model_path field, else
+    random weights where the factory offers them (a backbone that loads weights and has no random ones needs
+    --model-path). Raises ValueError with a one-line message on bad input."""
+    import inspect
 
-    if name not in BENCH_BACKBONES:
-        raise ValueError(f"backbone: must be one of {', '.join(BENCH_BACKBONES)}, got {name!r}")
-    if name == "bench-flux":
-        return BenchFlux(seed=seed, dtype=dtype, device=device)
-    if name == "tiny-flux":
-        return TinyFlux(seed=seed, dtype=dtype).to(device)
+    from .backbones import BackboneConfigError, get_backbone
+
+    if name not in bench_backbones():
+        raise ValueError(f"backbone: must be one of {', '.join(bench_backbones())}, got {name!r}")
+    spec = get_backbone(name)
+    factory = spec.factory_fn()
+    params = inspect.signature(factory).parameters
+    options: dict[str, Any] = {
+        k: v for k, v in (("seed", seed), ("dtype", dtype), ("device", device)) if k in params
+    }
+    path_option = next((option for option, field in spec.options.items() if field == "model_path"), None)
+    if model_path and path_option:
+        options[path_option] = model_path
+    elif "random_weights" in params:
+        options["random_weights"] = True
+    elif spec.model_folder is not None:
+        raise ValueError(f"model-path: required for --backbone {name} (a local folder of its weights)")
     try:
-        if name == "tiny-shapes":
-            if model_path:
-                return build_backbone(name, weights_dir=model_path, dtype=dtype, device=device)
-            return build_backbone(name, random_weights=True, seed=seed, dtype=dtype, device=device)
-        if not model_path:
-            raise ValueError("model-path: required for --backbone flux (a local FluxPipeline folder)")
-        return build_backbone(name, model_path=model_path, device=str(device), dtype=dtype)
+        model = factory(**options)
     except (BackboneConfigError, TypeError, OSError) as exc:
         raise ValueError(str(exc).splitlines()[0]) from None
+    if "device" not in params and isinstance(model, torch.nn.Module):
+        model = model.to(device)
+    return model
 
 
 def _check_args(args: argparse.Namespace) -> None:
     from .errors import UsageError
 
-    if args.backbone not in BENCH_BACKBONES:
-        raise UsageError(f"backbone: must be one of {', '.join(BENCH_BACKBONES)}, got {args.backbone!r}")
+    if args.backbone not in bench_backbones():
+        raise UsageError(f"backbone: must be one of {', '.join(bench_backbones())}, got {args.backbone!r}")
     if args.window < 2:
         raise UsageError(f"window: must be an integer >= 2, got {args.window}")
     if not (math.isfinite(args.jagg_frac) and 0.0 <= args.jagg_frac <= 1.0):

@@ -24,14 +24,14 @@ from __future__ import annotations
 import math
 import weakref
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .backbones.base import Cond, VelocityFn, index_cond
+from .sde_kinds import SDE_KINDS, SDEKind, get_sde, register_sde  # noqa: F401  (the registry, re-exported)
 
-SDE_KINDS = ("flow-grpo", "dance", "cps")
 CPS_LOG_PROBS = ("flow-grpo", "gaussian")
 
 
@@ -210,16 +210,49 @@ def ode_step(v: torch.Tensor, z: torch.Tensor, sigma: float | torch.Tensor, sigm
     return z + (sigma_next - sigma) * v
 
 
+# The steps of the registered SDE kinds (:mod:`jagg_engine.sde_kinds`): step j of a sampler, read from its
+# schedule ``sigmas`` (T + 1,) and its options; ``draw`` is prev_sample / noise / generator (keywords).
+# Shapes: v, z (B, ...) → StepOutput with log_prob (B,).
+
+
+def flow_grpo_sampler_step(
+    sampler: SamplerConfig, v: torch.Tensor, z: torch.Tensor, j: int, sigmas: torch.Tensor, **draw: Any
+) -> StepOutput:
+    """SDE kind "flow-grpo": :func:`flow_grpo_step` with σ_1 standing in for σ = 1 in std_t's denominator."""
+    return flow_grpo_step(v, z, sigmas[j], sigmas[j + 1], sampler.eta, sigma_max=sigmas[1], **draw)
+
+
+def dance_sampler_step(
+    sampler: SamplerConfig, v: torch.Tensor, z: torch.Tensor, j: int, sigmas: torch.Tensor, **draw: Any
+) -> StepOutput:
+    """SDE kind "dance": :func:`dance_step`."""
+    return dance_step(v, z, sigmas[j], sigmas[j + 1], sampler.eta, **draw)
+
+
+def cps_sampler_step(
+    sampler: SamplerConfig, v: torch.Tensor, z: torch.Tensor, j: int, sigmas: torch.Tensor, **draw: Any
+) -> StepOutput:
+    """SDE kind "cps": :func:`cps_step` with the sampler's ``cps_log_prob`` form."""
+    return cps_step(v, z, sigmas[j], sigmas[j + 1], sampler.eta, log_prob_form=sampler.cps_log_prob, **draw)
+
+
+def unit_kl_step_size(sampler: SamplerConfig, j: int, sigmas: torch.Tensor) -> float:
+    """h_j = 1: the KL step size of a kind whose step std is already the whole noise scale (cps)."""
+    return 1.0
+
+
 @dataclass(frozen=True)
 class SamplerConfig:
     """How a rollout is sampled, and so which steps are stochastic (and trained).
 
-    kind:       "flow-grpo" | "dance" | "cps" — the SDE whose Gaussian is the policy of one step.
+    kind:       a registered SDE kind (:data:`SDE_KINDS`: "flow-grpo", "dance", "cps", …) — the SDE whose
+                Gaussian is the policy of one step.
     num_steps:  T, denoising steps from σ = 1 to σ = 0.
     eta:        noise level η of the SDE.
     shift:      time shift of the schedule (1 = uniform).
     sde_window: (start, end): steps start … end−1 are SDE steps (and the ones trained); the others are ODE
-                steps (Flow-GRPO-Fast). None = every step, except that CPS never samples the last step.
+                steps (Flow-GRPO-Fast). None = every step, except the last for a kind whose last step is not
+                stochastic (CPS).
     cps_log_prob: "flow-grpo" | "gaussian" — the CPS log-prob form (module docstring); other kinds ignore it.
     """
 
@@ -231,8 +264,7 @@ class SamplerConfig:
     cps_log_prob: str = "flow-grpo"
 
     def __post_init__(self) -> None:
-        if self.kind not in SDE_KINDS:
-            raise ValueError(f"algorithm: must be one of {', '.join(SDE_KINDS)}, got {self.kind!r}")
+        get_sde(self.kind)  # an unknown kind raises, never falls back to another
         if int(self.num_steps) != self.num_steps or self.num_steps < 1:
             raise ValueError(f"steps: must be a positive integer, got {self.num_steps}")
         if not self.eta > 0:
@@ -254,18 +286,15 @@ class SamplerConfig:
     def sde_steps(self) -> list[int]:
         """Indices of the stochastic (trained) steps, in denoising order."""
         start, end = self.sde_window or (0, self.num_steps)
-        if self.kind == "cps":
+        if not get_sde(self.kind).last_step_stochastic:
             end = min(end, self.num_steps - 1)
         return list(range(start, end))
 
     def step(self, v, z, j: int, sigmas: torch.Tensor, prev_sample=None, noise=None, generator=None):
-        """The SDE step j of this sampler (see :func:`flow_grpo_step` and friends). Returns StepOutput."""
-        s, s_next = sigmas[j], sigmas[j + 1]
-        if self.kind == "flow-grpo":
-            return flow_grpo_step(v, z, s, s_next, self.eta, sigmas[1], prev_sample, noise, generator)
-        if self.kind == "dance":
-            return dance_step(v, z, s, s_next, self.eta, prev_sample, noise, generator)
-        return cps_step(v, z, s, s_next, self.eta, prev_sample, noise, generator, self.cps_log_prob)
+        """The SDE step j of this sampler: its kind's registered step (see :func:`flow_grpo_sampler_step` and
+        friends). Returns StepOutput."""
+        step = get_sde(self.kind).step_fn()
+        return step(self, v, z, j, sigmas, prev_sample=prev_sample, noise=noise, generator=generator)
 
     def kl_step_size(self, j: int, sigmas: torch.Tensor) -> torch.Tensor | float:
         """h_j of :func:`jagg_engine.grpo.step_kl`: the step std is g·sqrt(h_j) with g the noise scale Flow-GRPO's
@@ -273,9 +302,11 @@ class SamplerConfig:
 
         flow-grpo, dance (Euler–Maruyama steps): h_j = σ_j − σ_{j+1}, g = η·sqrt(σ/(1 − σ)) resp. η.
         cps: h_j = 1 — Flow-GRPO's CPS branch returns the step's own std, σ_next·sin(η·π/2).
+        A registered kind says which (its ``kl_step_size``; none = the Euler–Maruyama σ_j − σ_{j+1}).
         """
-        if self.kind == "cps":
-            return 1.0
+        h = get_sde(self.kind).kl_step_size_fn()
+        if h is not None:
+            return h(self, j, sigmas)
         return sigmas[j] - sigmas[j + 1]  # scalar tensor, no device sync
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from jagg_engine.backbones.flux_core import FLUX_DEV_CONFIG, TINY_FLUX_CONFIG
-from jagg_engine.bench import BenchFlux, bench_backbone, format_table
+from jagg_engine.backbones.flux_core import FLUX_DEV_CONFIG, TINY_FLUX_CONFIG, BenchFlux
+from jagg_engine.bench import bench_backbone, format_table
 
 # ~270 M parameters: FLUX.1-dev's architecture with 4 double-stream + 8 single-stream blocks at width 1024
 # (8 heads × 128), text width 1024, 64 latent channels as FLUX.1's packed tokens; a 32×32 token grid (a 512²

@@ -51,6 +51,7 @@ from jagg_engine.backbones.common import ATTENTION_PROJECTIONS, add_lora  # noqa
 from jagg_engine.backbones.flux_core import FLUX_DEV_CONFIG, FluxVelocity  # noqa: E402
 from jagg_engine.backbones.sd3 import sd3_velocity  # noqa: E402
 from jagg_engine.bench import bench_backbone  # noqa: E402
+from jagg_engine.devices import default_dtype  # noqa: E402
 from jagg_engine.grpo import group_advantages  # noqa: E402
 from jagg_engine.jagg import UpdateConfig, policy_update  # noqa: E402
 from jagg_engine.sde import SamplerConfig, rollout  # noqa: E402
@@ -394,7 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     budget_end = start + args.budget_s
     device = torch.device(args.device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = default_dtype(device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     import diffusers

@@ -121,6 +121,12 @@ CLI_CASES = [
     ("nested types", ["backbone_options={seed: 1.5}"], "backbone_options.seed: must be an integer, got 1.5"),
     ("nested types", ["reward_options={shapes-dense: 5}"], "reward_options.shapes-dense: must be a mapping"),
     ("unknown options", ["backbone_options={lora: 4}"], "backbone_options.lora: unknown option; allowed: "),
+    ("unknown names", ["algorithm=ddim"], "algorithm: must be one of flow-grpo, dance, cps, got 'ddim'"),
+    (
+        "unknown names",
+        ["plugins=[no_such_plugin_module]"],
+        "plugins: cannot import 'no_such_plugin_module' (",
+    ),
     (
         "unknown options",
         ["rewards={brightness: 1}", "reward_options={brightness: {bogus: 1}}"],
@@ -415,16 +421,14 @@ def test_the_app_handlers_refuse_a_bad_cost_ratio(runs: Path, app) -> None:
 
 
 def test_every_backbone_says_which_model_fields_it_uses() -> None:
-    """BACKBONE_FIELDS is the one table: every registered backbone has an entry, every option it maps is a
-    parameter of the backbone's factory, and backbone_kwargs passes a model field exactly to the backbones
-    that map it (elsewhere the validator refuses it instead of the factory ignoring it)."""
-    import importlib
+    """The registry entry is the one table: every option an entry reads from a model field is a parameter of
+    the backbone's factory, and backbone_kwargs passes a model field exactly to the backbones that read it
+    (elsewhere the validator refuses it instead of the factory ignoring it)."""
     import inspect
 
     from jagg_engine.backbones import BACKBONES
-    from jagg_engine.train.config import BACKBONE_FIELDS, MODEL_FIELDS
+    from jagg_engine.train.config import MODEL_FIELDS
 
-    assert set(BACKBONE_FIELDS) == set(BACKBONES)
     changed = {
         "model_path": "/models/x",
         "lora_rank": 8,
@@ -435,14 +439,13 @@ def test_every_backbone_says_which_model_fields_it_uses() -> None:
         "cfg_scale": 2.5,
     }
     assert set(changed) == set(MODEL_FIELDS)
-    for backbone, mapped in BACKBONE_FIELDS.items():
-        module, name = BACKBONES[backbone].split(":")
-        params = inspect.signature(getattr(importlib.import_module(module), name)).parameters
-        assert set(mapped) <= set(params), (backbone, set(mapped) - set(params))
+    for backbone, spec in BACKBONES.items():
+        params = inspect.signature(spec.factory_fn()).parameters
+        assert set(spec.options) <= set(params), (backbone, set(spec.options) - set(params))
         base = TrainConfig(backbone=backbone).backbone_kwargs()
         for field_name, value in changed.items():
             kwargs = TrainConfig(backbone=backbone, **{field_name: value}).backbone_kwargs()
-            assert (kwargs != base) == (field_name in mapped.values()), (backbone, field_name)
+            assert (kwargs != base) == (field_name in spec.options.values()), (backbone, field_name)
 
 
 def test_fsdp_is_accepted_with_the_processes_flag(runs: Path, no_training, monkeypatch, capsys) -> None:

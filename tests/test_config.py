@@ -141,7 +141,7 @@ def test_tiny_shapes_config_is_the_setting_that_learned() -> None:
         (["sample_every=-1"], "sample_every: must be an integer >= 0, got -1"),
         (
             ["backbone=sdxl"],
-            "backbone: must be one of linear-toy, tiny-flux, bench-flux, tiny-shapes, flux, qwen-image, sd3",
+            "backbone: must be one of tiny-shapes, flux, qwen-image, sd3, tiny-flux, bench-flux, linear-toy",
         ),
         (["sde_window_end=13"], "sde_window_end: must be in 1..12"),
         (["sde_window_start=8"], "sde_window_end: must be in 9..12"),

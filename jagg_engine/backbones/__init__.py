@@ -1,43 +1,48 @@
-"""Backbone registry: a name → a factory ``build(**options) -> Backbone``, imported lazily."""
+"""Backbones: one protocol (:mod:`.base`), one registry (:mod:`.registry`), one adapter module per model.
+
+Importing this package imports no torch (the registry names its factories by reference); the protocol and
+the conditioning helpers are loaded on first use.
+"""
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
-from .base import Backbone, Cond, VelocityFn, cat_cond, index_cond
+from .registry import (
+    BACKBONES,
+    DIFFUSERS_FOLDER,
+    DIFFUSERS_OPTIONS,
+    BackboneConfigError,
+    BackboneSpec,
+    ModelFolder,
+    build_backbone,
+    get_backbone,
+    register_backbone,
+)
 
-# name → "module:factory". Modules are imported only when the backbone is built, so that a user of one
-# backbone never pays for (or needs the optional dependencies of) another.
-BACKBONES: dict[str, str] = {
-    "linear-toy": "jagg_engine.backbones.linear_toy:LinearToy",
-    "tiny-flux": "jagg_engine.backbones.flux_core:TinyFlux",
-    "bench-flux": "jagg_engine.bench:BenchFlux",
-    "tiny-shapes": "jagg_engine.backbones.tiny_shapes:build",
-    "flux": "jagg_engine.backbones.flux:build",
-    "qwen-image": "jagg_engine.backbones.qwen_image:build",
-    "sd3": "jagg_engine.backbones.sd3:build",
-}
-
-
-class BackboneConfigError(ValueError):
-    """Unknown backbone, bad option or missing weights; the message is one line."""
+_FROM_BASE = ("Backbone", "Cond", "VelocityFn", "cat_cond", "index_cond")
 
 
-def build_backbone(name: str, **options: Any) -> Backbone:
-    if name not in BACKBONES:
-        raise BackboneConfigError(f"backbone: unknown backbone {name!r}; allowed: {', '.join(BACKBONES)}")
-    module, factory = BACKBONES[name].split(":")
-    return getattr(importlib.import_module(module), factory)(**options)
+def __getattr__(name: str) -> Any:
+    if name in _FROM_BASE:  # torch: only when asked for
+        return getattr(importlib.import_module(f"{__name__}.base"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
     "BACKBONES",
+    "DIFFUSERS_FOLDER",
+    "DIFFUSERS_OPTIONS",
     "Backbone",
     "BackboneConfigError",
+    "BackboneSpec",
     "Cond",
+    "ModelFolder",
     "VelocityFn",
     "build_backbone",
     "cat_cond",
+    "get_backbone",
     "index_cond",
+    "register_backbone",
 ]

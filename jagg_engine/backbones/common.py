@@ -1,5 +1,9 @@
 """What the three diffusers adapters (flux, qwen-image, sd3) share: loading, freezing, LoRA, dtype, reference.
 
+An adapter is a :class:`DiffusersBackbone` subclass plus ``build = diffusers_factory(Subclass, "SomePipeline",
+DEFAULT_MODEL)``, its factory (registered in :mod:`jagg_engine.backbones.registry` with
+``DIFFUSERS_OPTIONS``, the config fields every diffusers adapter reads).
+
 A :class:`DiffusersBackbone` owns one diffusers pipeline. Its transformer is the trained module (registered as
 a submodule, so ``.parameters()`` and ``.to()`` see it); text encoders and the VAE stay on the pipeline
 object, frozen, in eval mode and outside the module tree. Subclasses implement ``velocity`` (the raw model
@@ -16,16 +20,18 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
+import inspect
 import json
+import typing
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..devices import default_dtype
-from ..devices import resolve_device as resolve_device  # the adapters build() on it
+from ..devices import default_dtype, resolve_device
 from . import BackboneConfigError
 from .base import Cond
 
@@ -288,3 +294,53 @@ class DiffusersBackbone(torch.nn.Module):
 def vae_decode(vae: torch.nn.Module, latents: torch.Tensor) -> torch.Tensor:
     """``vae.decode`` → (B, 3, H, W) in [-1, 1], in the VAE's dtype."""
     return vae.decode(latents.to(vae.dtype), return_dict=False)[0]
+
+
+def diffusers_factory(
+    backbone_cls: type[DiffusersBackbone], pipeline: str, default_model: str
+) -> Callable[..., DiffusersBackbone]:
+    """The factory ``build(model_path=None, *, device=None, dtype=None, **options)`` of a diffusers adapter.
+
+    It loads ``diffusers.<pipeline>`` from ``model_path`` (a local folder or hub id; None = ``default_model``)
+    on ``device`` (None: CUDA when present) in ``dtype`` (None: bf16 on a GPU, fp32 on the CPU) and wraps it in
+    ``backbone_cls``. Its signature lists the keyword options of ``backbone_cls`` and of
+    :class:`DiffusersBackbone` with their defaults and types, so that an unknown or mistyped option (the
+    config's ``backbone_options``) is refused before anything loads.
+    """
+
+    def build(
+        model_path: str | None = None, *, device: str | None = None, dtype: str | None = None, **options: Any
+    ) -> DiffusersBackbone:
+        try:
+            build.__signature__.bind(model_path, device=device, dtype=dtype, **options)
+        except TypeError as exc:
+            raise BackboneConfigError(f"{backbone_cls.name}: {exc}") from None
+        dev = resolve_device(device)
+        dt = resolve_dtype(dtype, dev)
+        pipeline_cls = getattr(importlib.import_module("diffusers"), pipeline)
+        pipe = load_pipeline(pipeline_cls, model_path or default_model, backbone_cls.name, dt)
+        return backbone_cls(pipe, device=dev, dtype=dt, **options)
+
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    params = [
+        inspect.Parameter("model_path", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None),
+        inspect.Parameter("device", keyword, default=None),
+        inspect.Parameter("dtype", keyword, default=None),
+    ]
+    hints: dict[str, Any] = {"model_path": str | None, "device": str | None, "dtype": str | None}
+    for cls in (backbone_cls, DiffusersBackbone):  # the adapter's own options first, then the shared ones
+        cls_hints = typing.get_type_hints(cls.__init__)
+        for p in list(inspect.signature(cls.__init__).parameters.values())[1:]:
+            if p.kind is p.VAR_KEYWORD or p.name in ("pipe", "device", "dtype") or p.name in hints:
+                continue
+            hints[p.name] = cls_hints.get(p.name, Any)
+            params.append(p.replace(kind=keyword, annotation=hints[p.name]))
+    params[:3] = [p.replace(annotation=hints[p.name]) for p in params[:3]]
+    build.__signature__ = inspect.Signature(params, return_annotation=backbone_cls)
+    build.__annotations__ = {**hints, "return": backbone_cls}
+    build.__module__ = backbone_cls.__module__
+    build.__doc__ = (
+        f"Load a diffusers {pipeline} from ``model_path`` (None = {default_model!r}) and wrap it in "
+        f"{backbone_cls.__name__}; see :func:`jagg_engine.backbones.common.diffusers_factory`."
+    )
+    return build

@@ -16,14 +16,7 @@ import torch
 
 from . import BackboneConfigError
 from .base import Cond
-from .common import (
-    ATTENTION_PROJECTIONS,
-    DiffusersBackbone,
-    load_pipeline,
-    resolve_device,
-    resolve_dtype,
-    vae_decode,
-)
+from .common import DiffusersBackbone, diffusers_factory, vae_decode
 from .flux_core import FluxVelocity
 
 DEFAULT_MODEL = "black-forest-labs/FLUX.1-dev"
@@ -85,39 +78,4 @@ class FluxBackbone(DiffusersBackbone):
         return vae_decode(vae, x)
 
 
-def build(
-    model_path: str | None = None,
-    *,
-    device: str | None = None,
-    dtype: str | None = None,
-    resolution: int = 512,
-    guidance: float = 3.5,
-    max_sequence_length: int = 512,
-    lora_rank: int = 32,
-    lora_alpha: float | None = None,
-    lora_target_modules: Sequence[str] = ATTENTION_PROJECTIONS,
-    gradient_checkpointing: bool = False,
-    reference_copy: bool = True,
-) -> FluxBackbone:
-    """Load a FluxPipeline from ``model_path`` and wrap it.
-
-    ``model_path``: a local folder or a hub id; None = ``DEFAULT_MODEL``. Options: see the backbone class.
-    """
-    from diffusers import FluxPipeline
-
-    dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
-    pipe = load_pipeline(FluxPipeline, model_path or DEFAULT_MODEL, "flux", dt)
-    return FluxBackbone(
-        pipe,
-        resolution=resolution,
-        guidance=guidance,
-        max_sequence_length=max_sequence_length,
-        device=dev,
-        dtype=dt,
-        lora_rank=lora_rank,
-        lora_alpha=lora_alpha,
-        lora_target_modules=lora_target_modules,
-        gradient_checkpointing=gradient_checkpointing,
-        reference_copy=reference_copy,
-    )
+build = diffusers_factory(FluxBackbone, "FluxPipeline", DEFAULT_MODEL)

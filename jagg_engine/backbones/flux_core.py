@@ -1,4 +1,5 @@
-"""Velocity callable around diffusers' FluxTransformer2DModel on *packed* latents, and the `tiny-flux` backbone.
+"""Velocity callable around diffusers' FluxTransformer2DModel on *packed* latents, and the `tiny-flux` and
+`bench-flux` backbones (small configs, seeded random weights).
 
 Flux works on packed latent tokens: a (C, H, W) latent is cut into 2×2 patches and flattened to
 (H/2 · W/2, 4C) tokens (diffusers ``FluxPipeline._pack_latents``). The engine's latent is that token tensor,
@@ -165,3 +166,28 @@ class TinyFlux(torch.nn.Module):
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.velocity.transformer.parameters() if p.requires_grad]
+
+
+BENCH_FLUX_CONFIG = flux_config(2, 4, heads=4, head_dim=32, text_dim=64, pooled_dim=64, rope=(8, 12, 12))
+"""2.3 M parameters; at batch 4 × 256 tokens one forward takes ~70–100 ms on one core of the project CPU."""
+
+
+class BenchFlux(TinyFlux):
+    """`bench-flux`: a FluxTransformer2DModel from ``config`` (default :data:`BENCH_FLUX_CONFIG`), seeded random
+    weights, a 16×16 token grid and 8 text tokens — large enough that the model, not Python, dominates a step.
+
+    Everything but the size is `tiny-flux` (:class:`~jagg_engine.backbones.flux_core.TinyFlux`).
+    """
+
+    name = "bench-flux"
+
+    def __init__(
+        self,
+        seed: int = 0,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        config: dict[str, Any] | None = None,
+        grid: tuple[int, int] = (16, 16),
+        text_len: int = 8,
+    ):
+        super().__init__(seed, dtype, grid, config or BENCH_FLUX_CONFIG, text_len, device)

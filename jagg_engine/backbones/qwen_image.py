@@ -18,14 +18,7 @@ import torch
 
 from . import BackboneConfigError
 from .base import Cond
-from .common import (
-    ATTENTION_PROJECTIONS,
-    DiffusersBackbone,
-    load_pipeline,
-    resolve_device,
-    resolve_dtype,
-    vae_decode,
-)
+from .common import DiffusersBackbone, diffusers_factory, vae_decode
 
 DEFAULT_MODEL = "Qwen/Qwen-Image"
 
@@ -95,39 +88,4 @@ class QwenImageBackbone(DiffusersBackbone):
         return vae_decode(vae, x * std + mean)[:, :, 0]  # (B, 3, H, W)
 
 
-def build(
-    model_path: str | None = None,
-    *,
-    device: str | None = None,
-    dtype: str | None = None,
-    resolution: int = 512,
-    max_sequence_length: int = 512,
-    text_pad_to: int | None = None,
-    lora_rank: int = 32,
-    lora_alpha: float | None = None,
-    lora_target_modules: Sequence[str] = ATTENTION_PROJECTIONS,
-    gradient_checkpointing: bool = False,
-    reference_copy: bool = True,
-) -> QwenImageBackbone:
-    """Load a QwenImagePipeline from ``model_path`` and wrap it.
-
-    ``model_path``: a local folder or a hub id; None = ``DEFAULT_MODEL``. Options: see the backbone class.
-    """
-    from diffusers import QwenImagePipeline
-
-    dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
-    pipe = load_pipeline(QwenImagePipeline, model_path or DEFAULT_MODEL, "qwen-image", dt)
-    return QwenImageBackbone(
-        pipe,
-        resolution=resolution,
-        max_sequence_length=max_sequence_length,
-        text_pad_to=text_pad_to,
-        device=dev,
-        dtype=dt,
-        lora_rank=lora_rank,
-        lora_alpha=lora_alpha,
-        lora_target_modules=lora_target_modules,
-        gradient_checkpointing=gradient_checkpointing,
-        reference_copy=reference_copy,
-    )
+build = diffusers_factory(QwenImageBackbone, "QwenImagePipeline", DEFAULT_MODEL)

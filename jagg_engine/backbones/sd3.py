@@ -17,14 +17,7 @@ import torch
 
 from . import BackboneConfigError
 from .base import Cond
-from .common import (
-    ATTENTION_PROJECTIONS,
-    DiffusersBackbone,
-    load_pipeline,
-    resolve_device,
-    resolve_dtype,
-    vae_decode,
-)
+from .common import DiffusersBackbone, diffusers_factory, vae_decode
 
 DEFAULT_MODEL = "stabilityai/stable-diffusion-3.5-medium"
 
@@ -115,41 +108,4 @@ def sd3_velocity(
     return v
 
 
-def build(
-    model_path: str | None = None,
-    *,
-    device: str | None = None,
-    dtype: str | None = None,
-    resolution: int = 512,
-    cfg_scale: float = 1.0,
-    negative_prompt: str = "",
-    max_sequence_length: int = 256,
-    lora_rank: int = 32,
-    lora_alpha: float | None = None,
-    lora_target_modules: Sequence[str] = ATTENTION_PROJECTIONS,
-    gradient_checkpointing: bool = False,
-    reference_copy: bool = True,
-) -> SD3Backbone:
-    """Load a StableDiffusion3Pipeline from ``model_path`` and wrap it.
-
-    ``model_path``: a local folder or a hub id; None = ``DEFAULT_MODEL``. Options: see the backbone class.
-    """
-    from diffusers import StableDiffusion3Pipeline
-
-    dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
-    pipe = load_pipeline(StableDiffusion3Pipeline, model_path or DEFAULT_MODEL, "sd3", dt)
-    return SD3Backbone(
-        pipe,
-        resolution=resolution,
-        cfg_scale=cfg_scale,
-        negative_prompt=negative_prompt,
-        max_sequence_length=max_sequence_length,
-        device=dev,
-        dtype=dt,
-        lora_rank=lora_rank,
-        lora_alpha=lora_alpha,
-        lora_target_modules=lora_target_modules,
-        gradient_checkpointing=gradient_checkpointing,
-        reference_copy=reference_copy,
-    )
+build = diffusers_factory(SD3Backbone, "StableDiffusion3Pipeline", DEFAULT_MODEL)

@@ -6,13 +6,17 @@ A reward is any object with ``__call__(images, prompts) -> scores`` where
     prompts : list of B strings
     scores  : (B,) float32 tensor, higher is better
 
-Factories are registered by name with :func:`register_reward`; :func:`check_reward` validates a name and its
-options (optional dependency installed, weight files present) *before* any training starts, and
-:func:`build_reward` constructs it.
+Factories are registered by name with :func:`register_reward`, in the module that defines them: every module of
+the ``jagg_engine.rewards`` package is imported the first time a name is looked up, so a new reward is one new
+file in this folder (a reward in a user's own module is registered when the config's ``plugins`` imports it).
+:func:`check_reward` validates a name and its options (optional dependency installed, weight files present)
+*before* any training starts, and :func:`build_reward` constructs it.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -36,6 +40,7 @@ class RewardSpec:
 
 
 _REGISTRY: dict[str, RewardSpec] = {}
+_LOADED = False
 
 
 def register_reward(
@@ -51,15 +56,18 @@ def register_reward(
 
 
 def _load_builtin_rewards() -> None:
-    # Importing the modules registers their rewards; kept lazy so that importing the registry is cheap.
-    import importlib
-
-    for mod in ("simple", "shapes", "clip_based", "hps"):
-        try:
-            importlib.import_module(f"jagg_engine.rewards.{mod}")
-        except ModuleNotFoundError as exc:  # a reward module not written yet, never an optional dependency
-            if exc.name != f"jagg_engine.rewards.{mod}":
-                raise
+    """Import every module of the ``jagg_engine.rewards`` package (once): importing a module registers its
+    rewards, so a new reward is one new file here, with no list to edit. Kept lazy so that importing the
+    registry is cheap; a reward module imports its optional dependencies inside its functions, so a missing
+    one is reported by :func:`check_reward`, not here."""
+    global _LOADED
+    if _LOADED:
+        return
+    package = importlib.import_module(__package__)
+    for module in pkgutil.iter_modules(package.__path__):
+        if module.name != "registry" and not module.name.startswith("_"):
+            importlib.import_module(f"{__package__}.{module.name}")
+    _LOADED = True
 
 
 def available_rewards() -> list[str]:

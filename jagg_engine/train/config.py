@@ -43,46 +43,23 @@ from typing import Any
 
 import yaml
 
-ALGORITHMS = ("flow-grpo", "dance", "cps")
+from jagg_engine.sde_kinds import SDE_KINDS, get_sde
+
+# The registered SDE kinds (a live view of jagg_engine.sde_kinds.SDE_KINDS: a kind registered later is in it).
+ALGORITHMS = SDE_KINDS.keys()
 STRATEGIES = ("exact", "jagg", "endpoint")
 ENDPOINT_BACKWARDS = ("joint", "sequential")
 ADV_STDS = ("group", "global")
 PRECISIONS = ("fp32", "bf16")
 PROMPT_SUFFIXES = (".txt", ".jsonl")
-# Backbones whose vocabulary the procedural tiny-shapes prompts (prompts_file: null) fit; real text-to-image
-# models need a prompts file.
-PROCEDURAL_PROMPT_BACKBONES = ("tiny-shapes", "tiny-flux", "linear-toy")
 _WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".ckpt", ".bin", ".gguf")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # Every integer field lies in [low, high]; the defaults are 0 and INT_MAX (2^31 − 1: a seed, a count or a size
 # beyond it is a typo, and 64-bit arithmetic on it — seeds × steps — cannot overflow).
 INT_MAX = 2**31 - 1
 NAME_MAX = 200  # characters of a run name (one line, shown in tables and dropdowns)
-_DIFFUSERS = ("flux", "qwen-image", "sd3")
-_DIFFUSERS_OPTIONS = {
-    "model_path": "model_path",
-    "lora_rank": "lora_rank",
-    "lora_alpha": "lora_alpha",
-    "lora_target_modules": "lora_targets",
-    "gradient_checkpointing": "gradient_checkpointing",
-    "reference_copy": "beta",
-    "dtype": "precision",
-    "device": "(the trainer)",
-}
-# backbone → {factory option: the config field the trainer fills it from} (:meth:`TrainConfig.backbone_kwargs`).
-# A model field is used only by the backbones that map it; set on another backbone it would be silently ignored,
-# so the validator refuses it. Setting a mapped option in backbone_options is refused too (the field is the one
-# place for it). A new backbone needs an entry here.
-BACKBONE_FIELDS: dict[str, dict[str, str]] = {
-    "tiny-shapes": {"weights_dir": "model_path", "cfg_scale": "cfg_scale"},
-    "flux": {**_DIFFUSERS_OPTIONS, "guidance": "cfg_scale"},
-    "qwen-image": dict(_DIFFUSERS_OPTIONS),
-    "sd3": {**_DIFFUSERS_OPTIONS, "cfg_scale": "cfg_scale"},
-    "tiny-flux": {},
-    "bench-flux": {},
-    "linear-toy": {},
-}
-# Fields that only some backbones use (see BACKBONE_FIELDS); a non-default value elsewhere is an error.
+# Fields that only some backbones read (their registry entry's ``options``, jagg_engine.backbones.registry); a
+# non-default value on another backbone would be silently ignored, so the validator refuses it.
 MODEL_FIELDS = ("model_path", "lora_rank", "lora_alpha", "lora_targets", "gradient_checkpointing", "precision",
                 "cfg_scale")  # fmt: skip
 
@@ -126,11 +103,16 @@ class TrainConfig:
     )
 
     # --- model ---
-    backbone: str = _f("tiny-shapes", "Backbone name (jagg_engine.backbones.BACKBONES).")
+    backbone: str = _f("tiny-shapes", "Backbone name (jagg_engine.backbones.registry).")
     model_path: str | None = _f(
         None, "Local folder/file or hub id of the pretrained weights; null = the backbone's default."
     )
     backbone_options: dict[str, Any] = _f({}, "Extra keyword options passed to the backbone factory.")
+    plugins: list[str] = _f(
+        [],
+        "Modules imported before the config is checked, in every process: they register SDE kinds, rewards or"
+        " backbones (README, Extending). Each must be importable there (on PYTHONPATH).",
+    )
     lora_rank: int = _f(0, "LoRA rank; 0 = full fine-tune of all trainable weights.")
     lora_alpha: float | None = _f(None, "LoRA alpha; null = lora_rank (scale 1).")
     lora_targets: list[str] = _f([], "Module names LoRA wraps; empty = the backbone's default set.")
@@ -279,13 +261,20 @@ class TrainConfig:
     def sde_window(self) -> tuple[int, int]:
         """The trained/SDE steps as a half-open range [start, end) of the sampling steps.
 
-        As in SamplerConfig.sde_steps, cps never samples the last step (σ_next = 0 has zero variance), so
-        with sde_window_end null its window ends at sampling_steps − 1.
+        As in SamplerConfig.sde_steps, a kind whose last step is not stochastic (cps: σ_next = 0 has zero
+        variance) never samples it, so with sde_window_end null its window ends at sampling_steps − 1.
         """
         start = 0 if self.sde_window_start is None else self.sde_window_start
-        last = self.sampling_steps - 1 if self.algorithm == "cps" else self.sampling_steps
+        last = self.sampling_steps - (0 if self._sde_kind().last_step_stochastic else 1)
         end = last if self.sde_window_end is None else self.sde_window_end
         return start, end
+
+    def _sde_kind(self) -> Any:
+        """The registry entry of ``algorithm``; ConfigError (one line) when it is not registered."""
+        try:
+            return get_sde(self.algorithm)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     @property
     def num_trained_steps(self) -> int:
@@ -326,68 +315,81 @@ class TrainConfig:
             kl_form=self.kl_form,
         )
 
+    def _backbone_spec(self) -> Any:
+        """The registry entry of ``backbone``; ConfigError (one line, the allowed names) when it is unknown."""
+        from jagg_engine.backbones import BACKBONES
+
+        _one_of("backbone", self.backbone, tuple(BACKBONES))
+        return BACKBONES[self.backbone]
+
+    def _option_value(self, field_name: str, device: str) -> Any:
+        """What a backbone option read from the config field ``field_name`` receives."""
+        if field_name == "(the trainer)":
+            return device
+        if field_name == "beta":  # reference_copy: a frozen reference only when the KL term needs one
+            return self.beta > 0
+        if field_name == "precision":
+            return "bfloat16" if self.precision == "bf16" else "float32"
+        if field_name == "lora_targets":
+            return list(self.lora_targets) or None
+        if field_name not in _FIELD_NAMES:
+            raise ConfigError(
+                f"backbone: {self.backbone!r} reads the option from {field_name!r}, which is not a config field"
+            )
+        return getattr(self, field_name)
+
     def backbone_kwargs(self, device: str = "cpu") -> dict[str, Any]:
-        """The keyword options of the backbone factory: ``backbone_options`` plus the options the model fields
-        map to (:data:`BACKBONE_FIELDS`)."""
-        mapped = BACKBONE_FIELDS.get(self.backbone, {})
-        values = {
-            "weights_dir": self.model_path,
-            "model_path": self.model_path,
-            "cfg_scale": self.cfg_scale,
-            "guidance": self.cfg_scale,
-            "lora_rank": self.lora_rank,
-            "lora_alpha": self.lora_alpha,
-            "lora_target_modules": list(self.lora_targets) or None,
-            "gradient_checkpointing": self.gradient_checkpointing,
-            "reference_copy": self.beta > 0,
-            "dtype": "bfloat16" if self.precision == "bf16" else "float32",
-            "device": str(device),
-        }
+        """The keyword options of the backbone factory: ``backbone_options`` plus the options its registry entry
+        reads from the config fields (``BackboneSpec.options``); a null model_path or empty lora_targets leaves
+        the factory's default."""
         opts = dict(self.backbone_options)
-        for option in mapped:
-            if values[option] is None and option in ("weights_dir", "lora_target_modules"):
+        for option, field_name in self._backbone_spec().options.items():
+            value = self._option_value(field_name, str(device))
+            if value is None and field_name in ("model_path", "lora_targets"):
                 continue  # the factory's default
-            opts[option] = values[option]
+            opts[option] = value
         return opts
 
     def _check_backbone_fields(self) -> None:
         """Refuse model fields the backbone would ignore and backbone_options it does not take."""
-        mapped = BACKBONE_FIELDS.get(self.backbone, {})
+        from jagg_engine.backbones import BACKBONES
+
+        mapped = self._backbone_spec().options
         defaults = TrainConfig()
         for name in MODEL_FIELDS:
             if getattr(self, name) != getattr(defaults, name) and name not in mapped.values():
-                users = [b for b, m in BACKBONE_FIELDS.items() if name in m.values()]
+                users = [b for b, spec in BACKBONES.items() if name in spec.options.values()]
                 raise ConfigError(
-                    f"{name}: backbone {self.backbone!r} does not use it (only {', '.join(users)}); "
+                    f"{name}: backbone {self.backbone!r} does not use it (only {', '.join(users) or 'none'}); "
                     f"leave it at {_show(getattr(defaults, name))}"
                 )
         if self.backbone_options:
-            from jagg_engine.backbones import BACKBONES
-
-            module, factory = BACKBONES[self.backbone].split(":")
-            import importlib
-
-            target = getattr(importlib.import_module(module), factory)
-            check_options("backbone_options", target, self.backbone_options, reserved=mapped)
+            factory = self._backbone_spec().factory_fn()
+            check_options("backbone_options", factory, self.backbone_options, reserved=dict(mapped))
 
     # ------------------------------------------------------------------ validation
     def validate(self, check_environment: bool = True) -> TrainConfig:
         """Raise ConfigError (one line) on the first bad field; return self.
 
         ``check_environment=False`` skips what depends on this machine: file existence and the reward
-        registry's dependency/weight checks. Reward *names* are always checked.
+        registry's dependency/weight checks. Reward *names* are always checked. The ``plugins`` modules are
+        imported first, so the SDE kinds, rewards and backbones they register are known by name.
         """
-        from jagg_engine.backbones import BACKBONES
+        from jagg_engine.plugins import import_plugins
         from jagg_engine.rewards.registry import RewardConfigError, available_rewards, check_reward
 
         _check_ranges(self)
+        try:  # first: what the plugins register is then known by name below
+            import_plugins(self.plugins)
+        except ValueError as exc:
+            raise ConfigError(_one_line(str(exc))) from None
         _nonempty_str("name", self.name)
         if len(self.name) > NAME_MAX or not self.name.isprintable():
             raise ConfigError(
                 f"name: must be one line of at most {NAME_MAX} printable characters, got {self.name[:40]!r}"
             )
         _nonempty_str("output_dir", self.output_dir)
-        _one_of("backbone", self.backbone, tuple(BACKBONES))
+        backbone = self._backbone_spec()
 
         if self.lora_alpha is not None:
             _positive("lora_alpha", self.lora_alpha)
@@ -402,10 +404,13 @@ class TrainConfig:
             path = getattr(self, key)
             if path is not None and not str(path).endswith(PROMPT_SUFFIXES):
                 raise ConfigError(f"{key}: must be a .txt or .jsonl file, got {path!r}")
-        if self.prompts_file is None and self.backbone not in PROCEDURAL_PROMPT_BACKBONES:
+        if self.prompts_file is None and not backbone.procedural_prompts:
+            from jagg_engine.backbones import BACKBONES
+
+            procedural = [name for name, spec in BACKBONES.items() if spec.procedural_prompts]
             raise ConfigError(
                 f"prompts_file: required for backbone {self.backbone!r} (procedural prompts only suit "
-                f"{', '.join(PROCEDURAL_PROMPT_BACKBONES)})"
+                f"{', '.join(procedural)})"
             )
         if not self.eval_seeds:
             raise ConfigError("eval_seeds: must be a non-empty list of integers, got []")
@@ -434,10 +439,10 @@ class TrainConfig:
 
             check_options(f"reward_options.{reward}", _REGISTRY[reward].factory, options)
 
-        _one_of("algorithm", self.algorithm, ALGORITHMS)
+        kind = self._sde_kind()
         _positive("eta", self.eta)
-        if self.algorithm == "cps" and self.eta > 1:
-            raise ConfigError(f"eta: cps needs 0 < eta <= 1, got {self.eta}")
+        if kind.max_eta is not None and self.eta > kind.max_eta:
+            raise ConfigError(f"eta: {self.algorithm} needs 0 < eta <= {kind.max_eta:g}, got {self.eta}")
         _positive("shift", self.shift)
         _positive("cfg_scale", self.cfg_scale)
         start, end = self.sde_window()
@@ -445,12 +450,12 @@ class TrainConfig:
             raise ConfigError(
                 f"sde_window_start: must be in 0..{self.sampling_steps - 1} (sampling_steps - 1), got {start}"
             )
-        last = self.sampling_steps - 1 if self.algorithm == "cps" else self.sampling_steps
+        last = self.sampling_steps - (0 if kind.last_step_stochastic else 1)
         if not start < end <= last:
             limit = (
-                "sampling_steps - 1 for cps, whose last step has zero variance"
-                if self.algorithm == "cps"
-                else ("sampling_steps")
+                "sampling_steps"
+                if kind.last_step_stochastic
+                else f"sampling_steps - 1 for {self.algorithm}, whose last step is not stochastic"
             )
             raise ConfigError(
                 f"sde_window_end: must be in {start + 1}..{last} (after sde_window_start, at most {limit}), got {end}"
@@ -514,12 +519,13 @@ class TrainConfig:
         if self.probe_every and self.strategy == "exact":
             raise ConfigError("probe_every: probes compare JAGG with exact; needs strategy jagg or endpoint")
 
-        if self.backbone == "tiny-shapes" and self.eval_prompts_file is None and self.prompts_file is None:
-            from jagg_engine.shapes_data import all_prompts
+        if backbone.prompts is not None and self.eval_prompts_file is None and self.prompts_file is None:
+            from jagg_engine.plugins import resolve
 
-            if self.eval_num_prompts > len(all_prompts()):
+            n_prompts = len(resolve(backbone.prompts)())
+            if self.eval_num_prompts > n_prompts:
                 raise ConfigError(
-                    f"eval_num_prompts: must be at most the {len(all_prompts())} tiny-shapes prompts, "
+                    f"eval_num_prompts: must be at most the {n_prompts} {self.backbone} prompts, "
                     f"got {self.eval_num_prompts}"
                 )
 
@@ -973,32 +979,26 @@ def _describe(tp: Any) -> str:
 
 
 def _check_model_folder(backbone: str, model_path: str) -> None:
-    """A model_path that exists must hold what the backbone loads (a diffusers pipeline folder, the
-    tiny-shapes weight files); a hub id is left to the backbone's loader."""
+    """A model_path that exists must hold what the backbone loads (its registry entry's ``model_folder``: a
+    diffusers pipeline folder, the tiny-shapes weight files); a hub id is left to the backbone's loader."""
+    from jagg_engine.backbones import get_backbone
+    from jagg_engine.plugins import resolve
+
+    spec = get_backbone(backbone).model_folder
     folder = Path(model_path).expanduser()
     if not os.path.exists(folder):
-        if backbone == "tiny-shapes":
-            raise ConfigError(f"model_path: tiny-shapes loads a local folder; no such folder: {model_path}")
+        if spec is not None and spec.local_only:
+            raise ConfigError(f"model_path: {backbone} loads a local folder; no such folder: {model_path}")
         return  # a hub id: the loader fetches it or says why not
-    if backbone in _DIFFUSERS:
-        from jagg_engine.backbones.common import missing_pipeline_files
-
-        try:
-            missing = missing_pipeline_files(folder)
-        except (OSError, ValueError) as exc:  # model_index.json unreadable or not JSON
-            raise ConfigError(
-                f"model_path: {model_path} holds no readable pipeline: {_one_line(str(exc))}"
-            ) from None
-        if missing:
-            raise ConfigError(
-                f"model_path: {model_path} holds no {backbone} pipeline (missing {', '.join(missing)}); "
-                "pass a diffusers pipeline folder"
-            )
-    elif backbone == "tiny-shapes":
-        from jagg_engine.backbones.tiny_shapes import missing_weight_files
-
-        missing = missing_weight_files(folder)
-        if missing:
-            raise ConfigError(
-                f"model_path: {model_path} holds no tiny-shapes weights (missing {', '.join(missing)})"
-            )
+    if spec is None:
+        return
+    try:
+        missing = resolve(spec.missing)(folder)
+    except (OSError, ValueError) as exc:  # an index file unreadable or not JSON
+        raise ConfigError(
+            f"model_path: {model_path} holds no readable {backbone} {spec.what}: {_one_line(str(exc))}"
+        ) from None
+    if missing:
+        raise ConfigError(
+            f"model_path: {model_path} holds no {backbone} {spec.what} (missing {', '.join(missing)}){spec.hint}"
+        )

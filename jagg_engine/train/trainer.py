@@ -34,10 +34,11 @@ from PIL import Image
 from torch.distributed.tensor import DTensor, distribute_tensor
 from tqdm import tqdm
 
-from jagg_engine.backbones import build_backbone
+from jagg_engine.backbones import build_backbone, get_backbone
 from jagg_engine.errors import DiskFullError, is_disk_full
 from jagg_engine.grpo import group_advantages
 from jagg_engine.jagg import UpdateResult, auto_jagg_frac, policy_update
+from jagg_engine.plugins import resolve
 from jagg_engine.probe import probe_groups
 from jagg_engine.rewards.registry import WeightedReward
 from jagg_engine.sde import Trajectory, eval_noise, ode_sample, rollout
@@ -123,10 +124,9 @@ def prompt_source(cfg: TrainConfig, eval_set: bool = False) -> list[str]:
     path = cfg.eval_prompts_file if eval_set and cfg.eval_prompts_file else cfg.prompts_file
     if path:
         return read_prompts(path)
-    if cfg.backbone == "tiny-shapes":
-        from jagg_engine.shapes_data import all_prompts
-
-        return all_prompts()
+    procedural = get_backbone(cfg.backbone).prompts  # the registry entry's prompt list, if it has one
+    if procedural is not None:
+        return list(resolve(procedural)())
     return [f"prompt {i}" for i in range(max(cfg.eval_num_prompts, cfg.prompts_per_step))]
 
 
