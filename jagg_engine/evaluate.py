@@ -33,7 +33,7 @@ from .sde import eval_noise, ode_sample
 DEFAULT_NUM_PROMPTS = 64
 
 
-def default_prompts(n: int = DEFAULT_NUM_PROMPTS) -> list[str]:
+def eval_prompts(n: int = DEFAULT_NUM_PROMPTS) -> list[str]:
     """``n`` fixed prompts out of the 90 shapes captions (a seeded permutation, the same on every machine)."""
     prompts = shapes_data.all_prompts()
     order = np.random.default_rng(0).permutation(len(prompts))[:n]
@@ -143,7 +143,7 @@ def _fail(message: str) -> int:
 
 def _load_prompts(path: Path | None) -> list[str]:
     if path is None:
-        return default_prompts()
+        return eval_prompts()
     lines = [line.strip() for line in path.read_text().splitlines()]
     return [line for line in lines if line and not line.startswith("#")]
 
