@@ -26,6 +26,7 @@ Metric keys are namespaced with "/" (cleanrl style):
     grad/norm, lr
     time/sampling, time/reward, time/update_forward, time/update_backward, time/update, time/step (seconds)
     count/forward, count/backward                  transformer passes in the update phase
+    memory/rss_bytes, memory/peak_cuda_bytes       the main process: resident set size; peak CUDA memory of the step
 :data:`FINAL_REWARD_KEYS` is the order in which a run's "final reward" is looked up.
 
 Status transitions (anything else raises :class:`StoreError`)::

@@ -252,7 +252,8 @@ def test_launch_restart_finish_and_cancel_through_the_api(app):
     assert row["status"] == "finished", f"{row}\n{app.read_log()}"
     assert row["step"] == "3/3" and row["final reward"] is not None
 
-    progress_text, reward, times, speedup, counts, probes, gallery, log = client.predict(
+    # the progress line, then the Live panels in registration order (app/panels.py)
+    progress_text, reward, times, speedup, counts, probes, gallery, log, memory, seconds, *_ = client.predict(
         run_id, 1.8, api_name="/live_view"
     )
     assert "3/3" in progress_text and "finished" in progress_text
@@ -273,6 +274,10 @@ def test_launch_restart_finish_and_cancel_through_the_api(app):
     assert first["caption"].startswith("step 3 · ") and "reward" in first["caption"]
     assert Path(first["image"]).stat().st_size > 0
     assert "step 3" in log
+    # the trainer logs the process's resident set size each step (no GPU here: no peak CUDA memory)
+    rss = next(t for t in json.loads(memory["plot"])["data"] if t["name"] == "process RSS")
+    assert _array(rss["x"]) == [1, 2, 3] and all(0.01 < gib < 64 for gib in _array(rss["y"]))
+    assert [t["name"] for t in json.loads(seconds["plot"])["data"]] == ["training step", "update phase"]
 
     # A second run; the app restarts while it trains, then it is cancelled from the new app.
     _, second, _ = client.predict(*_form(name="to-cancel", steps=50), api_name="/launch_run")
@@ -374,3 +379,144 @@ def test_browser_launch_shows_reward_plot_and_samples(app):
     finally:
         driver.quit()
         shutil.rmtree(app.tmp / "downloads", ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------- run management
+# One run of 4 steps (eval at steps 0, 2 and 4) is launched and cancelled after its first step; the browser
+# resumes it from the Live tab, then moves the step slider over its eval images and duplicates it.
+
+
+def _driver_on_live(app, run_id: int):
+    """A browser on the Live tab with ``run_id`` picked (the page picks the newest run; else typed in)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = _chromium()
+    driver.get(app.url)
+    wait = WebDriverWait(driver, 60)
+    tab = "//button[@role='tab' and normalize-space()='Live']"
+    wait.until(lambda d: d.find_elements(By.XPATH, tab))
+    driver.find_element(By.XPATH, tab).click()
+    wait.until(lambda d: "Run #" in d.find_element(By.ID, "live-progress").text)
+    if f"Run #{run_id} " not in driver.find_element(By.ID, "live-progress").text:
+        box = driver.find_element(By.XPATH, "//label[.//*[normalize-space()='run']]//input")
+        box.clear()
+        box.send_keys(str(run_id), Keys.ENTER)
+        wait.until(lambda d: f"Run #{run_id} " in d.find_element(By.ID, "live-progress").text)
+    return driver
+
+
+@pytest.fixture(scope="module")
+def cancelled_run(app) -> int:
+    client = app.client()
+    overrides = (
+        SHORT.replace("eval_num_prompts=4", "eval_num_prompts=2") + "\neval_every=2\ncheckpoint_every=1"
+    )
+    message, run_id, _ = client.predict(
+        *_form(name="manage", steps=4, lr=1e-3, group_size=2, overrides=overrides), api_name="/launch_run"
+    )
+    assert isinstance(run_id, int), message
+    assert _wait(lambda: (_history(client)[run_id]["step"] or "").startswith(("1/", "2/")), 180), (
+        app.read_log()
+    )
+    assert "stop requested" in client.predict(run_id, api_name="/cancel_run")
+    row = _wait_status(client, run_id, ("cancelled", "finished", "failed"), 90)
+    assert row["status"] == "cancelled" and row["step"] != "4/4", row
+    return run_id
+
+
+def test_browser_resume_finishes_a_cancelled_run(app, cancelled_run):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = _driver_on_live(app, cancelled_run)
+    try:
+        assert "cancelled" in driver.find_element(By.ID, "live-progress").text
+        driver.find_element(By.XPATH, "//button[normalize-space()='Resume run']").click()
+        WebDriverWait(driver, 30).until(
+            lambda d: "resuming from its last checkpoint" in d.find_element(By.ID, "live-action-msg").text
+        )
+        progress = lambda d: d.find_element(By.ID, "live-progress").text  # noqa: E731
+        WebDriverWait(driver, 240, poll_frequency=1.0).until(lambda d: "finished" in progress(d))
+        assert "step 4/4" in progress(driver), progress(driver)
+        time.sleep(2.0)  # let the last refresh paint
+        ARTIFACTS.mkdir(exist_ok=True)
+        driver.save_screenshot(str(ARTIFACTS / "app-resume.png"))
+    finally:
+        driver.quit()
+    row = _history(app.client())[cancelled_run]
+    assert (row["status"], row["step"]) == ("finished", "4/4"), row
+
+
+def _first_image(driver) -> tuple[str, bytes]:
+    """The step gallery's first image: its file name and its bytes (fetched from the app)."""
+    from selenium.webdriver.common.by import By
+
+    src = driver.find_element(By.CSS_SELECTOR, "#step-gallery img").get_attribute("src")
+    with urllib.request.urlopen(src, timeout=10) as resp:
+        return src.rsplit("/", 1)[-1], resp.read()
+
+
+def test_browser_step_slider_changes_the_image_of_one_prompt_and_seed(app, cancelled_run):
+    import io
+
+    from PIL import Image
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    assert _wait_status(app.client(), cancelled_run, ("finished", "failed"), 240)["status"] == "finished"
+    driver = _driver_on_live(app, cancelled_run)
+    try:
+        wait = WebDriverWait(driver, 60, poll_frequency=0.5)
+        note = lambda d: d.find_element(By.ID, "step-note").text  # noqa: E731
+        wait.until(lambda d: "at step 4 (logged at steps 0, 2, 4)" in note(d))
+        last_name, last = _first_image(driver)
+        number = driver.find_element(By.CSS_SELECTOR, "#step-slider input[type='number']")
+        number.send_keys(Keys.CONTROL, "a")
+        number.send_keys("0", Keys.ENTER)
+        wait.until(lambda d: "at step 0 (logged" in note(d))
+        wait.until(lambda d: _first_image(d)[1] != last)
+        first_name, first = _first_image(driver)
+        ARTIFACTS.mkdir(exist_ok=True)
+        driver.save_screenshot(str(ARTIFACTS / "app-step-slider.png"))
+    finally:
+        driver.quit()
+    assert first_name == last_name and first_name.endswith("_seed0.png")  # the same prompt and seed
+    a, b = (np.asarray(Image.open(io.BytesIO(x)).convert("RGB"), dtype=float) for x in (first, last))
+    assert np.abs(a - b).mean() > 0, "step 0 and step 4 show the same picture"
+
+
+def test_browser_duplicate_with_one_changed_field_launches_exactly_that_diff(app, cancelled_run):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = _driver_on_live(app, cancelled_run)
+    try:
+        wait = WebDriverWait(driver, 60)
+        driver.find_element(By.XPATH, "//button[normalize-space()='Duplicate']").click()
+        overrides = "//label[.//*[normalize-space()='more settings (key=value, one a line)']]//textarea"
+        wait.until(
+            lambda d: "checkpoint_every=1" in d.find_element(By.XPATH, overrides).get_attribute("value")
+        )
+        steps = driver.find_element(By.XPATH, "//label[.//*[normalize-space()='steps']]//input")
+        assert steps.get_attribute("value") == "4"
+        steps.clear()
+        steps.send_keys("2")
+        ARTIFACTS.mkdir(exist_ok=True)
+        driver.save_screenshot(str(ARTIFACTS / "app-duplicate.png"))
+        driver.find_element(By.XPATH, "//button[normalize-space()='Launch']").click()
+        wait.until(
+            lambda d: "Run #" in d.page_source and ("started" in d.page_source or "queued" in d.page_source)
+        )
+    finally:
+        driver.quit()
+    client = app.client()
+    new_id = max(_history(client))
+    assert new_id != cancelled_run
+    client.predict(new_id, api_name="/cancel_run")  # the diff is what this test checks, not the training
+    with open_store(app.runs_dir) as store:
+        old, new = store.get_run(cancelled_run)["config"], store.get_run(new_id)["config"]
+    assert {k: (old[k], new[k]) for k in old | new if old.get(k) != new.get(k)} == {"steps": (4, 2)}
+    _wait_status(client, new_id, ("cancelled", "finished", "failed"), 90)

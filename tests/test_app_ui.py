@@ -113,6 +113,7 @@ def test_build_app_wires_named_endpoints_and_builds_nothing_at_import(tmp_path):
         assert {
             "launch_run", "compare_exact_jagg", "predict_speedup", "live_view", "cancel_run",
             "compare_runs", "history", "delete_run", "export_run", "resume_run", "owner_login", "owner_file",
+            "resume_live_run", "duplicate_run", "step_images",
         } <= names  # fmt: skip
         assert demo.jagg_runs_dir == (tmp_path / "runs").resolve()
         assert (tmp_path / "runs" / "jagg.db").exists()

@@ -164,6 +164,22 @@ def minibatch_indices(cfg: TrainConfig, step: int, rank: int, n: int) -> list[to
     return list(perm.reshape(m, n // m))  # (M, n / M)
 
 
+def memory_metrics(device: torch.device) -> dict[str, float]:
+    """This process's memory: resident set size (from /proc; the peak RSS where there is none) and, on a CUDA
+    device, the peak allocated since the step's start (train_step resets it)."""
+    try:
+        rss = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource  # not on /proc: the peak RSS (kilobytes on Linux, bytes on macOS)
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        rss = peak if sys.platform == "darwin" else peak * 1024
+    out = {"memory/rss_bytes": float(rss)}
+    if device.type == "cuda":
+        out["memory/peak_cuda_bytes"] = float(torch.cuda.max_memory_allocated(device))
+    return out
+
+
 def update_metrics(results: list[UpdateResult]) -> dict[str, float]:
     """One step's update metrics from its mini-batches: loss/ means, time/ and count/ sums."""
     rows = [r.metrics() for r in results]
@@ -313,6 +329,8 @@ class Trainer:
         return reference
 
     def train_step(self, step: int) -> dict[str, float]:
+        if self.acc.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.acc.device)
         t0 = time.perf_counter()
         prompts, groups = self.step_prompts(step)
         traj = self.sample(step, prompts)
@@ -342,6 +360,7 @@ class Trainer:
             "time/reward": t2 - t1,
             "time/step": t3 - t0,
             "route/jagg_frac": self.update.jagg_frac,
+            **memory_metrics(self.acc.device),
         }
         if self.main and self.cfg.sample_every and step % self.cfg.sample_every == 0:
             self.save_train_samples(step, prompts, images, total)

@@ -1,0 +1,223 @@
+"""The New run form: its values → a validated :class:`TrainConfig`, a run's config → its values (Duplicate),
+and the cost-model line shown under it. Pure functions, no gradio: the app's handlers and tests call them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from app import data
+from app.space import check_space_config
+from jagg_engine.train.config import ConfigError, TrainConfig
+
+# The New run form's inputs, in the order of form_config's parameters (the API's parameter names).
+FORM_FIELDS = ("name", "backbone", "model_path", "rewards", "algorithm", "window", "jagg_frac", "strategy", "steps",
+               "group_size", "lr", "seed", "processes", "overrides")  # fmt: skip
+
+
+def has_gpu() -> bool:
+    """An NVIDIA driver is present (decides the default r without initialising CUDA in the app)."""
+    return Path("/proc/driver/nvidia/version").exists() or shutil.which("nvidia-smi") is not None
+
+
+# ---------------------------------------------------------------------------------------------- form → config
+
+
+def parse_rewards(text: str) -> dict[str, float]:
+    """``"shapes-dense: 1.0, pickscore: 0.5"`` (commas or new lines; a bare name weighs 1) → dict."""
+    rewards: dict[str, float] = {}
+    for item in text.replace("\n", ",").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, sep, weight = item.partition(":")
+        if not sep:
+            name, sep, weight = item.partition("=")
+        try:
+            rewards[name.strip()] = float(weight) if sep else 1.0
+        except ValueError:
+            raise ConfigError(
+                f"rewards: weight of {name.strip()!r} must be a number, got {weight.strip()!r}"
+            ) from None
+    return rewards
+
+
+RUN_ID_MAX = 2**63 - 1  # SQLite's INTEGER
+
+
+def parse_run_id(value: Any, field: str = "run id") -> int | None:
+    """A handler's run id (an int from a dropdown, a float from a number box, a string from a custom value or
+    the API) → int, or None when empty. Anything else raises ConfigError naming ``field``: a fraction, NaN,
+    a bool, a non-numeric string, a value outside 1..2^63 − 1."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    number: Any = value
+    if isinstance(value, str):
+        text = value.strip()
+        number = int(text) if text.lstrip("+-").isdigit() else None
+    elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        number = int(value)
+    if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= RUN_ID_MAX:
+        raise ConfigError(f"{field}: must be a whole number from 1 to {RUN_ID_MAX}, got {value!r}")
+    return number
+
+
+def parse_ratio(value: Any, default: float) -> float:
+    """The cost ratio r of the form (empty = ``default``); must be a finite number > 0."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return default
+    try:
+        r = float(value)
+    except (TypeError, ValueError):
+        r = math.nan
+    if isinstance(value, bool) or not (math.isfinite(r) and r > 0):
+        raise ConfigError(f"r: must be a finite number > 0, got {value!r}")
+    return r
+
+
+def parse_overrides(text: str) -> list[str]:
+    """One ``key=value`` a line (or separated by spaces when no value holds a space)."""
+    items = []
+    for line in (text or "").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        items += line.split() if "=" in line and line.count("=") == len(line.split()) else [line]
+    return items
+
+
+def form_config(
+    runs_dir: str | os.PathLike[str],
+    name: str,
+    backbone: str,
+    model_path: str,
+    rewards: str,
+    algorithm: str,
+    window: float,
+    jagg_frac: float,
+    strategy: str,
+    steps: float,
+    group_size: float,
+    lr: float,
+    seed: float,
+    processes: float,
+    overrides: str,
+    space_mode: bool = False,
+) -> TrainConfig:
+    """The form's values → a validated TrainConfig; raises ConfigError with the one-line message. With
+    ``space_mode`` the result must also pass :func:`app.space.check_space_config` (caps, no paths)."""
+    cfg = form_fields_config(
+        name, backbone, model_path, rewards, algorithm, window, jagg_frac, strategy, steps, group_size, lr,
+        seed, processes, overrides,
+    )  # fmt: skip
+    if space_mode:  # every field, form or override, before the app sets its own output_dir
+        check_space_config(cfg)
+    cfg = TrainConfig.from_dict({**cfg.to_dict(), "output_dir": str(Path(runs_dir).resolve())})
+    return cfg.validate(check_environment=True)
+
+
+def form_fields_config(*form: Any) -> TrainConfig:
+    """The form's values (in FORM_FIELDS order) → a TrainConfig, parsed but not validated."""
+    values = dict(zip(FORM_FIELDS, form, strict=True))
+    for key in ("name", "model_path", "rewards", "overrides"):
+        text = values[key]
+        if text is not None and not isinstance(text, str):
+            raise ConfigError(f"{key}: must be text, got {text!r}")
+    overrides = values.pop("overrides")
+    values.update(
+        name=(values["name"] or "").strip() or values["backbone"],
+        model_path=(values["model_path"] or "").strip() or None,
+        rewards=parse_rewards(values["rewards"] or ""),
+    )
+    for key, value in values.items():
+        if value is None and key != "model_path":
+            raise ConfigError(f"{key}: must not be empty")
+    return TrainConfig.from_dict(values).apply_overrides(parse_overrides(overrides))
+
+
+# Fields the app sets itself, never carried from one run to another by Duplicate.
+APP_FIELDS = ("output_dir",)
+
+
+def config_form_values(config: Mapping[str, Any]) -> list[Any]:
+    """A stored run config → the New run form's values (FORM_FIELDS order) that give that config back: the
+    form's own fields, and every other field that differs from TrainConfig's default as one ``key=value`` line
+    of the overrides box. Raises ConfigError if the config does not load or the values would not rebuild it."""
+    cfg = TrainConfig.from_dict({k: v for k, v in config.items() if k not in APP_FIELDS})
+    mine, default = cfg.to_dict(), TrainConfig().to_dict()
+    extra = [
+        f"{key}={override_text(value)}"
+        for key, value in mine.items()
+        if key not in FORM_FIELDS and key not in APP_FIELDS and value != default[key]
+    ]
+    values = [
+        mine["name"],
+        mine["backbone"],
+        mine["model_path"] or "",
+        ", ".join(f"{name}: {_number(weight)}" for name, weight in mine["rewards"].items()),
+        *(mine[key] for key in FORM_FIELDS[4:-1]),
+        "\n".join(extra),
+    ]
+    rebuilt = form_fields_config(*values).to_dict()
+    lost = [k for k in mine if k not in APP_FIELDS and rebuilt[k] != mine[k]]
+    if lost:  # a value the form and overrides cannot write back (never expected: a field's type changed)
+        raise ConfigError(f"{lost[0]}: {mine[lost[0]]!r} does not survive the New run form")
+    return values
+
+
+def override_text(value: Any) -> str:
+    """A config value as the text of a ``key=value`` override that parses back to it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return _number(value)
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)  # YAML flow style; the typed parser coerces its numbers
+    return str(value)
+
+
+def _number(value: float) -> str:
+    """The shortest text of a number that reads back as the same float."""
+    text = f"{value:g}"
+    return text if float(text) == value else repr(value)
+
+
+def speedup_note(
+    window: float | None,
+    jagg_frac: float | None,
+    strategy: str,
+    r: float | None,
+    reuse: bool = False,
+    updates_per_rollout: int = 1,
+) -> str:
+    """The cost-model line shown under the form before launch (``reuse``: reuse_rollout_velocity is auto)."""
+    try:
+        w, f, r_ = int(window), float(jagg_frac), float(r)
+        if w < 2 or not 0 <= f <= 1 or r_ <= 0:
+            raise ValueError
+    except (TypeError, ValueError):
+        return "Predicted update-phase speedup: needs W ≥ 2, jagg_frac in [0, 1] and r > 0."
+    kind = "jagg" if strategy != "exact" else "exact"
+    reuse = reuse and strategy == "jagg"  # only JAGG's inner steps take the rollout's velocities
+    s = data.predicted_speedup(w, r_, f, kind, reuse=reuse, updates_per_rollout=updates_per_rollout)
+    if strategy == "exact":
+        return f"Predicted update-phase speedup: **1.00×** (strategy exact is the baseline; W·r = {w * r_:.1f} units per window)."
+    if reuse:
+        on = (
+            "every update" if updates_per_rollout == 1 else f"the first of {updates_per_rollout} mini-batches"
+        )
+        per_group = f"jagg with the rollout's velocities {2 * r_:.1f} on {on}, else {w - 2 + 2 * r_:.1f}"
+    else:
+        per_group = f"{strategy} {w - 2 + 2 * r_:.1f}"
+    return (
+        f"Predicted update-phase speedup over exact: **{s:.2f}×** (cost model, W = {w}, jagg_frac = {f:g}, "
+        f"r = {r_:g}: exact {w * r_:.1f} units per window, {per_group})."
+    )

@@ -1,0 +1,320 @@
+"""The app's event handlers: plain methods over a :class:`RunManager`, a :class:`SpaceGuard` and the store.
+
+Each handler takes the components' values and returns theirs; :mod:`app.ui` wires them to the layout of
+:mod:`app.layout`. Errors come back as one-line messages (``**Not launched.**``, ``**Refused.**``,
+``**Error:**``), never as exceptions, so a bad value loses nothing.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import tempfile
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from app import data, panels, samples
+from app.form import FORM_FIELDS, config_form_values, form_config, parse_ratio, parse_run_id, speedup_note
+from app.runs import RunManager
+from app.space import FilePublisher, SpaceError, SpaceGuard, session_export_dir
+from jagg_engine.store import DB_NAME, StoreError
+from jagg_engine.train.config import ConfigError, TrainConfig
+
+TICK_S = 2.0  # the Live tab's timer and the queue ticker
+
+
+def session(request: gr.Request | None) -> str | None:
+    """The gradio session of a call (one per page load or gradio_client), None outside a request."""
+    return getattr(request, "session_hash", None) or None
+
+
+class Handlers:
+    """One app's state (``space``: Space mode; ``r0``: the default cost ratio r), the queue, and its
+    handlers by tab: ``new`` (:class:`NewRunHandlers`), ``live`` (:class:`LiveHandlers`) and ``history``
+    (:class:`HistoryHandlers`, with Compare)."""
+
+    def __init__(
+        self,
+        manager: RunManager,
+        guard: SpaceGuard,
+        root: Path,
+        space: bool,
+        r0: float,
+        live_panels: list[panels.Panel],
+    ):
+        self.manager, self.store, self.guard = manager, manager.store, guard
+        self.root, self.space, self.r0 = root, space, r0
+        self.panels = live_panels  # the Live tab's, fixed when the app is built
+        self.publish = FilePublisher(root)
+        self.shared = data.SharedTick(self.store, self.queue_tick, max_age=TICK_S / 2)
+        defaults = TrainConfig()
+        self.reuse_defaults = (defaults.reuse_rollout_velocity == "auto", defaults.updates_per_rollout)
+        self.new, self.live, self.history = NewRunHandlers(self), LiveHandlers(self), HistoryHandlers(self)
+
+    # ------------------------------------------------------------------ runs and the queue
+    def run_choices(self) -> list[tuple[str, int]]:
+        return [(data.run_label(r), r["id"]) for r in self.store.list_runs()]
+
+    def default_run(self) -> int | None:
+        runs = self.store.list_runs()
+        live = [r for r in runs if r["status"] in ("running", "queued")]
+        return (live[-1] if live else runs[0])["id"] if runs else None
+
+    def waiting(self) -> list[dict[str, Any]]:
+        resuming = set(self.manager.resuming())
+        return [
+            r for r in self.store.list_runs() if r["status"] in ("queued", "running") or r["id"] in resuming
+        ]
+
+    def queue_tick(self) -> list[int]:
+        started = self.manager.tick()
+        self.guard.prune(self.store)
+        return started
+
+    def run_action(self, run_id: float | None, request: gr.Request | None, action: str, empty: str) -> str:
+        """Cancel or resume ``run_id`` once the id parses and Space mode allows this session the action."""
+        try:
+            number = parse_run_id(run_id)
+            if number is None:
+                return empty
+            self.guard.check_action(session(request), number, action)
+            return getattr(self.manager, action)(number)
+        except SpaceError as exc:
+            return f"**Refused.** {exc}"
+        except (ConfigError, StoreError) as exc:
+            return f"**Error:** {exc}"
+
+
+class _Part:
+    """The handlers of one tab over the app's shared :class:`Handlers` (``self.app``)."""
+
+    def __init__(self, app: Handlers):
+        self.app, self.manager, self.store, self.guard = app, app.manager, app.store, app.guard
+        self.root, self.space, self.r0, self.publish = app.root, app.space, app.r0, app.publish
+        self.panels = app.panels
+
+
+class NewRunHandlers(_Part):
+    """New run: launch one run or an exact/JAGG pair, the cost-model note, Duplicate."""
+
+    def checked_config(self, form: tuple[Any, ...], sess: str | None, new_runs: int) -> TrainConfig:
+        cfg = form_config(self.root, *form, space_mode=self.space and not self.guard.is_owner(sess))
+        if self.space:
+            self.guard.check_queue(sess, self.app.waiting(), new_runs)
+        return cfg
+
+    def launch(self, *form: Any, request: gr.Request | None = None) -> tuple[str, int | None, Any]:
+        sess = session(request)
+        try:
+            cfg = self.checked_config(form, sess, 1)
+            run_id = self.manager.create(cfg.to_dict())
+        except (ConfigError, SpaceError, StoreError) as exc:
+            return f"**Not launched.** {exc}", None, gr.skip()
+        self.guard.record(sess, [run_id])
+        started = self.app.queue_tick()
+        where = "started" if run_id in started else "queued (starts when the current run finishes)"
+        return f"Run #{run_id} {where}.", run_id, gr.update(choices=self.app.run_choices(), value=run_id)
+
+    def launch_pair(self, *form: Any, request: gr.Request | None = None) -> tuple[str, int | None, Any]:
+        sess = session(request)
+        try:
+            cfg = self.checked_config(form, sess, 2)
+            exact_id, jagg_id = self.manager.create_pair(cfg.to_dict())
+        except (ConfigError, SpaceError, StoreError) as exc:
+            return f"**Not launched.** {exc}", None, gr.skip()
+        self.guard.record(sess, [exact_id, jagg_id])
+        self.app.queue_tick()
+        return (
+            f"Pair queued: exact #{exact_id}, then JAGG #{jagg_id} (same config, prompts and seeds; the second "
+            f"starts when the first finishes).",
+            jagg_id,
+            gr.update(choices=self.app.run_choices(), value=exact_id),
+        )
+
+    def predict(self, window: float, jagg_frac: float, strategy: str, r: float) -> str:
+        return speedup_note(window, jagg_frac, strategy, r, *self.app.reuse_defaults)
+
+    def duplicate(self, run_id: float | None) -> tuple[Any, ...]:
+        """The New run form filled with run ``run_id``'s config (other fields as overrides), and the tab
+        switched to it; on a bad id the form is left as it is."""
+        try:
+            number = parse_run_id(run_id)
+            run = self.store.get_run(number) if number is not None else None
+            if run is None:
+                raise ConfigError("No run selected." if number is None else f"run id: no run #{number}")
+            values = config_form_values(run["config"])
+        except ConfigError as exc:
+            return (*(gr.skip() for _ in FORM_FIELDS), gr.skip(), f"**Error:** {exc}")
+        note = f"New run form filled with run #{number}'s config: change a field and press Launch."
+        return (*values, gr.update(selected="new"), note)
+
+
+class LiveHandlers(_Part):
+    """Live: the registry's panels, the timer, the step slider, cancel and resume of the picked run."""
+
+    def live_view(self, run_id: int | None, r: float) -> tuple[Any, ...]:
+        """(progress line, then one value per Live panel in registration order)."""
+        try:
+            number, ratio = parse_run_id(run_id), parse_ratio(r, self.r0)
+        except ConfigError as exc:
+            return (f"**Error:** {exc}", *(p.empty("pick a run") for p in self.panels))
+        run = self.store.get_run(number) if number is not None else None
+        if run is None:
+            note = "No run selected." if number is None else f"No run #{number}."
+            return (note, *(p.empty("pick a run") for p in self.panels))
+        ctx = panels.live_context(self.store, run, ratio, self.root, self.publish.items)
+        return (data.progress_markdown(run), *(panels.render(p, ctx) for p in self.panels))
+
+    def live_refresh(self, run_id: int | None, r: float) -> tuple[Any, ...]:
+        """The live view, then the step slider's range with its value on the run's last step."""
+        try:
+            number = parse_run_id(run_id)
+        except ConfigError:
+            number = None
+        bounds = samples.slider_range(self.store, number)
+        return (*self.live_view(run_id, r), gr.update(**bounds, value=bounds["maximum"]))
+
+    def on_tick(
+        self, run_id: int | None, r: float, seen: Any, list_seen: Any, step: float | None = None
+    ) -> tuple:
+        """Every open tab's timer lands here; ``shared`` does the queue pass and the reads once per tick. The
+        live view is redrawn only when the watched run's signature changed; the step slider follows the last
+        step while it sits on it."""
+        self.app.shared.tick()
+        try:
+            number = parse_run_id(run_id)
+            sig = self.app.shared.signature(number)
+        except ConfigError:
+            number, sig = None, ("invalid", repr(run_id))  # live_view shows the one-line error once
+        runs = self.app.shared.runs()
+        runs_sig = tuple((x["id"], x["status"]) for x in runs)
+        choices_update = (
+            gr.update(choices=[(data.run_label(x), x["id"]) for x in runs])
+            if list(runs_sig) != list(list_seen or [])
+            else gr.skip()
+        )
+        if list(sig) == list(seen or []):
+            return (
+                *(gr.skip() for _ in range(1 + len(self.panels))),
+                gr.skip(),
+                seen,
+                choices_update,
+                runs_sig,
+            )
+        bounds = samples.slider_range(self.store, number)
+        same_run = bool(seen) and len(seen) > 4 and seen[0] == number
+        follow = not same_run or step is None or float(step) >= float(seen[4] or 0)
+        slider = gr.update(**bounds, **({"value": bounds["maximum"]} if follow else {}))
+        return (*self.live_view(run_id, r), slider, sig, choices_update, runs_sig)
+
+    def on_load(self, r: float) -> tuple[Any, ...]:
+        run_id = self.app.default_run()
+        return (gr.update(choices=self.app.run_choices(), value=run_id), *self.live_refresh(run_id, r))
+
+    def step_images(self, run_id: int | None, kind: str, step: float | None) -> tuple[list, str]:
+        """The run's ``kind`` images (eval | train) at the logged step nearest ``step``, and a note."""
+        try:
+            number = parse_run_id(run_id)
+            if kind not in samples.KINDS:
+                raise ConfigError(f"images: must be one of {', '.join(samples.KINDS)}, got {kind!r}")
+        except ConfigError as exc:
+            return [], f"**Error:** {exc}"
+        if number is None or self.store.get_run(number) is None:
+            return [], "No run selected." if number is None else f"No run #{number}."
+        shown, items = samples.step_gallery(self.store, number, self.root, kind, step)
+        note = samples.steps_note(kind, shown, samples.sample_steps(self.store, number, kind))
+        return self.publish.items(items), note
+
+    def cancel(self, run_id: int | None, request: gr.Request | None = None) -> str:
+        return self.app.run_action(run_id, request, "cancel", "No run selected.")
+
+    def resume_live(self, run_id: float | None, request: gr.Request | None = None) -> str:
+        return self.app.run_action(run_id, request, "resume", "No run selected.")
+
+
+class HistoryHandlers(_Part):
+    """Compare and History: side by side, the runs table, delete, export, resume, the owner's downloads."""
+
+    def resume(self, run_id: float | None, request: gr.Request | None = None) -> str:
+        return self.app.run_action(run_id, request, "resume", "Enter a run id.")
+
+    def compare(self, run_ids: list[int] | None, r: float) -> tuple[Any, ...]:
+        try:
+            if run_ids is not None and not isinstance(run_ids, (list, tuple)):
+                raise ConfigError(f"runs: must be a list of run ids, got {run_ids!r}")
+            ids = [i for i in (parse_run_id(v, "runs") for v in run_ids or []) if i is not None]
+            ratio = parse_ratio(r, self.r0)
+        except ConfigError as exc:
+            return data._empty("Reward", str(exc)), pd.DataFrame(), pd.DataFrame(), []
+        runs = [run for run in (self.store.get_run(i) for i in ids) if run is not None]
+        if len(runs) < 2:
+            empty = data._empty("Reward", "pick two or more runs")
+            return empty, pd.DataFrame(), pd.DataFrame(), []
+        frames = {
+            f"#{run['id']} {run['config'].get('strategy')}": self.store.metrics_frame(run["id"])
+            for run in runs
+        }
+        configs = {f"#{run['id']}": run["config"] for run in runs}
+        return (
+            data.reward_figure(frames, title="Reward"),
+            data.compare_frame(self.store, ids, ratio),
+            data.config_diff(configs),
+            self.publish.items(data.side_by_side_first_last(self.store, ids, self.root)),
+        )
+
+    def history(self) -> pd.DataFrame:
+        return data.history_frame(self.store)
+
+    def delete(
+        self, run_id: float | None, delete_files: bool, request: gr.Request | None = None
+    ) -> tuple[str, pd.DataFrame]:
+        try:
+            number = parse_run_id(run_id)
+            if number is None:
+                return "Enter a run id.", self.history()
+            if not isinstance(delete_files, bool) and delete_files is not None:
+                raise ConfigError(f"also delete its folder: must be true or false, got {delete_files!r}")
+            self.guard.check_action(session(request), number, "delete")
+            removed = self.store.delete_run(number, delete_files=bool(delete_files))
+        except SpaceError as exc:
+            return f"**Refused.** {exc}", self.history()
+        except (ConfigError, StoreError) as exc:
+            return f"**Error:** {exc}", self.history()
+        self.guard.forget(number)
+        return f"Run #{number} deleted{' with its folder' if removed else ''}.", self.history()
+
+    def export(self, run_id: float | None, request: gr.Request | None = None) -> tuple[str, list[str] | None]:
+        # A visitor's exports go to a folder of their own session, never into the runs folder.
+        out_dir = session_export_dir(session(request)) if self.space else self.root / "exports"
+        try:
+            number = parse_run_id(run_id)
+            if number is None:
+                return "Enter a run id.", None
+            csv_path, json_path = self.store.export_run(number, out_dir)
+        except (ConfigError, StoreError) as exc:
+            return f"**Error:** {exc}", None
+        except OSError as exc:  # a read-only or full folder
+            return f"**Error:** cannot write {out_dir}: {exc.strerror or exc}", None
+        return f"Exported run #{number}.", [self.publish(csv_path), self.publish(json_path)]
+
+    def login(self, password: str, request: gr.Request | None = None) -> str:
+        return self.guard.login(session(request), password)
+
+    def owner_file(self, rel_path: str, request: gr.Request | None = None) -> tuple[str, str | None]:
+        """A file of the runs folder (jagg.db, a checkpoint, a log), for the owner only."""
+        try:
+            self.guard.check_owner(session(request), "download")
+            path = (self.root / (rel_path or "").strip()).resolve()
+            if not path.is_relative_to(self.root) or not path.is_file():
+                raise StoreError(f"download: no file {rel_path!r} in the runs folder")
+        except (SpaceError, StoreError) as exc:
+            return f"**Refused.** {exc}", None
+        if path.name == DB_NAME:  # a consistent copy of a live database (WAL): SQLite's backup
+            copy = Path(tempfile.mkdtemp(prefix="jagg-owner-")) / DB_NAME
+            with closing(sqlite3.connect(path)) as src, closing(sqlite3.connect(copy)) as dst:
+                src.backup(dst)
+            return f"{rel_path}: {copy.stat().st_size:,} bytes.", str(copy)
+        return f"{rel_path}: {path.stat().st_size:,} bytes.", self.publish(path)

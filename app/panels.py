@@ -1,0 +1,237 @@
+"""The Live tab's panels: one registry, from which the tab's layout, the live view's outputs and the timer's
+refresh all derive.
+
+A panel is a render function (the run being watched → a plotly figure, a table, gallery items or text) and its
+place on the tab. Adding one is a call to :func:`register` in one module::
+
+    @panels.register("grad-norm", label="gradient norm", place=(4, 2))
+    def grad_norm(ctx: panels.LiveContext) -> go.Figure:
+        return metric_lines_figure(ctx.frame, {"grad/norm": "norm"}, "Gradient norm", "L2 norm")
+
+``place = (row, column)``: panels sharing a row number sit side by side, rows top to bottom, columns left to
+right. The live view (``/live_view`` in the API) returns the progress line and then one value per panel in
+the order panels were registered, so a new panel appends to the API's outputs and moves no existing one. The
+registry is read when the app is built: a panel registered later shows in apps built after.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+import plotly.graph_objects as go
+
+from app import data
+from jagg_engine.store import RunStore
+
+KINDS = ("plot", "table", "gallery", "text")
+Publish = Callable[[list[tuple[str, str]]], list[tuple[str, str]]]
+
+
+@dataclass(frozen=True)
+class LiveContext:
+    """What a panel's render function may read: the run row, its metrics frame (one row per step, one column
+    per metric key, read once for all panels), the store, the cost ratio r, the runs folder and ``publish``
+    (gallery items → items gradio may serve)."""
+
+    store: RunStore
+    run: Mapping[str, Any]
+    frame: pd.DataFrame
+    ratio: float
+    runs_root: Path
+    publish: Publish = lambda items: list(items)
+
+
+@dataclass(frozen=True)
+class Panel:
+    name: str
+    render: Callable[[LiveContext], Any]
+    kind: str
+    label: str
+    place: tuple[int, int]
+    options: Mapping[str, Any] = field(default_factory=dict)  # extra keyword arguments of the component
+
+    def component(self) -> gr.components.Component:
+        """The gradio component that shows this panel (built inside the Live tab's Blocks context)."""
+        elem_id = f"live-{self.name}"
+        if self.kind == "plot":
+            return gr.Plot(label=self.label, elem_id=elem_id, **self.options)
+        if self.kind == "table":
+            return gr.Dataframe(label=self.label, interactive=False, elem_id=elem_id, **self.options)
+        if self.kind == "gallery":
+            options = {"columns": 6, "height": "auto", **self.options}
+            return gr.Gallery(label=self.label, elem_id=elem_id, **options)
+        options = {"lines": 12, "max_lines": 20, "autoscroll": True, **self.options}
+        return gr.Textbox(label=self.label, elem_id=elem_id, **options)
+
+    def empty(self, note: str) -> Any:
+        """The value shown when there is nothing to draw (no run picked, an error)."""
+        if self.kind == "plot":
+            return data._empty(self.label[:1].upper() + self.label[1:], note)
+        return {"table": pd.DataFrame(), "gallery": []}.get(self.kind, "")
+
+
+_PANELS: dict[str, Panel] = {}
+
+
+def register(
+    name: str,
+    *,
+    label: str,
+    place: tuple[int, int],
+    kind: str = "plot",
+    **options: Any,
+) -> Callable[[Callable[[LiveContext], Any]], Callable[[LiveContext], Any]]:
+    """Decorator: add ``render`` to the Live tab as panel ``name`` at ``place`` = (row, column). Raises
+    ValueError for a taken name or place, or an unknown kind."""
+
+    def add(render: Callable[[LiveContext], Any]) -> Callable[[LiveContext], Any]:
+        if name in _PANELS:
+            raise ValueError(f"panel: {name!r} is already registered")
+        if kind not in KINDS:
+            raise ValueError(f"panel {name!r}: kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        taken = next((p.name for p in _PANELS.values() if p.place == tuple(place)), None)
+        if taken:
+            raise ValueError(f"panel {name!r}: place {tuple(place)} is taken by {taken!r}")
+        _PANELS[name] = Panel(name, render, kind, label, (int(place[0]), int(place[1])), options)
+        return render
+
+    return add
+
+
+def unregister(name: str) -> None:
+    """Remove panel ``name`` (apps already built keep showing it)."""
+    if name not in _PANELS:
+        raise KeyError(f"panel: no panel {name!r}; registered: {', '.join(_PANELS)}")
+    del _PANELS[name]
+
+
+def panels() -> list[Panel]:
+    """Every registered panel, in registration order (the order of the live view's outputs)."""
+    return list(_PANELS.values())
+
+
+def rows(selected: list[Panel] | None = None) -> Iterator[list[Panel]]:
+    """The panels grouped by row, top to bottom, each row left to right (the Live tab's layout)."""
+    by_row: dict[int, list[Panel]] = {}
+    for panel in sorted(selected if selected is not None else panels(), key=lambda p: p.place):
+        by_row.setdefault(panel.place[0], []).append(panel)
+    yield from by_row.values()
+
+
+def render(panel: Panel, ctx: LiveContext) -> Any:
+    """``panel.render(ctx)``; a panel that raises shows its error in its own place, not in the whole view."""
+    try:
+        return panel.render(ctx)
+    except Exception as exc:  # a broken panel must not blank the live view
+        return panel.empty(f"{panel.name} failed: {type(exc).__name__}: {exc}")
+
+
+# ---------------------------------------------------------------------------------------------- figures
+
+
+def metric_lines_figure(
+    frame: pd.DataFrame, series: Mapping[str, str], title: str, yaxis: str, scale: float = 1.0
+) -> go.Figure:
+    """One line per metric key (``series``: key → legend name) over the steps that logged it, divided by
+    ``scale``; an empty figure saying so when none of the keys was logged."""
+    fig = go.Figure()
+    for key, name in series.items():
+        if key in frame.columns:
+            rows_ = frame[["step", key]].dropna()
+            if not rows_.empty:
+                fig.add_trace(
+                    go.Scatter(x=rows_["step"], y=rows_[key] / scale, mode="lines+markers", name=name)
+                )
+    if not fig.data:
+        return data._empty(title, f"no {', '.join(series)} logged yet")
+    fig.update_layout(
+        title=title, xaxis_title="step", yaxis_title=yaxis, height=300,
+        margin={"l": 50, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h", "y": -0.25},
+    )  # fmt: skip
+    return fig
+
+
+MEMORY_SERIES = {"memory/peak_cuda_bytes": "peak CUDA memory", "memory/rss_bytes": "process RSS"}
+
+
+def memory_figure(frame: pd.DataFrame) -> go.Figure:
+    """Per step: the main process's peak CUDA memory in that step (GPU) and resident set size, in GiB."""
+    return metric_lines_figure(frame, MEMORY_SERIES, "Memory", "GiB", scale=2**30)
+
+
+def seconds_per_step_figure(frame: pd.DataFrame) -> go.Figure:
+    """Seconds per training step (time/step: sampling + reward + update; a step's eval is not in it) and
+    the update phase alone (time/update)."""
+    return metric_lines_figure(
+        frame, {"time/step": "training step", "time/update": "update phase"}, "Seconds per step", "seconds"
+    )
+
+
+# ---------------------------------------------------------------------------------------------- built-in panels
+# Registered in the order of the live view's outputs (the API's): new panels go at the end of this list.
+
+
+@register("reward", label="reward", place=(1, 0))
+def _reward(ctx: LiveContext) -> go.Figure:
+    return data.reward_figure({"": ctx.frame}, title=f"Reward — run #{ctx.run['id']}")
+
+
+@register("time", label="step time", place=(1, 1))
+def _time(ctx: LiveContext) -> go.Figure:
+    return data.time_breakdown_figure(ctx.frame)
+
+
+@register("speedup", label="update-phase speedup: measured vs predicted", place=(2, 0), kind="table")
+def _speedup(ctx: LiveContext) -> pd.DataFrame:
+    return data.speedup_frame(ctx.store, ctx.run["id"], ctx.ratio)
+
+
+@register("passes", label="backward passes", place=(3, 0))
+def _passes(ctx: LiveContext) -> go.Figure:
+    return data.pass_counts_figure(ctx.frame)
+
+
+@register("probe", label="gradient cosine per group", place=(3, 1))
+def _probe(ctx: LiveContext) -> go.Figure:
+    frame, config = ctx.frame, ctx.run["config"]
+    routed = frame["route/jagg_frac"].dropna() if "route/jagg_frac" in frame else pd.Series([], dtype=float)
+    return data.probe_figure(
+        ctx.store.probes(ctx.run["id"]),
+        route_frac=routed.iloc[-1] if len(routed) else None,
+        threshold=config.get("auto_route_threshold") if config.get("auto_route") else None,
+    )
+
+
+@register("gallery", label="evaluation samples (fixed prompts and seeds)", place=(6, 0), kind="gallery")
+def _gallery(ctx: LiveContext) -> list[tuple[str, str]]:
+    return ctx.publish(data.gallery_items(ctx.store, ctx.run["id"], ctx.runs_root))
+
+
+@register("log", label="log", place=(9, 0), kind="text")
+def _log(ctx: LiveContext) -> str:
+    run = ctx.run
+    log = data.log_tail(run["run_dir"], stdout=run["status"] == "failed")
+    return run["error"] if run["status"] == "failed" and run.get("error") and not log else log
+
+
+@register("memory", label="memory", place=(4, 0))
+def _memory(ctx: LiveContext) -> go.Figure:
+    return memory_figure(ctx.frame)
+
+
+@register("seconds", label="seconds per step", place=(4, 1))
+def _seconds(ctx: LiveContext) -> go.Figure:
+    return seconds_per_step_figure(ctx.frame)
+
+
+def live_context(
+    store: RunStore, run: Mapping[str, Any], ratio: float, runs_root: str | os.PathLike[str], publish: Publish
+) -> LiveContext:
+    """The context of one live view: the metrics frame read once for every panel."""
+    return LiveContext(store, run, store.metrics_frame(run["id"]), ratio, Path(runs_root), publish)

@@ -1,0 +1,209 @@
+"""The Live tab's panel registry, Duplicate (a run's config → the New run form), the step slider's images and
+the memory / seconds-per-step panels — through the app's own handlers, without serving anything."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import pytest
+from PIL import Image
+
+from app import form, panels, samples, ui
+from jagg_engine.store import open_store
+from jagg_engine.train.config import TrainConfig
+
+
+def _skipped(value) -> bool:
+    return type(value).__name__ == "skip" or value == {"__type__": "update"}
+
+
+def _handler(demo, name: str):
+    return next(f.fn for f in demo.fns.values() if f.api_name == name)
+
+
+def _png(path, color) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (8, 8), color).save(path)
+
+
+@pytest.fixture
+def app(tmp_path):
+    """An app over a runs folder holding one finished run: 3 steps of metrics, eval images of two prompts ×
+    two seeds at steps 0, 2 and 3 (a colour per step), train images at step 2."""
+    root = tmp_path / "runs"
+    with open_store(root) as store:
+        config = TrainConfig().apply_overrides(["steps=3", "eval_every=2", "lr=3e-5", "eval_seeds=[0, 5]"])
+        config = {**config.to_dict(), "output_dir": str(root.resolve())}  # as the app stores it
+        run_id = store.create_run("r", config, root / "run-0001")
+        store.set_status(run_id, "running", pid=None)
+        for step in (1, 2, 3):
+            store.log_step(run_id, step, {"reward/mean": 0.1 * step, "time/step": 1.0 + step,
+                                          "time/update": 0.5, "memory/rss_bytes": step * 2**30})  # fmt: skip
+        for step, color in ((0, "red"), (2, "green"), (3, "blue")):
+            rows = []
+            for prompt in ("b square", "a circle"):
+                for seed in (5, 0):
+                    rel = f"samples/eval/step_{step:05d}/{prompt[0]}_seed{seed}.png"
+                    _png(root / "run-0001" / rel, color)
+                    rows.append({"kind": "eval", "prompt": prompt, "seed": seed, "reward": 0.1, "path": rel})
+            store.log_samples(run_id, step, rows)
+        _png(root / "run-0001" / "samples/train/step_00002/0.png", "white")
+        store.log_samples(run_id, 2, [{"kind": "train", "prompt": "c", "seed": None, "path": "samples/train/step_00002/0.png"}])  # fmt: skip
+        store.set_status(run_id, "finished")
+    demo = ui.build_app(root, background_ticks=False, showcase_dir=None)
+    try:
+        yield demo, run_id
+    finally:
+        demo.jagg_manager.shutdown()
+
+
+def test_a_panel_registered_from_a_test_file_shows_in_the_live_view(tmp_path):
+    @panels.register("test-double-reward", label="twice the reward", place=(7, 0))
+    def double(ctx: panels.LiveContext) -> go.Figure:
+        rows = ctx.frame[["step", "reward/mean"]].dropna()
+        return go.Figure(go.Scatter(x=rows["step"], y=2 * rows["reward/mean"], name="twice"))
+
+    try:
+        root = tmp_path / "runs"
+        with open_store(root) as store:
+            run_id = store.create_run("r", TrainConfig().to_dict(), root / "run-0001")
+            for step in (1, 2):
+                store.log_step(run_id, step, {"reward/mean": 0.25 * step})
+        demo = ui.build_app(root, background_ticks=False, showcase_dir=None)
+        try:
+            outputs = _handler(demo, "live_view")(run_id, 1.8)
+            assert len(outputs) == 1 + len(panels.panels())
+            figure = outputs[-1]  # registered last: the last output
+            assert [t.name for t in figure.data] == ["twice"] and list(figure.data[0].y) == [0.5, 1.0]
+            # on the Live tab, under its label, and refreshed by the timer like every other panel
+            shown = [
+                c for c in demo.config["components"] if c["props"].get("elem_id") == "live-test-double-reward"
+            ]
+            assert len(shown) == 1 and shown[0]["props"]["label"] == "twice the reward"
+            ticked = _handler(demo, "on_tick")(run_id, 1.8, None, None)
+            assert [t.name for t in ticked[len(outputs) - 1].data] == ["twice"]
+            seen, runs_seen = ticked[-3], ticked[-1]
+            skipped = _handler(demo, "on_tick")(run_id, 1.8, seen, runs_seen)
+            assert all(_skipped(o) for o in skipped[: len(outputs) + 1])
+        finally:
+            demo.jagg_manager.shutdown()
+    finally:
+        panels.unregister("test-double-reward")
+    assert "test-double-reward" not in [p.name for p in panels.panels()]
+
+
+def test_the_registry_refuses_a_taken_name_or_place_and_an_unknown_kind():
+    with pytest.raises(ValueError, match="'reward' is already registered"):
+        panels.register("reward", label="x", place=(50, 0))(lambda ctx: None)
+    with pytest.raises(ValueError, match=r"place \(1, 0\) is taken by 'reward'"):
+        panels.register("other", label="x", place=(1, 0))(lambda ctx: None)
+    with pytest.raises(ValueError, match="kind must be one of plot, table, gallery, text, got 'video'"):
+        panels.register("other", label="x", place=(50, 0), kind="video")(lambda ctx: None)
+    with pytest.raises(KeyError, match="no panel 'nope'"):
+        panels.unregister("nope")
+    assert "other" not in [p.name for p in panels.panels()]
+    # the built-in panels keep the API's output order: gallery is the 7th output of /live_view
+    assert [p.name for p in panels.panels()][:7] == [
+        "reward",
+        "time",
+        "speedup",
+        "passes",
+        "probe",
+        "gallery",
+        "log",
+    ]
+
+
+def test_a_failing_panel_shows_its_error_in_its_place(app):
+    demo, run_id = app
+
+    @panels.register("test-broken", label="broken", place=(8, 0))
+    def broken(ctx):
+        raise RuntimeError("no such metric")
+
+    try:
+        root = demo.jagg_runs_dir
+        demo2 = ui.build_app(root, background_ticks=False, showcase_dir=None)
+        try:
+            outputs = _handler(demo2, "live_view")(run_id, 1.8)
+            assert outputs[0].startswith(f"**Run #{run_id} r**")  # the rest of the view is drawn
+            assert (
+                "test-broken failed: RuntimeError: no such metric" in outputs[-1].layout.annotations[0].text
+            )
+        finally:
+            demo2.jagg_manager.shutdown()
+    finally:
+        panels.unregister("test-broken")
+
+
+def test_memory_and_seconds_per_step_panels(app):
+    demo, run_id = app
+    names = [p.name for p in panels.panels()]
+    outputs = _handler(demo, "live_view")(run_id, 1.8)
+    memory, seconds = outputs[1 + names.index("memory")], outputs[1 + names.index("seconds")]
+    assert [t.name for t in memory.data] == ["process RSS"] and list(memory.data[0].y) == [
+        1.0,
+        2.0,
+        3.0,
+    ]  # GiB
+    assert [t.name for t in seconds.data] == ["training step", "update phase"]
+    assert list(seconds.data[0].y) == [2.0, 3.0, 4.0]
+    empty = panels.memory_figure(demo.jagg_manager.store.metrics_frame(10**6))
+    assert "no memory/peak_cuda_bytes, memory/rss_bytes logged yet" in empty.layout.annotations[0].text
+
+
+def test_the_step_slider_shows_one_step_of_images_in_a_fixed_prompt_and_seed_order(app):
+    demo, run_id = app
+    step_images = _handler(demo, "step_images")
+    captions = {}
+    for wanted, shown in ((0, 0), (1, 2), (2, 2), (2.6, 3), (3, 3), (40, 3)):
+        items, note = step_images(run_id, "eval", wanted)
+        assert f"step **{shown}** (logged at steps 0, 2, 3)" in note
+        captions[wanted] = [item[1] for item in items]
+        assert all(c.startswith(f"step {shown} · ") for c in captions[wanted])
+        colors = {Image.open(item[0]).getpixel((0, 0)) for item in items}
+        assert colors == {{0: (255, 0, 0), 2: (0, 128, 0), 3: (0, 0, 255)}[shown]}
+    # the same places hold the same prompt and seed at every step
+    order = [c.split(" · ", 1)[1].rsplit(" · ", 1)[0] for c in captions[0]]
+    assert order == ["a circle · seed 0", "a circle · seed 5", "b square · seed 0", "b square · seed 5"]
+    assert [c.split(" · ", 1)[1] for c in captions[0]] == [c.split(" · ", 1)[1] for c in captions[3]]
+    items, note = step_images(run_id, "train", 3)
+    assert len(items) == 1 and "Train images at step **2**" in note
+    assert step_images(run_id, "video", 1)[1] == "**Error:** images: must be one of eval, train, got 'video'"
+    assert step_images(None, "eval", 1) == ([], "No run selected.")
+    # picking the run puts the slider on its last step with images
+    refreshed = next(f.fn for f in demo.fns.values() if f.fn.__name__ == "live_refresh")(run_id, 1.8)
+    assert refreshed[-1]["maximum"] == 3 and refreshed[-1]["value"] == 3
+    assert samples.nearest_step([], 3) is None and samples.nearest_step([0, 4], None) == 4
+
+
+def test_duplicate_fills_the_form_so_that_it_rebuilds_the_same_config(app, tmp_path):
+    demo, run_id = app
+    stored = demo.jagg_manager.store.get_run(run_id)["config"]
+    *values, tabs, note = _handler(demo, "duplicate_run")(run_id)
+    assert tabs["selected"] == "new" and f"run #{run_id}'s config" in note
+    filled = dict(zip(form.FORM_FIELDS, values))
+    assert (filled["name"], filled["steps"], filled["lr"]) == ("tiny-shapes", 3, 3e-5)
+    # the fields not on the form, and only those that differ from the defaults, go to the overrides box
+    assert sorted(filled["overrides"].splitlines()) == ["eval_every=2", "eval_seeds=[0, 5]"]
+    rebuilt = ui.form_config(demo.jagg_runs_dir, *values).to_dict()
+    assert rebuilt == stored
+    changed = ui.form_config(demo.jagg_runs_dir, *{**filled, "window": 2}.values()).to_dict()
+    assert {k for k in stored if stored[k] != changed[k]} == {"window"}
+    # a bad id fills nothing
+    outputs = _handler(demo, "duplicate_run")(10**6)
+    assert outputs[-1] == "**Error:** run id: no run #1000000"
+    assert all(_skipped(o) for o in outputs[:-1])
+
+
+def test_every_config_field_survives_the_form():
+    """A config with every field off its default (where validation allows any value) comes back unchanged."""
+    overrides = [
+        "name=a run: with spaces", "seed=3", "backbone=tiny-flux", "model_path=some/hub-id", "lora_rank=4",
+        "lora_alpha=0.333333333333", "lora_targets=[to_q, to_v]", "eval_seeds=[1, 2, 3]", "eta=1e-7",
+        "rewards={brightness: 0.3, colorfulness: 1.7e-5}", "reward_options={brightness: {scale: 2}}",
+        "sde_window_end=null", "gradient_checkpointing=true", "prompts_file=prompts.txt", "lr=1.2345678901e-6",
+        "backbone_options={depth: 2}",
+    ]  # fmt: skip
+    config = TrainConfig().apply_overrides(overrides).to_dict()
+    values = form.config_form_values(config)
+    assert form.form_fields_config(*values).to_dict() == {**config, "output_dir": TrainConfig().output_dir}
