@@ -358,8 +358,9 @@ def paired_exact_run(store: RunStore, run: Mapping[str, Any]) -> dict[str, Any] 
 
 
 def speedup_frame(store: RunStore, run_id: int, r: float) -> pd.DataFrame:
-    """One-row table: update-phase seconds/step of this run and of its paired exact run, the measured
-    speedup (exact / this) and the cost-model prediction for this run's W, jagg_frac and ``r``."""
+    """One-row table: update-phase seconds/step of this run and of its paired exact run, how the pair was
+    timed (side-by-side or sequential, ``runs.pair_mode``), the measured speedup (exact / this) and the
+    cost-model prediction for this run's W, jagg_frac and ``r``."""
     run = store.get_run(run_id)
     if run is None:
         return pd.DataFrame()
@@ -375,6 +376,7 @@ def speedup_frame(store: RunStore, run_id: int, r: float) -> pd.DataFrame:
                 "run": f"#{run_id} ({cfg.get('strategy')})",
                 "update s/step": _round(mine),
                 "paired exact run": f"#{exact['id']}" if exact else "-",
+                "pair timed": (run.get("pair_mode") or "-") if exact else "-",  # side-by-side | sequential
                 "exact update s/step": _round(exact_time),
                 "measured speedup": _round(measured, 3),
                 "predicted speedup": _round(predicted, 3),

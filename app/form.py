@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from app import data
+from app.runs import gpu_present
 from app.space import check_space_config
 from jagg_engine.train.config import ConfigError, TrainConfig
 
@@ -23,7 +23,7 @@ FORM_FIELDS = ("name", "backbone", "model_path", "rewards", "algorithm", "window
 
 def has_gpu() -> bool:
     """An NVIDIA driver is present (decides the default r without initialising CUDA in the app)."""
-    return Path("/proc/driver/nvidia/version").exists() or shutil.which("nvidia-smi") is not None
+    return gpu_present()
 
 
 # ---------------------------------------------------------------------------------------------- form → config

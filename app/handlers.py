@@ -128,8 +128,7 @@ class NewRunHandlers(_Part):
         self.guard.record(sess, [exact_id, jagg_id])
         self.app.queue_tick()
         return (
-            f"Pair queued: exact #{exact_id}, then JAGG #{jagg_id} (same config, prompts and seeds; the second "
-            f"starts when the first finishes).",
+            self.manager.pair_message(exact_id, jagg_id),  # side by side or one after the other, and why
             jagg_id,
             gr.update(choices=self.app.run_choices(), value=exact_id),
         )

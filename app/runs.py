@@ -14,6 +14,15 @@ The database is the source of truth, so nothing here needs to survive the app pr
   app and browser reloads. The trainer sets running / finished / failed / cancelled itself.
 * Resume (:meth:`RunManager.resume`) starts a failed or cancelled run again as ``jagg train --resume ID``
   (from its last checkpoint) when a slot is free; the trainer marks it running.
+* A compare pair (:meth:`RunManager.create_pair`: exact and jagg, same config, prompts and seeds) runs side by
+  side on a CPU machine with at least two cores per training process (:func:`plan_pair`): both runs start in the
+  same tick or neither does, the cores are split evenly between their processes as torch threads
+  (``OMP_NUM_THREADS``), and the pair takes ONE slot of ``max_concurrent`` (together it loads the CPU as one run
+  with every core would). Each run keeps its share of the cores from its first step to its last, so both are
+  timed under the same load, also after the faster one has finished. On a GPU machine, or with too few cores,
+  the pair runs one after the other, exact first: the second starts when the first has ended, even if
+  ``max_concurrent`` leaves a slot free. The mode is kept on both runs (``runs.pair_mode``) and
+  :meth:`RunManager.pair_message` says which one the app used.
 * Cancel is cooperative first (``store.request_cancel``; the trainer stops between steps, saves, marks
   cancelled); a run still alive ``cancel_timeout`` seconds later has its process group sent SIGTERM, then
   SIGKILL, and is marked cancelled.
@@ -24,12 +33,14 @@ No torch here: this module only starts and watches processes.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +78,49 @@ def train_command(run_id: int, runs_dir: Path) -> list[str]:
     ]
 
 
+SIDE_BY_SIDE, SEQUENTIAL = "side-by-side", "sequential"  # store.PAIR_MODES
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # torch reads the first at import for its CPU threads
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, which a container or taskset narrows)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def gpu_present() -> bool:
+    """An NVIDIA driver is present (checked without initialising CUDA: no torch here)."""
+    return Path("/proc/driver/nvidia/version").exists() or shutil.which("nvidia-smi") is not None
+
+
+@dataclass(frozen=True)
+class PairPlan:
+    """How a compare pair runs: ``mode`` side-by-side or sequential, the torch CPU ``threads`` of each training
+    process when side by side (0: torch's default), and ``reason``, one clause saying why."""
+
+    mode: str
+    threads: int
+    reason: str
+
+
+def plan_pair(processes: int, cores: int, gpu: bool) -> PairPlan:
+    """Side by side when the machine has room for both runs at once: a CPU machine (on a GPU the runs would
+    fight for its memory and kernels) with at least one core per training process of each run; the cores are
+    split evenly, so each process gets ``cores // (2 × processes)`` threads and neither run waits on the other."""
+    processes = max(1, int(processes))
+    if gpu:
+        return PairPlan(SEQUENTIAL, 0, "a GPU machine: each run has the GPU to itself")
+    if cores < 2 * processes:
+        return PairPlan(
+            SEQUENTIAL, 0, f"{cores} CPU core(s): too few for two runs of {processes} process(es) at once"
+        )
+    threads = cores // (2 * processes)
+    per = f"{threads} CPU thread{'s' if threads > 1 else ''}"
+    return PairPlan(SIDE_BY_SIDE, threads, f"{per} each of the {cores} cores")
+
+
 class RunManager:
     """Creates, starts, queues and cancels runs of one runs folder. Thread-safe; one per app process."""
 
@@ -78,7 +132,10 @@ class RunManager:
         cancel_timeout: float = 60.0,
         env: Mapping[str, str] | None = None,
         resume_command: CommandFactory = train_resume_command,
+        cores: int | None = None,
+        gpu: bool | None = None,
     ):
+        """``cores`` and ``gpu`` describe the machine for compare pairs (:func:`plan_pair`); None: detected."""
         self.runs_dir = Path(runs_dir).resolve()
         if not self.runs_dir.is_dir():
             self.runs_dir.mkdir(parents=True)
@@ -88,6 +145,8 @@ class RunManager:
         self.max_concurrent = max_concurrent
         self.cancel_timeout = cancel_timeout
         self.env = dict(env) if env is not None else None
+        self.cores = usable_cores() if cores is None else cores
+        self.gpu = gpu_present() if gpu is None else gpu
         self._children: dict[int, subprocess.Popen] = {}  # run_id → process started by this app process
         self._cancel_deadline: dict[int, float] = {}  # run_id → when to stop waiting for a cooperative stop
         self._resuming: set[int] = set()  # resumed here, not yet marked running by their trainer
@@ -106,15 +165,45 @@ class RunManager:
             self.store.set_run_dir(run_id, run_dir)
         return run_id
 
+    def pair_plan(self, config: Mapping[str, Any]) -> PairPlan:
+        """How a compare pair of ``config`` runs on this machine (:func:`plan_pair`)."""
+        return plan_pair(int(config.get("processes") or 1), self.cores, self.gpu)
+
     def create_pair(self, config: Mapping[str, Any]) -> tuple[int, int]:
         """Two runs with the same config, prompts and seeds, exact then jagg, linked both ways by
-        paired_run_id. Queued in that order, so on one CPU the exact run trains first."""
+        paired_run_id, with the pair mode of :meth:`pair_plan` on both. Side by side, the queue starts them
+        together; sequential, in that order (the exact run trains first)."""
         base = dict(config)
         name = str(base.get("name", "run"))
-        exact_id = self.create({**base, "strategy": "exact", "name": f"{name}-exact"})
-        jagg_id = self.create({**base, "strategy": "jagg", "name": f"{name}-jagg"}, paired_run_id=exact_id)
-        self.store.set_paired(exact_id, jagg_id)
+        mode = self.pair_plan(base).mode
+        with self._lock:  # no tick between the two inserts: it would start the exact run alone
+            exact_id = self.create({**base, "strategy": "exact", "name": f"{name}-exact"})
+            jagg_id = self.create(
+                {**base, "strategy": "jagg", "name": f"{name}-jagg"}, paired_run_id=exact_id
+            )
+            self.store.set_paired(exact_id, jagg_id)
+            self.store.set_pair_mode(exact_id, mode)
+            self.store.set_pair_mode(jagg_id, mode)
         return exact_id, jagg_id
+
+    def pair_message(self, exact_id: int, jagg_id: int) -> str:
+        """The line the app shows after queueing a pair: which mode it uses and why, and whether it started."""
+        exact, jagg = self.store.get_run(exact_id), self.store.get_run(jagg_id)
+        if exact is None or jagg is None:
+            raise StoreError(f"no pair of runs {exact_id} and {jagg_id}")
+        plan = self.pair_plan(exact["config"])
+        same = "same config, prompts and seeds"
+        if exact.get("pair_mode") == SIDE_BY_SIDE:
+            started = exact["pid"] is not None and jagg["pid"] is not None
+            when = "started together" if started else "queued; they start together when the runs ahead finish"
+            return (
+                f"Pair side by side: exact #{exact_id} and JAGG #{jagg_id} {when} ({same}; {plan.reason}),"
+                " so both are timed under the same load."
+            )
+        return (
+            f"Pair one after the other: exact #{exact_id}, then JAGG #{jagg_id} ({same}; {plan.reason}); the"
+            " second starts when the first finishes."
+        )
 
     def pending(self) -> list[dict[str, Any]]:
         """Runs the app queued and has not launched yet (no pid), oldest first."""
@@ -160,11 +249,19 @@ class RunManager:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # own session and process group: survives the app, killable as one
                 cwd=os.getcwd(),
-                env=self.env,
+                env=self._env(run),
             )
         self._children[run["id"]] = proc
         self.store.set_pid(run["id"], proc.pid)
         return proc.pid
+
+    def _env(self, run: Mapping[str, Any]) -> dict[str, str] | None:
+        """The environment of a run's trainer: a run of a side-by-side pair gets its share of the cores as
+        torch CPU threads (also when resumed, so its timings stay comparable)."""
+        if run.get("pair_mode") != SIDE_BY_SIDE:
+            return self.env
+        threads = max(1, self.pair_plan(run["config"]).threads)
+        return {**(os.environ if self.env is None else self.env), **dict.fromkeys(THREAD_VARS, str(threads))}
 
     def resume(self, run_id: int) -> str:
         """Start a failed or cancelled run again from its last checkpoint, now if a slot is free (fewer than
@@ -175,9 +272,10 @@ class RunManager:
                 raise StoreError(f"no run with id {run_id}")
             if run["status"] not in ("failed", "cancelled"):
                 raise StoreError(f"run {run_id}: is {run['status']}; only a failed or cancelled run resumes")
-            if self._busy() >= self.max_concurrent:
+            busy = self._busy_slots()
+            if self._slot(run) not in busy and len(busy) >= self.max_concurrent:
                 raise StoreError(
-                    f"run {run_id}: {self._busy()} run(s) training and at most {self.max_concurrent} at a time;"
+                    f"run {run_id}: {len(busy)} run(s) training and at most {self.max_concurrent} at a time;"
                     " resume it when one finishes"
                 )
             # A cancel deadline left from the process that ended the run must not stop the resumed one.
@@ -201,8 +299,37 @@ class RunManager:
                     self._resuming.discard(run_id)
             return sorted(self._resuming)
 
-    def _busy(self) -> int:
-        return len(self.active()) + len(self.resuming())
+    def _partner(self, run: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The other run of ``run``'s side-by-side pair; None when it is not in one."""
+        if run.get("pair_mode") != SIDE_BY_SIDE or run.get("paired_run_id") is None:
+            return None
+        return self.store.get_run(run["paired_run_id"])
+
+    def _slot(self, run: Mapping[str, Any]) -> int:
+        """The slot of ``max_concurrent`` a run takes, by key: the two runs of a side-by-side pair share one."""
+        partner = self._partner(run)
+        return min(run["id"], partner["id"]) if partner is not None else run["id"]
+
+    def _busy_runs(self) -> dict[int, dict[str, Any]]:
+        """Active runs and runs resumed here whose trainer is starting, by id."""
+        runs = {r["id"]: r for r in self.active()}
+        for run_id in self.resuming():
+            if run_id not in runs and (run := self.store.get_run(run_id)) is not None:
+                runs[run_id] = run
+        return runs
+
+    def _busy_slots(self) -> set[int]:
+        """The slots taken by active runs and by runs resumed here whose trainer is starting."""
+        return {self._slot(run) for run in self._busy_runs().values()}
+
+    @staticmethod
+    def _startable(run: Mapping[str, Any]) -> bool:
+        return (
+            run["status"] == "queued"
+            and run["pid"] is None
+            and run.get("launcher") == "app"
+            and not run["cancel_requested"]
+        )
 
     def tick(self) -> list[int]:
         """One pass of the queue runner; returns the ids started. Called by the app's timer. On a read-only
@@ -214,14 +341,49 @@ class RunManager:
             self._reap()
             self.store.check_liveness()
             self._escalate_cancels()
-            started = []
-            room = self.max_concurrent - self._busy()
-            for run in self.pending()[: max(0, room)]:
-                if run["cancel_requested"]:
+            started: list[int] = []
+            handled: set[int] = set()  # started together with an earlier run, or failed to start with it
+            training = self._busy_runs()
+            busy = {self._slot(run) for run in training.values()}
+            for run in self.pending():
+                if run["id"] in handled or run["cancel_requested"]:
                     continue
-                self.start(run["id"])
-                started.append(run["id"])
+                if run.get("pair_mode") == SEQUENTIAL and run.get("paired_run_id") in training:
+                    continue  # a sequential pair's second run waits for the first, even with a slot free
+                slot = self._slot(run)
+                if slot not in busy and len(busy) >= self.max_concurrent:
+                    break  # oldest first: a later run does not overtake one waiting for a slot
+                partner = self._partner(run)
+                together = [run] + ([partner] if partner is not None and self._startable(partner) else [])
+                handled.update(r["id"] for r in together)
+                now = self._start_together(together)
+                training.update((r["id"], r) for r in together if r["id"] in now)
+                started += now
+                busy.add(slot)
             return started
+
+    def _start_together(self, runs: list[dict[str, Any]]) -> list[int]:
+        """Start ``runs`` (one run, or both runs of a side-by-side pair) together or not at all; returns the
+        ids started. A run whose process cannot be spawned (a missing interpreter, no memory for a process) is
+        marked failed with the reason, and so is a pair partner already started, after its process group is
+        killed: no half of a pair trains alone, and the queue moves on."""
+        done: list[int] = []
+        try:
+            for run in runs:
+                self.start(run["id"])
+                done.append(run["id"])
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            for run_id in done:
+                self._children.pop(run_id, None)
+                kill_group(int(self.store.get_run(run_id)["pid"]), grace=0.0)
+                self.store.set_status(run_id, "failed", error=f"its pair run could not start: {reason}")
+            if not isinstance(exc, OSError):
+                raise
+            failed = runs[len(done)]["id"]
+            self.store.set_status(failed, "failed", error=f"could not start the trainer: {reason}")
+            return []
+        return done
 
     # ------------------------------------------------------------------ cancel
     def cancel(self, run_id: int) -> str:

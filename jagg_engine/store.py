@@ -11,7 +11,8 @@ trainer must simply not call it on the other ranks.
 Tables
 ------
 runs     id, name, config (JSON of TrainConfig.to_dict()), status, pid, created_at, started_at, finished_at
-         (Unix seconds), error, run_dir, cancel_requested (0/1), last_step, paired_run_id
+         (Unix seconds), error, run_dir, cancel_requested (0/1), last_step, paired_run_id, launcher,
+         pair_mode
 metrics  (run_id, step, key) → value — long format, primary key (run_id, step, key): logging a step twice
          (a resumed run replaying steps after its last checkpoint) overwrites, never duplicates
 latest   (run_id, key) → step, value: each key's value at its largest step, kept in the same transaction as
@@ -41,6 +42,10 @@ Status transitions (anything else raises :class:`StoreError`)::
 Launchers: ``runs.launcher`` says who will start a queued run: ``app`` (the app's queue starts it) or ``cli``
 (``jagg train`` created it and starts it itself; the app never does). Rows written before the column existed
 count as the app's when they are still queued without a process.
+
+Pair modes: ``runs.pair_mode`` says how the app schedules the two runs of a compare pair (NULL: not a pair):
+``side-by-side`` (both start together and share the CPU, its threads split between them) or ``sequential``
+(one after the other).
 
 Read-only: on a folder it cannot write (a read-only mount, a full disk where the WAL files cannot be made),
 :func:`open_store` opens the database read-only (``mode=ro``, else ``immutable=1``); reads work and every
@@ -76,6 +81,7 @@ TRANSITIONS: dict[str, tuple[str, ...]] = {
 }
 SAMPLE_KINDS = ("train", "eval")
 LAUNCHERS = ("app", "cli")
+PAIR_MODES = ("side-by-side", "sequential")
 FINAL_REWARD_KEYS = ("eval/reward/mean", "reward/mean")
 DB_NAME = "jagg.db"
 LOG_NAME = "train.log"
@@ -146,7 +152,8 @@ class RunStore:
                 " cancel_requested INTEGER NOT NULL DEFAULT 0,"
                 " last_step INTEGER,"
                 " paired_run_id INTEGER,"
-                " launcher TEXT)"
+                " launcher TEXT,"
+                " pair_mode TEXT)"
             )
             self.db["metrics"].create(
                 {"run_id": int, "step": int, "key": str, "value": float},
@@ -189,6 +196,10 @@ class RunStore:
             if "launcher" not in self.db["runs"].columns_dict:  # before launcher: the app started queued runs
                 self.db.execute("ALTER TABLE runs ADD COLUMN launcher TEXT")
                 self.db.execute("UPDATE runs SET launcher = 'app' WHERE status = 'queued' AND pid IS NULL")
+            if (
+                "pair_mode" not in self.db["runs"].columns_dict
+            ):  # before pair_mode: pairs ran one after the other
+                self.db.execute("ALTER TABLE runs ADD COLUMN pair_mode TEXT")
             self._ensure_latest()
             self.db.execute("CREATE INDEX IF NOT EXISTS runs_status ON runs (status)")
             self.db.execute("CREATE INDEX IF NOT EXISTS samples_step ON samples (run_id, step)")
@@ -267,6 +278,15 @@ class RunStore:
             self._require(paired_run_id)
         with self._lock, self.db.conn:
             self.db.execute("UPDATE runs SET paired_run_id = ? WHERE id = ?", [paired_run_id, run_id])
+
+    def set_pair_mode(self, run_id: int, mode: str | None) -> None:
+        """How the app schedules ``run_id`` and its paired run (:data:`PAIR_MODES`; None: not a pair)."""
+        self._check_writable()
+        self._require(run_id)
+        if mode is not None and mode not in PAIR_MODES:
+            raise StoreError(f"pair_mode: must be one of {', '.join(PAIR_MODES)}, got {mode!r}")
+        with self._lock, self.db.conn:
+            self.db.execute("UPDATE runs SET pair_mode = ? WHERE id = ?", [mode, run_id])
 
     def set_status(self, run_id: int, status: str, error: str | None = None, pid: int | None = None) -> None:
         """Move a run to ``status`` (see the transition table); sets times, pid, error and clears flags.

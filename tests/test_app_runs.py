@@ -7,16 +7,19 @@ import os
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
-from app.runs import RunManager, group_alive
+from app import data
+from app.runs import THREAD_VARS, RunManager, group_alive, plan_pair
 from jagg_engine.store import StoreError, open_store, pid_alive
 from jagg_engine.train.config import TrainConfig
 
 # The trainer's contract with the app, in miniature: status running with its pid, one metrics row per step,
 # stop between steps when asked, final status. A run named "stubborn…" ignores the cancel request and
-# keeps a child process in its group (the app must kill both).
+# keeps a child process in its group (the app must kill both). Each step also records when it ran and the
+# CPU threads its process was given.
 FAKE_TRAINER = textwrap.dedent(
     """
     import argparse, os, subprocess, sys, time
@@ -38,7 +41,10 @@ FAKE_TRAINER = textwrap.dedent(
         if store.cancel_requested(a.run_id) and not stubborn:
             store.set_status(a.run_id, "cancelled")
             sys.exit(0)
-        store.log_step(a.run_id, step, {"reward/mean": step, "time/update": 0.1})
+        threads = int(os.environ.get("OMP_NUM_THREADS", "0"))  # 0: not set, torch's default
+        store.log_step(
+            a.run_id, step, {"reward/mean": step, "time/update": 0.1, "fake/wall": time.time(), "fake/threads": threads}
+        )
         time.sleep(float(os.environ.get("FAKE_STEP_S", "0.1")))
     store.set_status(a.run_id, "finished")
     """
@@ -53,7 +59,7 @@ def manager_factory(tmp_path):
 
     def make(**kwargs):
         env = {
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if k not in THREAD_VARS},
             "FAKE_STEP_S": str(kwargs.pop("step_s", 0.1)),
             "FAKE_START_S": str(kwargs.pop("start_s", 0.0)),
         }
@@ -155,15 +161,28 @@ def _pgid(pid: str) -> int | None:
         return None
 
 
-def test_queue_runs_one_at_a_time_in_order_and_pairs(manager_factory):
-    m = manager_factory(step_s=0.2)
+@pytest.mark.parametrize(
+    "machine, reason",
+    [({"cores": 1, "gpu": False}, "1 CPU core(s): too few"), ({"cores": 8, "gpu": True}, "a GPU machine")],
+    ids=["one-core", "gpu-machine"],  # not "gpu": that id would be the GPU-only marker
+)
+def test_queue_runs_one_at_a_time_in_order_and_pairs(manager_factory, machine, reason):
+    """No room for a pair side by side: it runs one after the other, exact first, with torch's own threads."""
+    m = manager_factory(step_s=0.2, **machine)
     first = m.create(_config(name="a", steps=2))
     exact_id, jagg_id = m.create_pair(_config(name="b", steps=2))
     exact, jagg = m.store.get_run(exact_id), m.store.get_run(jagg_id)
     assert (exact["config"]["strategy"], jagg["config"]["strategy"]) == ("exact", "jagg")
     assert exact["paired_run_id"] == jagg_id and jagg["paired_run_id"] == exact_id
+    assert (
+        exact["pair_mode"] == jagg["pair_mode"] == "sequential"
+        and m.store.get_run(first)["pair_mode"] is None
+    )
     same = {k: v for k, v in exact["config"].items() if k not in ("strategy", "name")}
     assert same == {k: v for k, v in jagg["config"].items() if k not in ("strategy", "name")}
+    message = m.pair_message(exact_id, jagg_id)
+    assert message.startswith(f"Pair one after the other: exact #{exact_id}, then JAGG #{jagg_id}"), message
+    assert reason in message and "\n" not in message
 
     assert m.tick() == [first]
     assert m.tick() == [], "a second run started while the first is active"
@@ -172,6 +191,8 @@ def test_queue_runs_one_at_a_time_in_order_and_pairs(manager_factory):
     assert [r["id"] for r in runs] == [first, exact_id, jagg_id]
     for before, after in zip(runs, runs[1:]):
         assert after["started_at"] >= before["finished_at"]
+    for run_id in (exact_id, jagg_id):
+        assert set(m.store.metrics_frame(run_id)["fake/threads"]) == {0}, "a sequential run gets every core"
 
 
 def test_cancel_a_queued_run_that_has_not_started(manager_factory):
@@ -281,3 +302,162 @@ def test_a_resumed_run_is_not_cancelled_again_by_the_cancel_that_ended_it(manage
     assert (run["status"], run["cancel_requested"]) == ("running", False)
     m.cancel(run_id)
     assert _wait(lambda: m.store.get_run(run_id)["status"] == "cancelled", manager=m)
+
+
+# ---------------------------------------------------------------------------------------------- compare pairs
+
+
+def test_plan_pair_needs_a_cpu_machine_with_a_core_per_process_of_each_run():
+    assert (plan_pair(1, 3, False).mode, plan_pair(1, 3, False).threads) == ("side-by-side", 1)
+    assert (plan_pair(1, 2, False).mode, plan_pair(1, 2, False).threads) == ("side-by-side", 1)
+    assert (plan_pair(2, 16, False).mode, plan_pair(2, 16, False).threads) == ("side-by-side", 4)
+    assert plan_pair(1, 1, False).mode == plan_pair(2, 3, False).mode == "sequential"
+    gpu = plan_pair(1, 64, True)
+    assert (gpu.mode, gpu.threads, gpu.reason) == (
+        "sequential",
+        0,
+        "a GPU machine: each run has the GPU to itself",
+    )
+
+
+def _wall(m, run_id):
+    return m.store.metrics_frame(run_id)["fake/wall"].tolist()
+
+
+def test_a_pair_runs_side_by_side_with_the_cores_split_and_takes_one_slot(manager_factory):
+    m = manager_factory(step_s=0.3, cores=2, gpu=False)  # max_concurrent 1, as the app has it
+    exact_id, jagg_id = m.create_pair(_config(name="p", steps=6))
+    assert m.store.get_run(exact_id)["pair_mode"] == m.store.get_run(jagg_id)["pair_mode"] == "side-by-side"
+    assert m.tick() == [exact_id, jagg_id], "both runs of the pair start in the same pass"
+    message = m.pair_message(exact_id, jagg_id)
+    assert message == (
+        f"Pair side by side: exact #{exact_id} and JAGG #{jagg_id} started together (same config, prompts and"
+        " seeds; 1 CPU thread each of the 2 cores), so both are timed under the same load."
+    )
+    later = m.create(_config(name="later", steps=2))
+    assert m.tick() == [], "the pair holds the one slot"
+    assert _wait(lambda: m.store.get_run(later)["status"] == "finished", manager=m)
+
+    exact, jagg, single = (m.store.get_run(i) for i in (exact_id, jagg_id, later))
+    e, j = _wall(m, exact_id), _wall(m, jagg_id)
+    assert len(e) == len(j) == 6
+    # At one moment both runs were between their first and their last step: they trained at the same time.
+    assert max(e[0], j[0]) < min(e[-1], j[-1]), (e, j)
+    assert single["started_at"] >= max(exact["finished_at"], jagg["finished_at"])
+    for run_id in (exact_id, jagg_id):
+        assert set(m.store.metrics_frame(run_id)["fake/threads"]) == {1}, (
+            "each process of the pair gets 1 thread"
+        )
+    assert set(m.store.metrics_frame(later)["fake/threads"]) == {0}, "a run alone keeps torch's own threads"
+    # The Live view's speedup row of the jagg run is measured against its pair and says how it was timed.
+    row = data.speedup_frame(m.store, jagg_id, r=1.8).iloc[0]
+    assert (row["paired exact run"], row["pair timed"]) == (f"#{exact_id}", "side-by-side")
+
+
+def test_a_queued_pair_starts_both_runs_together_when_the_slot_frees(manager_factory):
+    m = manager_factory(step_s=0.3, cores=2, gpu=False)
+    ahead = m.create(_config(name="ahead", steps=4))
+    assert m.tick() == [ahead]
+    exact_id, jagg_id = m.create_pair(_config(name="p", steps=2))
+    assert "queued; they start together when the runs ahead finish" in m.pair_message(exact_id, jagg_id)
+    passes = []
+    deadline = time.time() + 30
+    while time.time() < deadline and {m.store.get_run(i)["status"] for i in (exact_id, jagg_id)} != {
+        "finished"
+    }:
+        started = m.tick()
+        if started:
+            passes.append((started, m.store.get_run(ahead)["status"]))
+        time.sleep(0.05)
+    assert passes == [([exact_id, jagg_id], "finished")], "one pass started both, after the run ahead ended"
+
+
+def test_a_resumed_run_of_a_pair_rejoins_its_partner_with_the_same_threads(manager_factory):
+    m = manager_factory(step_s=0.3, cores=2, gpu=False, cancel_timeout=60.0)
+    m.resume_command = m.command  # the fake trainer takes the same arguments for both
+    exact_id, jagg_id = m.create_pair(_config(name="p", steps=30))
+    m.tick()
+    assert _wait(lambda: m.store.get_run(jagg_id)["status"] == "running")
+    m.cancel(jagg_id)
+    assert _wait(lambda: m.store.get_run(jagg_id)["status"] == "cancelled", manager=m)
+    other = m.create(_config(name="other", steps=1))
+    assert m.tick() == [], "the exact run still holds the pair's slot"
+    m.resume(jagg_id)  # its partner's slot: allowed although max_concurrent is 1 and a run is active
+    assert _wait(lambda: m.store.get_run(jagg_id)["status"] == "running")
+    assert set(m.store.metrics_frame(jagg_id)["fake/threads"]) == {1}
+    for run_id in (exact_id, jagg_id):
+        m.cancel(run_id)
+    assert _wait(lambda: m.store.get_run(other)["status"] == "finished", manager=m)
+
+
+def test_a_sequential_pair_stays_one_after_the_other_with_two_slots(manager_factory):
+    m = manager_factory(step_s=0.2, cores=8, gpu=True, max_concurrent=2)
+    exact_id, jagg_id = m.create_pair(_config(name="p", steps=3))
+    assert m.tick() == [exact_id]
+    assert m.tick() == [], "the second run of a sequential pair started while the first trains"
+    other = m.create(_config(name="other", steps=1))
+    assert m.tick() == [other], "the free slot still serves the rest of the queue"
+    assert _wait(lambda: m.store.get_run(jagg_id)["status"] == "finished", manager=m)
+    exact, jagg = m.store.get_run(exact_id), m.store.get_run(jagg_id)
+    assert jagg["started_at"] >= exact["finished_at"]
+
+
+def test_a_pair_whose_second_trainer_cannot_start_leaves_no_half_training(manager_factory):
+    m = manager_factory(step_s=0.3, cores=2, gpu=False)
+    exact_id, jagg_id = m.create_pair(_config(name="p", steps=50))
+    fake = m.command
+    m.command = lambda run_id, runs_dir: (
+        ["/nonexistent/python", "-m", "jagg_engine.cli"] if run_id == jagg_id else fake(run_id, runs_dir)
+    )
+    assert m.tick() == []
+    exact, jagg = m.store.get_run(exact_id), m.store.get_run(jagg_id)
+    assert (exact["status"], jagg["status"]) == ("failed", "failed")
+    assert exact["error"].startswith("its pair run could not start: FileNotFoundError")
+    assert jagg["error"].startswith("could not start the trainer: FileNotFoundError") and jagg["pid"] is None
+    assert not group_alive(exact["pid"]), "the half of the pair that started was stopped"
+    m.command = fake
+    after = m.create(_config(name="after", steps=1))
+    assert m.tick() == [after], "the queue moves on"
+
+
+@pytest.mark.slow
+def test_a_real_tiny_pair_trains_side_by_side_and_gives_the_apps_measured_speedup(tmp_path):
+    """The real trainer on the 2-core CPU: both runs of the pair make progress at the same time, one torch
+    thread each, and the Live view's measured speedup is the ratio of that pair's update times."""
+    m = RunManager(tmp_path / "runs", cores=2, gpu=False)
+    small = {"prompts_per_step": 2, "group_size": 2, "sampling_steps": 6, "sde_window_end": 4}
+    off = {"eval_every": 0, "sample_every": 0, "checkpoint_every": 0}
+    steps = 8  # enough that one trainer's slower start (seconds on a loaded machine) cannot hide the overlap
+    exact_id, jagg_id = m.create_pair(_config(name="real", steps=steps) | small | off)
+    seen: dict[int, dict[int, float]] = {exact_id: {}, jagg_id: {}}  # run → step → when it was first seen
+    try:
+        assert m.tick() == [exact_id, jagg_id]
+        deadline = time.time() + 400
+        while time.time() < deadline and not all(
+            m.store.get_run(i)["status"] in ("finished", "failed") for i in seen
+        ):
+            now = time.time()
+            for run_id, steps_seen in seen.items():
+                for step in range(1, (m.store.get_run(run_id)["last_step"] or 0) + 1):
+                    steps_seen.setdefault(step, now)
+            m.tick()
+            time.sleep(0.05)
+        for run_id in seen:
+            run = m.store.get_run(run_id)
+            assert run["status"] == "finished", (run["error"], run_id)
+            log = (Path(run["run_dir"]) / "train.log").read_text()
+            assert "torch CPU threads: 1" in log
+        # At one moment both had done a step and neither its last: they trained at the same time.
+        first = max(seen[i][1] for i in seen)
+        last = min(seen[i][steps] for i in seen)
+        assert first < last, seen
+        row = data.speedup_frame(m.store, jagg_id, r=1.8).iloc[0]
+        exact_s = data.update_time(m.store.metrics_frame(exact_id))
+        jagg_s = data.update_time(m.store.metrics_frame(jagg_id))
+        assert (row["paired exact run"], row["pair timed"]) == (f"#{exact_id}", "side-by-side")
+        assert row["measured speedup"] == pytest.approx(exact_s / jagg_s, rel=1e-3)
+    finally:
+        for run in m.store.list_runs():
+            if run["status"] in ("queued", "running") and run["pid"]:
+                m.kill(run["id"])
+        m.shutdown()

@@ -326,7 +326,10 @@ def test_file_route_serves_sample_images_and_own_exports_only(app):
 def test_queue_limits_per_visitor_and_in_total(app):
     carol, dave, erin = app.client(), app.client(), app.client()
     message, jagg_id, _ = carol.predict(*form(steps=CAPS["steps"]), api_name="/compare_exact_jagg")
-    assert message.startswith("Pair queued"), message
+    side = app.demo.jagg_manager.pair_plan({"processes": 1}).mode == "side-by-side"  # this machine's mode
+    assert message.startswith("Pair side by side: exact" if side else "Pair one after the other: exact"), (
+        message
+    )
     reason = one_line_refusal(carol.predict(*form(), api_name="/launch_run")[0], "**Not launched.**")
     assert reason == (
         "queue: you have 2 run(s) waiting or training and this Space allows 2 per visitor; wait for one to "

@@ -776,6 +776,8 @@ def train(run_id: int | None, runs_dir: str, resume: bool = False, machine_rank:
         _mark_started()
         cfg, run_id, resume, run_dir = share_run(acc, run, resume, machine_rank, runs_dir, expect)
         trainer = Trainer(cfg, run_id, runs_dir, resume=resume, accelerator=acc, run_dir=run_dir)
+        # The app runs a compare pair side by side with the cores split between them (OMP_NUM_THREADS).
+        log.info("torch CPU threads: %d", torch.get_num_threads())
 
         def on_signal(signum, frame):  # cooperative: finish the step, save, mark cancelled
             log.warning("signal %d: stopping after this step", signum)
