@@ -21,8 +21,9 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
+from jagg_engine.cost import predicted_speedup
 from jagg_engine.sde_kinds import SDE_KINDS
-from jagg_engine.store import RunStore
+from jagg_engine.store import RunStore, file_tail
 
 # Step-time phases, in the order they are stacked (bottom → top), with their labels.
 TIME_PHASES = (
@@ -38,40 +39,7 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
 
 
 # ---------------------------------------------------------------------------------------------- cost model
-
-
-def predicted_speedup(
-    window: int,
-    r: float,
-    jagg_frac: float,
-    strategy: str = "jagg",
-    trained_steps: int | None = None,
-    reuse: bool = False,
-    updates_per_rollout: int = 1,
-) -> float:
-    """Cost-model speedup of the update phase over exact backward (PAPER.md, "Cost model").
-
-    One forward = 1 unit, forward+backward = r units. Per group of W steps exact costs W·r and JAGG
-    (W − 2) + 2·r, so with routing fraction f: W·r / (f·(W − 2 + 2r) + (1 − f)·W·r). With velocity reuse
-    (``reuse``, strategy jagg) a JAGG group costs 2r on the first of the ``updates_per_rollout`` mini-batches
-    (the only one still on the sampling policy) and (W − 2) + 2r on the others. The one implementation is
-    ``jagg_engine.bench.cost_model_speedup`` (which also knows the engine's group plan of ``trained_steps``),
-    so the app and `jagg bench` print the same number; imported here lazily (it brings torch).
-    """
-    from jagg_engine.bench import cost_model_speedup
-
-    if reuse and strategy == "jagg":
-        return float(
-            cost_model_speedup(
-                window,
-                r,
-                jagg_frac,
-                "jagg+reuse",
-                trained_steps,
-                reuse_fraction=1 / max(int(updates_per_rollout), 1),
-            )
-        )
-    return float(cost_model_speedup(window, r, jagg_frac, strategy=strategy, trained_steps=trained_steps))
+# predicted_speedup is jagg_engine.cost's (torch-free): the app and `jagg bench` print the same number.
 
 
 def config_speedup(config: Mapping[str, Any], r: float) -> float | None:
@@ -774,16 +742,7 @@ def log_tail(
     if not run_dir:
         return ""
     for name in ("stdout.log", "train.log") if stdout else ("train.log", "stdout.log"):
-        path = Path(run_dir) / name
-        try:
-            with path.open("rb") as fh:
-                fh.seek(0, os.SEEK_END)
-                size = fh.tell()
-                fh.seek(max(0, size - max_bytes))
-                data = fh.read()
-        except OSError:
-            continue
-        text = data.decode("utf-8", errors="replace")
+        text = file_tail(Path(run_dir) / name, lines, max_bytes)
         if text.strip():
-            return "\n".join(text.splitlines()[-lines:])
+            return text
     return ""

@@ -1,18 +1,8 @@
 """`jagg bench`: the cost model of the update phase and a timing harness that checks it.
 
-Cost model (PAPER.md, "Cost model"): one transformer forward without grad costs 1 unit, a forward with grad
-plus its backward costs r units. Per group of n trained steps:
-
-    exact                       n·r
-    jagg, jagg-sequential       (n − 2) + 2r      inner steps forwarded without grad, two endpoint backwards
-    endpoint                    2r                the paper's ablation: the endpoints' own losses only
-    paper-code                  n + 2r            all n steps without grad, then each endpoint again with grad
-    jagg+reuse                  2r                inner velocities taken from the rollout (on-policy update)
-
-A group of one step is exact under every strategy. Routing (jagg_frac = f) sends the first ceil(f·G) groups
-to the strategy and the rest to exact, exactly as :func:`jagg_engine.jagg.group_plan` does for training, so
-the predicted speedup of the update phase is Σ_groups n·r / Σ_groups cost(group). Without a step count the
-paper's continuous form W·r / (f·c(W) + (1 − f)·W·r) is used.
+Cost model: :mod:`jagg_engine.cost` (torch-free, shared with the app). One forward without grad costs 1 unit,
+a forward with grad plus its backward r units; per group of n trained steps exact costs n·r, jagg and
+jagg-sequential (n − 2) + 2r, endpoint and jagg+reuse 2r, paper-code n + 2r, routed as the engine routes.
 
 The joint JAGG backward (one batched 2B forward and one backward) and the sequential one (two B forwards and
 two backwards) have the same unit cost; a batched call can only be cheaper per sample, never dearer.
@@ -20,9 +10,9 @@ two backwards) have the same unit cost; a batched call can only be cheaper per s
 Timing harness: one rollout batch, then the update phase of every strategy, repeated round-robin (one warm-up
 round first) so that a drift in machine load hits every strategy alike; medians and min–max per strategy, and
 per-round paired speedups. On a shared CPU, ``--threads 1 --clock cpu`` times with the process's CPU time,
-which other jobs do not inflate. Every strategy but ``paper-code`` is :func:`jagg_engine.jagg.policy_update`, the
-same code the trainer calls. ``r`` is measured on the same model and batch: median(grad forward + backward)
-over median(no-grad forward), both interleaved with the updates.
+which other jobs do not inflate. Every strategy is :func:`jagg_engine.jagg.policy_update`, the same code the
+trainer calls (``paper-code`` with its own routine for the routed groups). ``r`` is measured on the same model
+and batch: median(grad forward + backward) over median(no-grad forward), both interleaved with the updates.
 
 Micro-batches (``--micro-batch m``): every strategy of the engine runs with ``UpdateConfig.micro_batch = m`` (the
 update forwards and backwards m samples at a time and accumulates the gradient), and ``r`` is measured on a
@@ -50,19 +40,19 @@ from typing import Any
 import torch
 
 from .backbones import BACKBONES
-from .backbones.base import VelocityFn
+from .backbones.base import VelocityFn, default_prompts
+from .cost import BENCH_STRATEGIES, cost_model_speedup
+from .devices import default_dtype, resolve_device
 from .jagg import (
     UpdateConfig,
     UpdateResult,
-    _Update,
+    UpdateState,
     aggregate_upstream,
-    group_plan,
     interpolation_weights,
     policy_update,
 )
 from .sde import SamplerConfig, Trajectory, rollout
 
-BENCH_STRATEGIES = ("exact", "jagg", "jagg-sequential", "endpoint", "paper-code", "jagg+reuse")
 CLOCKS = ("wall", "cpu")
 
 
@@ -72,73 +62,12 @@ def bench_backbones() -> tuple[str, ...]:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Cost model
-
-
-def group_cost(n: int, r: float, kind: str) -> float:
-    """Units of one group of ``n`` trained steps computed as ``kind`` (module docstring table)."""
-    if n == 1 or kind == "exact":
-        return n * r
-    if kind in ("jagg", "jagg-sequential"):
-        return (n - 2) + 2 * r
-    if kind in ("endpoint", "jagg+reuse"):
-        return 2 * r
-    if kind == "paper-code":
-        return n + 2 * r
-    raise ValueError(f"strategy: must be one of {', '.join(BENCH_STRATEGIES)}, got {kind!r}")
-
-
-def cost_model_speedup(
-    window: int,
-    r: float,
-    jagg_frac: float,
-    strategy: str = "jagg",
-    trained_steps: int | None = None,
-    reuse_fraction: float = 1.0,
-) -> float:
-    """Predicted speedup of the update phase over exact: Σ n·r / Σ cost(group) (PAPER.md, "Cost model").
-
-    With ``trained_steps`` K the groups and their routing are the engine's :func:`group_plan` of K steps
-    (trailing short group, ceil(f·G)); without it, the paper's continuous form
-    W·r / (f·c(W) + (1 − f)·W·r) with c(W) the strategy's per-group cost.
-    ``reuse_fraction`` (jagg+reuse only): the fraction ρ of the update's samples whose policy is still the
-    sampling one — 1 / updates_per_rollout, since only the first mini-batch reuses — so a routed group costs
-    ρ·2r + (1 − ρ)·((n − 2) + 2r).
-    Example: W = 4, r = 1.8, f = 1, jagg → 7.2 / 5.6; jagg+reuse → 7.2 / 3.6, with ρ = 1/2 → 7.2 / 4.6.
-    """
-    if strategy not in BENCH_STRATEGIES:
-        raise ValueError(f"strategy: must be one of {', '.join(BENCH_STRATEGIES)}, got {strategy!r}")
-    if not r > 0:
-        raise ValueError(f"r: must be > 0, got {r}")
-    if not 0 <= reuse_fraction <= 1:
-        raise ValueError(f"reuse_fraction: must be in [0, 1], got {reuse_fraction}")
-    engine_strategy = {"jagg-sequential": "jagg", "paper-code": "jagg", "jagg+reuse": "jagg"}.get(
-        strategy, strategy
-    )
-    update = UpdateConfig(strategy=engine_strategy, window=window, jagg_frac=jagg_frac)  # validates W, f
-
-    def cost(n: int, kind: str) -> float:
-        if kind == "jagg+reuse":
-            return reuse_fraction * group_cost(n, r, kind) + (1 - reuse_fraction) * group_cost(n, r, "jagg")
-        return group_cost(n, r, kind)
-
-    if strategy == "exact":
-        return 1.0
-    if trained_steps is None:
-        exact = window * r
-        return exact / (jagg_frac * cost(window, strategy) + (1 - jagg_frac) * exact)
-    if trained_steps < 1:
-        raise ValueError(f"trained_steps: must be a positive integer, got {trained_steps}")
-    plan = group_plan(list(range(trained_steps)), update)
-    exact = sum(len(g) * r for g, _ in plan)
-    return exact / sum(cost(len(g), strategy if kind != "exact" else "exact") for g, kind in plan)
-
-
-# ----------------------------------------------------------------------------------------------------------
 # The paper authors' schedule, as a baseline
 
+UpdateFn = Callable[[VelocityFn, Trajectory, torch.Tensor, SamplerConfig], UpdateResult]
 
-def _paper_code_group(state: _Update, steps: list[int]) -> None:
+
+def _paper_code_group(state: UpdateState, steps: list[int]) -> None:
     """All n steps forwarded without grad → s_j; then endpoint 0 forward+backward with s_base, endpoint
     n−1 forward+backward with s_corr (two backward calls). Same s_base/s_corr as JAGG (phases 2–3)."""
     alpha = interpolation_weights(state.traj.sigmas[steps])  # (n,)
@@ -149,36 +78,19 @@ def _paper_code_group(state: _Update, steps: list[int]) -> None:
         state.backward([v], [s])
 
 
-def paper_code_update(
-    model: VelocityFn,
-    traj: Trajectory,
-    advantages: torch.Tensor,
-    update: UpdateConfig,
-    sampler: SamplerConfig,
-    ref_model: VelocityFn | None = None,
-) -> UpdateResult:
+def paper_code_update(update: UpdateConfig) -> UpdateFn:
     """The `paper-code` strategy: JAGG's gradient computed the way the paper authors' public code schedules it.
 
-    Routing as :func:`jagg_engine.jagg.group_plan` with strategy jagg; routed groups cost n + 2r units
-    (:func:`_paper_code_group`), the rest run the engine's exact routine. A baseline for `jagg bench`, not a
-    training path.
+    :func:`~jagg_engine.jagg.policy_update` of ``update`` (strategy jagg, its routing) with
+    :func:`_paper_code_group` for the routed groups (n + 2r units each); the rest run the engine's exact
+    routine. A baseline for `jagg bench`, not a training path.
     """
     if update.strategy != "jagg":
         raise ValueError(f"strategy: paper-code computes the jagg gradient, got {update.strategy!r}")
-    t0 = time.perf_counter()
-    state = _Update(model, traj, advantages, update, sampler, ref_model)
-    for steps, kind in group_plan(traj.sde_steps, update):
-        if kind == "jagg":
-            _paper_code_group(state, steps)
-        else:
-            state.run_group(steps, kind)
-        state.result.group_kinds.append(kind)
-    result = state.finish()
-    result.time_total = time.perf_counter() - t0
-    return result
-
-
-UpdateFn = Callable[[VelocityFn, Trajectory, torch.Tensor, SamplerConfig], UpdateResult]
+    routines = {"jagg": _paper_code_group}
+    return lambda model, traj, adv, sampler: policy_update(
+        model, traj, adv, update, sampler, routines=routines
+    )
 
 
 def strategy_update(name: str, window: int, jagg_frac: float, micro_batch: int | None = None) -> UpdateFn:
@@ -201,7 +113,7 @@ def strategy_update(name: str, window: int, jagg_frac: float, micro_batch: int |
         raise ValueError("strategy: paper-code has no micro-batches; leave it out with --micro-batch")
     update = UpdateConfig(window=window, jagg_frac=jagg_frac, **options[name], **extra)
     if name == "paper-code":
-        return lambda model, traj, adv, sampler: paper_code_update(model, traj, adv, update, sampler)
+        return paper_code_update(update)
     return lambda model, traj, adv, sampler: policy_update(model, traj, adv, update, sampler)
 
 
@@ -549,9 +461,9 @@ def run(args: argparse.Namespace) -> int:
     _check_args(args)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(args.device)
     if args.dtype is None:
-        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        dtype = default_dtype(device)
     else:
         dtype = torch.bfloat16 if args.dtype in ("bf16", "bfloat16") else torch.float32
     try:
@@ -595,8 +507,6 @@ def bench_backbone(
     """One seeded rollout batch of ``backbone``, then :func:`bench_update` (or, with ``memory_only``, only
     :func:`peak_memory`); the full `jagg bench` report. ``strategies`` default: all of
     :data:`BENCH_STRATEGIES`, less paper-code with a ``micro_batch``."""
-    from .cli import default_prompts
-
     sampler = SamplerConfig(num_steps=steps)
     params = backbone.trainable_parameters()
     gen = torch.Generator().manual_seed(seed)

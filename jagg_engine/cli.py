@@ -59,18 +59,11 @@ def _add_probe(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
-def default_prompts(backbone, n: int, seed: int) -> list[str]:
-    """Prompts a backbone can encode: its own ``sample_prompts`` when it has one, otherwise generic text."""
-    sample = getattr(backbone, "sample_prompts", None)
-    if sample is not None:
-        return list(sample(n, seed))
-    return [f"prompt {i}" for i in range(n)]
-
-
 def _run_probe(args: argparse.Namespace) -> int:
     import torch
 
     from .backbones import BackboneConfigError, build_backbone
+    from .backbones.base import default_prompts
     from .jagg import UpdateConfig
     from .probe import probe_groups
     from .sde import SamplerConfig, rollout

@@ -2,12 +2,12 @@
 
     jagg eval --backbone tiny-shapes --reward shapes [--prompts FILE] [--seeds 4] [--steps 20] [--out DIR]
 
-Each (prompt i, seed s) pair gets its own noise from ``torch.Generator().manual_seed(s·100003 + i)``, so a
-sample does not depend on the batch size or on the other prompts. Sampling is the Euler ODE of the flow:
-σ_k from 1 to 0 (optionally time-shifted), z ← z + (σ_{k+1} − σ_k)·v̂(z, σ_k) (rectified flow,
-Liu et al. 2022), with the engine's ``sde.make_sigmas`` and ``sde.ode_step``. Printed: mean ± std of the reward over all samples (and, for the shapes rewards, of each
-verifier check); written: ``grid.png`` (samples prompt-major, seeds side by side, upscaled) and
-``summary.json``.
+Each (prompt i, seed s) pair gets its own noise (:func:`jagg_engine.sde.eval_noise`: a generator seeded
+s·100003 + i), so a sample does not depend on the batch size or on the other prompts. Sampling is the Euler ODE
+of the flow: σ_k from 1 to 0 (optionally time-shifted), z ← z + (σ_{k+1} − σ_k)·v̂(z, σ_k) (rectified flow,
+Liu et al. 2022), the engine's :func:`jagg_engine.sde.ode_sample`, the same as the trainer's eval. Printed:
+mean ± std of the reward over all samples (and, for the shapes rewards, of each verifier check); written:
+``grid.png`` (samples prompt-major, seeds side by side, upscaled) and ``summary.json``.
 """
 
 from __future__ import annotations
@@ -26,36 +26,18 @@ import torch
 from tqdm import tqdm
 
 from . import shapes_data
-from .backbones.base import Backbone, Cond
-from .sde import make_sigmas, ode_step
+from .backbones.base import Backbone
+from .devices import resolve_device
+from .sde import eval_noise, ode_sample
 
 DEFAULT_NUM_PROMPTS = 64
 
 
-def default_prompts(n: int = DEFAULT_NUM_PROMPTS) -> list[str]:
+def eval_prompts(n: int = DEFAULT_NUM_PROMPTS) -> list[str]:
     """``n`` fixed prompts out of the 90 shapes captions (a seeded permutation, the same on every machine)."""
     prompts = shapes_data.all_prompts()
     order = np.random.default_rng(0).permutation(len(prompts))[:n]
     return [prompts[i] for i in sorted(order)]
-
-
-@torch.no_grad()
-def sample_ode(
-    model: Backbone, cond: Cond, noise: torch.Tensor, steps: int, shift: float = 1.0
-) -> torch.Tensor:
-    """Euler ODE from noise (B, *latent_shape) at σ = 1 to latents at σ = 0 (same shape), on the engine's σ grid."""
-    sigmas = make_sigmas(steps, shift).tolist()
-    z = noise
-    for k in range(steps):
-        t = torch.full((z.shape[0],), sigmas[k], device=z.device, dtype=noise.dtype)  # (B,)
-        z = ode_step(model(z, t, cond), z, sigmas[k], sigmas[k + 1]).to(noise.dtype)
-    return z
-
-
-def sample_noise(latent_shape: Sequence[int], prompt_index: int, seed: int) -> torch.Tensor:
-    """The fixed noise of one (prompt, seed) pair. (*latent_shape)"""
-    g = torch.Generator().manual_seed(seed * 100003 + prompt_index)
-    return torch.randn(tuple(latent_shape), generator=g)
 
 
 def image_grid(images: np.ndarray, columns: int, scale: int, gap: int = 2) -> np.ndarray:
@@ -101,10 +83,10 @@ def sample_and_score(
     for b0 in tqdm(range(0, len(pairs), batch_size), desc="eval", unit="batch", disable=not progress):
         chunk = pairs[b0 : b0 + batch_size]
         batch_prompts = [prompts[i] for i, _ in chunk]
-        noise = torch.stack([sample_noise(model.latent_shape, i, s) for i, s in chunk]).to(device)
+        noise = torch.stack([eval_noise(model.latent_shape, i, s) for i, s in chunk]).to(device)
         with torch.no_grad():
             cond = model.encode_prompts(batch_prompts)
-            imgs = model.decode(sample_ode(model, cond, noise, steps, shift)).cpu()  # (b, H, W, 3) uint8
+            imgs = model.decode(ode_sample(model, cond, noise, steps, shift)).cpu()  # (b, H, W, 3) uint8
         scores.append(reward(imgs, batch_prompts).float().cpu())
         if components:
             from .rewards.shapes import component_scores
@@ -161,7 +143,7 @@ def _fail(message: str) -> int:
 
 def _load_prompts(path: Path | None) -> list[str]:
     if path is None:
-        return default_prompts()
+        return eval_prompts()
     lines = [line.strip() for line in path.read_text().splitlines()]
     return [line for line in lines if line and not line.startswith("#")]
 
@@ -194,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     if args.cfg_scale is not None:
         options["cfg_scale"] = args.cfg_scale
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    device = resolve_device(args.device)
 
     try:
         model = build_backbone(args.backbone, **options)

@@ -34,17 +34,18 @@ whole-batch one. Every model call holds b samples (the joint endpoint forward 2b
 
 from __future__ import annotations
 
-import math
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
 
 from .backbones.base import VelocityFn, cat_cond
+from .cost import ROUTED_STRATEGIES, check_routing, route_groups
 from .grpo import KL_FORMS, PPOStats, ppo_clip_loss, step_kl
 from .sde import SamplerConfig, Trajectory, compute_dtype, same_policy
 
-STRATEGIES = ("exact", "jagg", "endpoint")
+STRATEGIES = ROUTED_STRATEGIES  # exact | jagg | endpoint, the strategies the cost model routes
 ENDPOINT_BACKWARDS = ("joint", "sequential")
 REUSE_MODES = ("off", "auto")
 
@@ -83,10 +84,7 @@ class UpdateConfig:
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy: must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
-        if isinstance(self.window, bool) or int(self.window) != self.window or self.window < 2:
-            raise ValueError(f"window: must be an integer >= 2, got {self.window}")
-        if not 0.0 <= self.jagg_frac <= 1.0:
-            raise ValueError(f"jagg_frac: must be in [0, 1], got {self.jagg_frac}")
+        check_routing(self.window, self.jagg_frac)
         if self.endpoint_backward not in ENDPOINT_BACKWARDS:
             raise ValueError(
                 f"endpoint_backward: must be one of {', '.join(ENDPOINT_BACKWARDS)}, got {self.endpoint_backward!r}"
@@ -131,16 +129,6 @@ def aggregate_upstream(s: torch.Tensor, alpha: torch.Tensor) -> tuple[torch.Tens
     """
     a = alpha.to(s.dtype).reshape(-1, *([1] * (s.dim() - 1)))  # (W, 1, …, 1)
     return ((1 - a) * s).sum(dim=0), (a * s).sum(dim=0)
-
-
-def make_groups(steps: list[int], window: int) -> list[list[int]]:
-    """Cut the trained steps (denoising order) into consecutive groups of ``window``; the last may be shorter."""
-    return [steps[i : i + window] for i in range(0, len(steps), window)]
-
-
-def num_routed_groups(n_groups: int, jagg_frac: float) -> int:
-    """ceil(jagg_frac · G), robust to float round-off (0.6 · 5 is 3.0000000000000004 in binary)."""
-    return min(n_groups, math.ceil(round(jagg_frac * n_groups, 9)))
 
 
 def auto_jagg_frac(cosines: list[float], threshold: float = 0.7) -> float:
@@ -212,8 +200,13 @@ def _sync(t: torch.Tensor) -> None:
         torch.cuda.synchronize(t.device)
 
 
-class _Update:
-    """State shared by the group routines of one policy update: the rollout, the objective and the book-keeping."""
+class UpdateState:
+    """State shared by the group routines of one policy update: the rollout, the objective and the book-keeping.
+
+    A group routine (:data:`GroupRoutine`) composes its calls: ``forward`` (model calls, counted and timed),
+    ``upstream`` (s_j of phase 2), ``step_loss`` (L_j / K), ``backward`` (counted and timed) and
+    ``inner_velocity``; the engine's own routines are ``exact_group``, ``jagg_group`` and ``endpoint_group``.
+    """
 
     def __init__(
         self,
@@ -395,13 +388,14 @@ def can_reuse_velocities(model: VelocityFn, traj: Trajectory) -> bool:
     return same_policy(traj.policy, model, z, t, traj.cond)
 
 
+GroupRoutine = Callable[[UpdateState, list[int]], None]
+"""``routine(state, steps)``: accumulate the gradient of the group ``steps`` through ``state``'s calls."""
+
+
 def group_plan(traj_steps: list[int], update: UpdateConfig) -> list[tuple[list[int], str]]:
-    """The groups of a rollout and the strategy each one uses after jagg_frac routing."""
-    groups = make_groups(traj_steps, update.window)
-    if update.strategy == "exact":
-        return [(g, "exact") for g in groups]
-    n = num_routed_groups(len(groups), update.jagg_frac)
-    return [(g, update.strategy if k < n and len(g) > 1 else "exact") for k, g in enumerate(groups)]
+    """The groups of a rollout and the strategy each one uses after jagg_frac routing
+    (:func:`jagg_engine.cost.route_groups`, which the cost model counts)."""
+    return route_groups(traj_steps, update.strategy, update.window, update.jagg_frac)
 
 
 def policy_update(
@@ -411,6 +405,7 @@ def policy_update(
     update: UpdateConfig,
     sampler: SamplerConfig,
     ref_model: VelocityFn | None = None,
+    routines: Mapping[str, GroupRoutine] | None = None,
 ) -> UpdateResult:
     """Accumulate the policy gradient of one rollout batch into ``.grad`` (the caller zeroes and steps).
 
@@ -418,16 +413,22 @@ def policy_update(
     (+ β·KL to ``ref_model``). Each group of W trained steps is computed by the strategy its routing gives
     (module docstring), on micro-batches of ``update.micro_batch`` samples whose gradients add up to the
     whole batch's. Shapes: advantages (B,), traj as produced by :func:`jagg_engine.sde.rollout`.
+    ``routines``: strategy → :data:`GroupRoutine` run instead of the engine's own on the groups of more than
+    one step routed to that strategy (another schedule of the same gradient, e.g. `jagg bench`'s paper-code).
     """
     if update.beta > 0 and ref_model is None:
         raise ValueError("beta: a reference model is needed when beta > 0")
     t0 = time.perf_counter()
-    state = _Update(model, traj, advantages, update, sampler, ref_model)
+    state = UpdateState(model, traj, advantages, update, sampler, ref_model)
     plan = group_plan(traj.sde_steps, update)
     for index in state.micro_batches():  # (b_m samples each; the loss of each is weighted b_m / B)
         state.use_samples(index)
         for steps, kind in plan:
-            state.run_group(steps, kind)
+            routine = (routines or {}).get(kind) if len(steps) > 1 else None
+            if routine is not None:
+                routine(state, steps)
+            else:
+                state.run_group(steps, kind)
     state.result.group_kinds = [kind if len(steps) > 1 else "exact" for steps, kind in plan]
     result = state.finish()
     result.time_total = time.perf_counter() - t0
@@ -448,7 +449,7 @@ def run_single_group(
 
     Used by the gradient-fidelity probe to compare strategies group by group (on micro-batches as the update).
     """
-    state = _Update(model, traj, advantages, update, sampler, ref_model)
+    state = UpdateState(model, traj, advantages, update, sampler, ref_model)
     for index in state.micro_batches():
         state.use_samples(index)
         state.run_group(steps, kind)

@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .backbones.base import VelocityFn
-from .jagg import UpdateConfig, make_groups, num_routed_groups, run_single_group
+from .cost import make_groups, num_routed_groups
+from .jagg import UpdateConfig, run_single_group
 from .sde import SamplerConfig, Trajectory
 
 

@@ -533,8 +533,8 @@ def ode_sample(
 ) -> torch.Tensor:
     """Deterministic Euler sampling of the flow ODE from z_0 = ``noise`` (B, *S) → final z_T (B, *S).
 
-    Used for evaluation: fixed prompts and seeds give the same images for every run, so two runs can be
-    compared image by image.
+    Used for evaluation (the trainer's and `jagg eval`'s): fixed prompts and seeds (:func:`eval_noise`) give
+    the same images for every run, so two runs can be compared image by image.
     """
     dtype = compute_dtype(noise.dtype)
     sigmas = make_sigmas(num_steps, shift, dtype).to(noise.device)
@@ -542,3 +542,10 @@ def ode_sample(
     for j in range(num_steps):
         z = ode_step(model(z, sigmas[j].expand(z.shape[0]), cond), z, sigmas[j], sigmas[j + 1])
     return z
+
+
+def eval_noise(latent_shape: tuple[int, ...] | list[int], prompt_index: int, seed: int) -> torch.Tensor:
+    """The fixed noise of eval prompt ``prompt_index`` under eval seed ``seed``: a CPU generator seeded
+    seed·100003 + prompt_index, so a sample depends on neither the batch nor the other prompts. (*latent_shape)"""
+    g = torch.Generator().manual_seed(seed * 100_003 + prompt_index)
+    return torch.randn(tuple(latent_shape), generator=g)

@@ -603,7 +603,7 @@ class RunStore:
             if pid_alive(pid, pid_at):
                 continue
             error = f"process {pid} exited without reporting a final status"
-            tail = _log_tail(Path(run_dir) / LOG_NAME) if run_dir else ""
+            tail = file_tail(Path(run_dir) / LOG_NAME) if run_dir else ""
             if tail:
                 error += f"; last lines of {LOG_NAME}:\n{tail}"
             try:
@@ -768,9 +768,10 @@ def _process_start_time(fields: list[str]) -> float | None:
         return None
 
 
-def _log_tail(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 16_384) -> str:
+def file_tail(path: str | os.PathLike[str], lines: int = LOG_TAIL_LINES, max_bytes: int = 16_384) -> str:
+    """The last ``lines`` lines of a text file, read from its last ``max_bytes`` bytes ("" if unreadable)."""
     try:
-        with path.open("rb") as fh:
+        with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
             size = fh.tell()
             fh.seek(max(0, size - max_bytes))

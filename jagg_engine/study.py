@@ -64,7 +64,7 @@ def run_cosine(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from jagg_engine.backbones import BackboneConfigError, build_backbone
-    from jagg_engine.cli import default_prompts
+    from jagg_engine.backbones.base import default_prompts
     from jagg_engine.jagg import UpdateConfig
     from jagg_engine.probe import probe_groups
     from jagg_engine.sde import SamplerConfig, rollout

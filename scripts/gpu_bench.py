@@ -19,22 +19,14 @@ from pathlib import Path
 
 import torch
 
-from jagg_engine.backbones.flux_core import TINY_FLUX_CONFIG, BenchFlux
+from jagg_engine.backbones.flux_core import FLUX_DEV_CONFIG, TINY_FLUX_CONFIG, BenchFlux
 from jagg_engine.bench import bench_backbone, format_table
 
-# ~270 M parameters: 4 double-stream + 8 single-stream blocks at width 1024 (8 heads × 128), 64 latent
-# channels as FLUX.1's packed tokens; a 32×32 token grid (a 512² image) and 128 text tokens.
+# ~270 M parameters: FLUX.1-dev's architecture with 4 double-stream + 8 single-stream blocks at width 1024
+# (8 heads × 128), text width 1024, 64 latent channels as FLUX.1's packed tokens; a 32×32 token grid (a 512²
+# image) and 128 text tokens.
 MID_FLUX_CONFIG = dict(
-    patch_size=1,
-    in_channels=64,
-    num_layers=4,
-    num_single_layers=8,
-    attention_head_dim=128,
-    num_attention_heads=8,
-    joint_attention_dim=1024,
-    pooled_projection_dim=768,
-    guidance_embeds=True,
-    axes_dims_rope=(16, 56, 56),
+    FLUX_DEV_CONFIG, num_layers=4, num_single_layers=8, num_attention_heads=8, joint_attention_dim=1024
 )
 MID_GRID, MID_TEXT_LEN = (32, 32), 128
 

@@ -46,28 +46,15 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from jagg_engine.backbones.base import Cond  # noqa: E402
+from jagg_engine.backbones.base import Cond, hashed_prompt_embeddings  # noqa: E402
 from jagg_engine.backbones.common import ATTENTION_PROJECTIONS, add_lora  # noqa: E402
-from jagg_engine.backbones.flux_core import FluxVelocity  # noqa: E402
+from jagg_engine.backbones.flux_core import FLUX_DEV_CONFIG, FluxVelocity  # noqa: E402
 from jagg_engine.backbones.sd3 import sd3_velocity  # noqa: E402
 from jagg_engine.bench import bench_backbone  # noqa: E402
+from jagg_engine.devices import default_dtype  # noqa: E402
 from jagg_engine.grpo import group_advantages  # noqa: E402
 from jagg_engine.jagg import UpdateConfig, policy_update  # noqa: E402
 from jagg_engine.sde import SamplerConfig, rollout  # noqa: E402
-
-# FluxTransformer2DModel of black-forest-labs/FLUX.1-dev (transformer/config.json): 11.9 B parameters.
-FLUX_DEV_CONFIG: dict[str, Any] = dict(
-    patch_size=1,
-    in_channels=64,
-    num_layers=19,
-    num_single_layers=38,
-    attention_head_dim=128,
-    num_attention_heads=24,
-    joint_attention_dim=4096,
-    pooled_projection_dim=768,
-    guidance_embeds=True,
-    axes_dims_rope=(16, 56, 56),
-)
 
 # SD3Transformer2DModel of stabilityai/stable-diffusion-3.5-medium (transformer/config.json): 2.2 B parameters.
 SD35_MEDIUM_CONFIG: dict[str, Any] = dict(
@@ -187,18 +174,14 @@ class CheckModel(torch.nn.Module):
         cfg = self.transformer.config
         device, dtype = next(self.transformer.parameters()).device, self.transformer.dtype
 
-        def embed(text: str) -> tuple[torch.Tensor, torch.Tensor]:
-            g = torch.Generator().manual_seed(sum(ord(c) * (i + 1) for i, c in enumerate(text)) % (2**31))
-            seq = torch.randn(self.text_len, cfg.joint_attention_dim, generator=g)
-            return seq, torch.randn(cfg.pooled_projection_dim, generator=g)
+        def embed(texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+            dims = (self.text_len, cfg.joint_attention_dim, cfg.pooled_projection_dim)
+            return hashed_prompt_embeddings(texts, *dims)  # (B, L, D_joint), (B, D_pool)
 
-        pairs = [embed(p) for p in prompts]
-        cond = {
-            "prompt_embeds": torch.stack([e for e, _ in pairs]).to(device, dtype),  # (B, L, D_joint)
-            "pooled": torch.stack([p for _, p in pairs]).to(device, dtype),  # (B, D_pool)
-        }
+        embeds, pooled = embed(prompts)
+        cond = {"prompt_embeds": embeds.to(device, dtype), "pooled": pooled.to(device, dtype)}
         if self.spec.cfg_scale > 1:
-            neg_e, neg_p = embed("")
+            (neg_e,), (neg_p,) = embed([""])
             cond["negative_prompt_embeds"] = neg_e.expand(len(prompts), -1, -1).to(device, dtype).contiguous()
             cond["negative_pooled"] = neg_p.expand(len(prompts), -1).to(device, dtype).contiguous()
         return cond
@@ -412,7 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     budget_end = start + args.budget_s
     device = torch.device(args.device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = default_dtype(device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     import diffusers

@@ -77,13 +77,13 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.model_samples > 0:
         from jagg_engine.backbones.tiny_shapes import build
-        from jagg_engine.evaluate import sample_noise, sample_ode
+        from jagg_engine.sde import eval_noise, ode_sample
 
         model = build()
         asked = shapes_data.sample_prompts(args.model_samples, seed=HELD_OUT_SEED)
-        noise = torch.stack([sample_noise(model.latent_shape, i, 0) for i in range(len(asked))])
+        noise = torch.stack([eval_noise(model.latent_shape, i, 0) for i in range(len(asked))])
         with torch.no_grad():
-            out = model.decode(sample_ode(model, model.encode_prompts(asked), noise, steps=20))
+            out = model.decode(ode_sample(model, model.encode_prompts(asked), noise, num_steps=20))
         _report(f"tiny-shapes samples ({len(asked)})", out, asked)
         feats = verifier.blob_features(out, asked)
         _quantiles(feats, asked)

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from jagg_engine.backbones.tiny_shapes import DEFAULT_WEIGHTS_DIR
-from jagg_engine.bench import cost_model_speedup
+from jagg_engine.cost import cost_model_speedup
 from jagg_engine.store import open_store, pid_alive
 
 pytestmark = pytest.mark.slow

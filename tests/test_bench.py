@@ -8,13 +8,9 @@ import pytest
 import torch
 
 from jagg_engine.backbones.flux_core import TinyFlux
-from jagg_engine.bench import (
-    BENCH_STRATEGIES,
-    SavedActivationMeter,
-    cost_model_speedup,
-    paper_code_update,
-)
+from jagg_engine.bench import SavedActivationMeter, paper_code_update
 from jagg_engine.cli import main
+from jagg_engine.cost import BENCH_STRATEGIES, cost_model_speedup
 from jagg_engine.jagg import UpdateConfig, policy_update
 from jagg_engine.sde import SamplerConfig, rollout
 
@@ -118,10 +114,14 @@ def test_paper_code_gradient_equals_engine_jagg(tiny_flux64, window, jagg_frac):
     params = model.trainable_parameters()
     update = UpdateConfig(strategy="jagg", window=window, jagg_frac=jagg_frac, clip_range=1e-2)
     grads, results = {}, {}
-    for name, fn in (("engine", policy_update), ("paper", paper_code_update)):
+    updates = {
+        "engine": lambda m, t, a, s: policy_update(m, t, a, update, s),
+        "paper": paper_code_update(update),
+    }
+    for name, fn in updates.items():
         for p in params:
             p.grad = None
-        results[name] = fn(model, traj, adv, update, sampler)
+        results[name] = fn(model, traj, adv, sampler)
         grads[name] = flat_grad(params)
     for p in params:
         p.grad = None
@@ -135,10 +135,9 @@ def test_paper_code_gradient_equals_engine_jagg(tiny_flux64, window, jagg_frac):
     assert results["paper"].counts.backward == results["engine"].counts.backward + n_routed
 
 
-def test_paper_code_rejects_other_strategies(tiny_flux64):
-    model, traj, adv, sampler = tiny_flux64
+def test_paper_code_rejects_other_strategies():
     with pytest.raises(ValueError, match="^strategy:"):
-        paper_code_update(model, traj, adv, UpdateConfig(strategy="exact"), sampler)
+        paper_code_update(UpdateConfig(strategy="exact"))
 
 
 def test_saved_activation_meter_counts_saved_storage_once_and_releases_it():

@@ -21,9 +21,9 @@ def _args(tmp_path: Path, *extra: str) -> argparse.Namespace:
     return parser.parse_args(["--out", str(tmp_path / "out"), "--device", "cpu", *extra])
 
 
-def test_default_prompts_are_64_fixed_captions() -> None:
-    prompts = evaluate.default_prompts()
-    assert len(prompts) == 64 == len(set(prompts)) and prompts == evaluate.default_prompts()
+def test_eval_prompts_are_64_fixed_captions() -> None:
+    prompts = evaluate.eval_prompts()
+    assert len(prompts) == 64 == len(set(prompts)) and prompts == evaluate.eval_prompts()
 
 
 def test_run_writes_grid_and_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

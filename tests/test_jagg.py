@@ -5,14 +5,13 @@ import torch
 
 from jagg_engine.backbones.flux_core import TinyFlux
 from jagg_engine.backbones.linear_toy import LinearToy
+from jagg_engine.cost import make_groups, num_routed_groups
 from jagg_engine.grpo import ppo_clip_loss
 from jagg_engine.jagg import (
     UpdateConfig,
     aggregate_upstream,
     group_plan,
     interpolation_weights,
-    make_groups,
-    num_routed_groups,
     policy_update,
     run_single_group,
 )

@@ -19,8 +19,8 @@ from jagg_engine.backbones.tiny_shapes import (  # noqa: E402
     random_init,
     unpack_tokens,
 )
-from jagg_engine.evaluate import sample_noise, sample_ode  # noqa: E402
 from jagg_engine.rewards.shapes import component_scores  # noqa: E402
+from jagg_engine.sde import eval_noise, ode_sample  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +41,9 @@ def test_shipped_weights_are_small_and_load(shipped: Backbone) -> None:
 
 
 def _score(model: Backbone, prompts: list[str], steps: int = 8) -> dict[str, float]:
-    noise = torch.stack([sample_noise(model.latent_shape, i, 0) for i in range(len(prompts))])
+    noise = torch.stack([eval_noise(model.latent_shape, i, 0) for i in range(len(prompts))])
     with torch.no_grad():
-        images = model.decode(sample_ode(model, model.encode_prompts(prompts), noise, steps))
+        images = model.decode(ode_sample(model, model.encode_prompts(prompts), noise, steps))
     return {k: v.mean().item() for k, v in component_scores(images, prompts).items()}
 
 

@@ -70,3 +70,29 @@ def index_cond(cond: Cond, index: torch.Tensor | slice) -> Cond:
     if isinstance(cond, (list, tuple)):
         return type(cond)(index_cond(v, index) for v in cond)
     return cond
+
+
+def default_prompts(backbone: Any, n: int, seed: int) -> list[str]:
+    """``n`` prompts ``backbone`` can encode, for tools that need a batch but no prompt set (probe, bench,
+    study): its own ``sample_prompts(n, seed)`` when it has one, otherwise generic text."""
+    sample = getattr(backbone, "sample_prompts", None)
+    if sample is not None:
+        return list(sample(n, seed))
+    return [f"prompt {i}" for i in range(n)]
+
+
+def hashed_prompt_embeddings(
+    prompts: Sequence[str], text_len: int, dim: int, pooled_dim: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded random text embeddings for models built without a text encoder (tiny and benchmark models).
+
+    Each prompt seeds a CPU generator with Σ_i ord(c_i)·(i + 1) mod 2³¹ over its characters (the same on
+    every machine and process, unlike Python's ``hash``), then draws its sequence and its pooled embedding.
+    Returns float32 CPU tensors (B, text_len, dim) and (B, pooled_dim).
+    """
+    embeds, pooled = [], []
+    for p in prompts:
+        g = torch.Generator().manual_seed(sum(ord(c) * (i + 1) for i, c in enumerate(p)) % (2**31))
+        embeds.append(torch.randn(text_len, dim, generator=g))
+        pooled.append(torch.randn(pooled_dim, generator=g))
+    return torch.stack(embeds), torch.stack(pooled)

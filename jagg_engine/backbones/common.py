@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from ..devices import default_dtype, resolve_device
 from . import BackboneConfigError
 from .base import Cond
 
@@ -56,17 +57,10 @@ _DTYPES = {
 _DTYPES.update({"fp32": torch.float32, "float32": torch.float32})
 
 
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``None`` → the current CUDA device when there is one, else the CPU."""
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
     """``None`` → bfloat16 on a GPU, float32 on the CPU; strings as 'bf16', 'fp16', 'fp32'."""
     if dtype is None:
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return default_dtype(device)
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype not in _DTYPES:

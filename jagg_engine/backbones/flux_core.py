@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from diffusers import FluxTransformer2DModel
 
-from .base import Cond
+from .base import Cond, hashed_prompt_embeddings
 
 
 def latent_image_ids(height: int, width: int) -> torch.Tensor:
@@ -71,17 +71,47 @@ class FluxVelocity(torch.nn.Module):
         return out  # (B, N, C_out)
 
 
-TINY_FLUX_CONFIG = dict(
-    patch_size=1,
-    in_channels=16,
-    num_layers=1,
-    num_single_layers=1,
-    attention_head_dim=16,
-    num_attention_heads=2,
-    joint_attention_dim=32,
-    pooled_projection_dim=32,
-    guidance_embeds=False,
-    axes_dims_rope=(4, 6, 6),
+def flux_config(
+    layers: int,
+    single_layers: int,
+    heads: int,
+    head_dim: int,
+    text_dim: int,
+    pooled_dim: int,
+    rope: tuple[int, int, int],
+    in_channels: int = 16,
+    guidance: bool = False,
+) -> dict[str, Any]:
+    """The FluxTransformer2DModel keyword config of one size, on packed tokens (patch size 1): ``layers``
+    double-stream and ``single_layers`` single-stream blocks, ``heads`` × ``head_dim`` attention, text
+    embeddings of ``text_dim`` (pooled: ``pooled_dim``), rotary axes ``rope`` (summing to ``head_dim``)."""
+    return dict(
+        patch_size=1,
+        in_channels=in_channels,
+        num_layers=layers,
+        num_single_layers=single_layers,
+        attention_head_dim=head_dim,
+        num_attention_heads=heads,
+        joint_attention_dim=text_dim,
+        pooled_projection_dim=pooled_dim,
+        guidance_embeds=guidance,
+        axes_dims_rope=rope,
+    )
+
+
+TINY_FLUX_CONFIG = flux_config(1, 1, heads=2, head_dim=16, text_dim=32, pooled_dim=32, rope=(4, 6, 6))
+"""`tiny-flux`: one block of each kind, width 32."""
+# black-forest-labs/FLUX.1-dev (transformer/config.json): 11.9 B parameters.
+FLUX_DEV_CONFIG = flux_config(
+    19,
+    38,
+    heads=24,
+    head_dim=128,
+    text_dim=4096,
+    pooled_dim=768,
+    rope=(16, 56, 56),
+    in_channels=64,
+    guidance=True,
 )
 
 
@@ -89,20 +119,30 @@ class TinyFlux(torch.nn.Module):
     """`tiny-flux`: a FluxTransformer2DModel from a small config with seeded random weights (no download).
 
     For tests and the gradient probe: prompts map to seeded random embeddings (a hash of the text), latents
-    are an 8×8 grid of 16-channel tokens. ``decode`` maps the first 3 channels to a grey-ish uint8 image
-    (there is no VAE); it exists so the reward plumbing can run end to end.
+    are an 8×8 grid of 16-channel tokens; ``config``, ``grid`` and ``text_len`` make other sizes (`bench-flux`).
+    ``decode`` maps the first 3 channels to a grey-ish uint8 image (there is no VAE); it exists so the reward
+    plumbing can run end to end.
     """
 
     name = "tiny-flux"
 
-    def __init__(self, seed: int = 0, dtype: torch.dtype = torch.float32, grid: tuple[int, int] = (8, 8)):
+    def __init__(
+        self,
+        seed: int = 0,
+        dtype: torch.dtype = torch.float32,
+        grid: tuple[int, int] = (8, 8),
+        config: dict[str, Any] | None = None,
+        text_len: int = 4,
+        device: str | torch.device = "cpu",
+    ):
         super().__init__()
         torch.manual_seed(seed)
-        transformer = FluxTransformer2DModel(**TINY_FLUX_CONFIG)
+        with torch.device(device):
+            transformer = FluxTransformer2DModel(**(config or TINY_FLUX_CONFIG))
         if dtype != torch.float32:
             transformer = transformer.to(dtype)
-        self.text_len = 4
-        self.velocity = FluxVelocity(transformer, grid=grid, text_len=self.text_len)
+        self.text_len = text_len
+        self.velocity = FluxVelocity(transformer, grid=grid, text_len=text_len).to(device)
         self.latent_shape = self.velocity.latent_shape
         self.dtype = dtype
 
@@ -110,12 +150,14 @@ class TinyFlux(torch.nn.Module):
         return self.velocity(z, t, cond)
 
     def encode_prompts(self, prompts: Sequence[str]) -> Cond:
-        embeds, pooled = [], []
-        for p in prompts:
-            g = torch.Generator().manual_seed(sum(ord(c) * (i + 1) for i, c in enumerate(p)) % (2**31))
-            embeds.append(torch.randn(self.text_len, 32, generator=g, dtype=self.dtype))
-            pooled.append(torch.randn(32, generator=g, dtype=self.dtype))
-        return {"prompt_embeds": torch.stack(embeds), "pooled": torch.stack(pooled)}  # (B, L, 32), (B, 32)
+        """Seeded random embeddings per prompt (:func:`~jagg_engine.backbones.base.hashed_prompt_embeddings`),
+        on the model's device and dtype: (B, L, D_joint), (B, D_pool)."""
+        cfg = self.velocity.transformer.config
+        embeds, pooled = hashed_prompt_embeddings(
+            prompts, self.text_len, cfg.joint_attention_dim, cfg.pooled_projection_dim
+        )
+        device = self.velocity.img_ids.device
+        return {"prompt_embeds": embeds.to(device, self.dtype), "pooled": pooled.to(device, self.dtype)}
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         h, w = self.velocity.grid
@@ -126,18 +168,7 @@ class TinyFlux(torch.nn.Module):
         return [p for p in self.velocity.transformer.parameters() if p.requires_grad]
 
 
-BENCH_FLUX_CONFIG = dict(
-    patch_size=1,
-    in_channels=16,
-    num_layers=2,
-    num_single_layers=4,
-    attention_head_dim=32,
-    num_attention_heads=4,
-    joint_attention_dim=64,
-    pooled_projection_dim=64,
-    guidance_embeds=False,
-    axes_dims_rope=(8, 12, 12),
-)
+BENCH_FLUX_CONFIG = flux_config(2, 4, heads=4, head_dim=32, text_dim=64, pooled_dim=64, rope=(8, 12, 12))
 """2.3 M parameters; at batch 4 × 256 tokens one forward takes ~70–100 ms on one core of the project CPU."""
 
 
@@ -159,27 +190,4 @@ class BenchFlux(TinyFlux):
         grid: tuple[int, int] = (16, 16),
         text_len: int = 8,
     ):
-        torch.nn.Module.__init__(self)
-        torch.manual_seed(seed)
-        with torch.device(device):
-            transformer = FluxTransformer2DModel(**(config or BENCH_FLUX_CONFIG))
-        if dtype != torch.float32:
-            transformer = transformer.to(dtype)
-        self.text_len = text_len
-        self.velocity = FluxVelocity(transformer, grid=grid, text_len=text_len).to(device)
-        self.latent_shape = self.velocity.latent_shape
-        self.dtype = dtype
-
-    def encode_prompts(self, prompts: Sequence[str]) -> Cond:
-        """Seeded random embeddings per prompt: (B, L, D_joint), (B, D_pool)."""
-        cfg = self.velocity.transformer.config
-        device = self.velocity.img_ids.device
-        embeds, pooled = [], []
-        for p in prompts:
-            g = torch.Generator().manual_seed(sum(ord(c) * (i + 1) for i, c in enumerate(p)) % (2**31))
-            embeds.append(torch.randn(self.text_len, cfg.joint_attention_dim, generator=g))
-            pooled.append(torch.randn(cfg.pooled_projection_dim, generator=g))
-        return {
-            "prompt_embeds": torch.stack(embeds).to(device, self.dtype),
-            "pooled": torch.stack(pooled).to(device, self.dtype),
-        }
+        super().__init__(seed, dtype, grid, config or BENCH_FLUX_CONFIG, text_len, device)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from ..devices import resolve_device
 from .registry import RewardConfigError, register_reward
 
 PICKSCORE_MODEL = "yuvalkirstain/PickScore_v1"
@@ -57,10 +58,6 @@ def check_source(reward: str, option: str, source: str, files: Sequence[str]) ->
             raise RewardConfigError(
                 f"{reward}: {option} {source!r} is not in the hub cache and HF_HUB_OFFLINE=1; {hint}"
             )
-
-
-def resolve_device(device: str | None) -> torch.device:
-    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 def clip_embeddings(

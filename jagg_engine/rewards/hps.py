@@ -25,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from .clip_based import TOKENIZER_FILES, check_source, clip_embeddings, resolve_device
+from ..devices import resolve_device
+from .clip_based import TOKENIZER_FILES, check_source, clip_embeddings
 from .registry import RewardConfigError, register_reward
 
 DEFAULT_TOKENIZER = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"

@@ -41,7 +41,7 @@ from jagg_engine.jagg import UpdateResult, auto_jagg_frac, policy_update
 from jagg_engine.plugins import resolve
 from jagg_engine.probe import probe_groups
 from jagg_engine.rewards.registry import WeightedReward
-from jagg_engine.sde import Trajectory, ode_sample, rollout
+from jagg_engine.sde import Trajectory, eval_noise, ode_sample, rollout
 from jagg_engine.store import RunStore, open_store
 from jagg_engine.train import checkpoint
 from jagg_engine.train.config import TrainConfig, read_prompts
@@ -407,9 +407,7 @@ class Trainer:
         seeds = [s for s in self.cfg.eval_seeds for _ in self.eval_prompts]
         noise = torch.stack(
             [
-                torch.randn(
-                    *self.model.latent_shape, generator=torch.Generator().manual_seed(s * 100_003 + i)
-                )
+                eval_noise(self.model.latent_shape, i, s)
                 for i, s in zip(list(range(len(self.eval_prompts))) * len(self.cfg.eval_seeds), seeds)
             ]
         )

@@ -1,0 +1,144 @@
+"""The cost model of the update phase, and the grouping and routing of trained steps it counts. No torch.
+
+Cost model (PAPER.md, "Cost model"): one transformer forward without grad costs 1 unit, a forward with grad
+plus its backward costs r units. Per group of n trained steps:
+
+    exact                       n·r
+    jagg, jagg-sequential       (n − 2) + 2r      inner steps forwarded without grad, two endpoint backwards
+    endpoint                    2r                the paper's ablation: the endpoints' own losses only
+    paper-code                  n + 2r            all n steps without grad, then each endpoint again with grad
+    jagg+reuse                  2r                inner velocities taken from the rollout (on-policy update)
+
+A group of one step is exact under every strategy. Routing (jagg_frac = f) sends the first ceil(f·G) groups
+(high noise first) to the strategy and the rest to exact: :func:`route_groups`, the plan the engine trains
+with (:func:`jagg_engine.jagg.group_plan`), so the predicted speedup of the update phase is
+Σ_groups n·r / Σ_groups cost(group). Without a step count the paper's continuous form
+W·r / (f·c(W) + (1 − f)·W·r) is used.
+
+Pure Python, so that the app (which shows predictions) and the engine (which routes) share one
+implementation without the app importing torch.
+"""
+
+from __future__ import annotations
+
+import math
+
+# The strategies `jagg bench` times, and the engine's (jagg_engine.jagg.STRATEGIES), which routing knows.
+BENCH_STRATEGIES = ("exact", "jagg", "jagg-sequential", "endpoint", "paper-code", "jagg+reuse")
+ROUTED_STRATEGIES = ("exact", "jagg", "endpoint")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Grouping and routing
+
+
+def check_routing(window: int, jagg_frac: float) -> None:
+    """W must be an integer ≥ 2 and f lie in [0, 1]; raises ValueError naming the field."""
+    if isinstance(window, bool) or int(window) != window or window < 2:
+        raise ValueError(f"window: must be an integer >= 2, got {window}")
+    if not 0.0 <= jagg_frac <= 1.0:
+        raise ValueError(f"jagg_frac: must be in [0, 1], got {jagg_frac}")
+
+
+def make_groups(steps: list[int], window: int) -> list[list[int]]:
+    """Cut the trained steps (denoising order) into consecutive groups of ``window``; the last may be shorter."""
+    return [steps[i : i + window] for i in range(0, len(steps), window)]
+
+
+def num_routed_groups(n_groups: int, jagg_frac: float) -> int:
+    """ceil(jagg_frac · G), robust to float round-off (0.6 · 5 is 3.0000000000000004 in binary)."""
+    return min(n_groups, math.ceil(round(jagg_frac * n_groups, 9)))
+
+
+def route_groups(
+    steps: list[int], strategy: str, window: int, jagg_frac: float
+) -> list[tuple[list[int], str]]:
+    """The groups of ``steps`` and the strategy each one uses after jagg_frac routing: the first
+    ceil(f·G) groups of more than one step take ``strategy``, the others ``exact``."""
+    if strategy not in ROUTED_STRATEGIES:
+        raise ValueError(f"strategy: must be one of {', '.join(ROUTED_STRATEGIES)}, got {strategy!r}")
+    groups = make_groups(steps, window)
+    if strategy == "exact":
+        return [(g, "exact") for g in groups]
+    n = num_routed_groups(len(groups), jagg_frac)
+    return [(g, strategy if k < n and len(g) > 1 else "exact") for k, g in enumerate(groups)]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Cost model
+
+
+def group_cost(n: int, r: float, kind: str) -> float:
+    """Units of one group of ``n`` trained steps computed as ``kind`` (module docstring table)."""
+    if n == 1 or kind == "exact":
+        return n * r
+    if kind in ("jagg", "jagg-sequential"):
+        return (n - 2) + 2 * r
+    if kind in ("endpoint", "jagg+reuse"):
+        return 2 * r
+    if kind == "paper-code":
+        return n + 2 * r
+    raise ValueError(f"strategy: must be one of {', '.join(BENCH_STRATEGIES)}, got {kind!r}")
+
+
+def cost_model_speedup(
+    window: int,
+    r: float,
+    jagg_frac: float,
+    strategy: str = "jagg",
+    trained_steps: int | None = None,
+    reuse_fraction: float = 1.0,
+) -> float:
+    """Predicted speedup of the update phase over exact: Σ n·r / Σ cost(group) (PAPER.md, "Cost model").
+
+    With ``trained_steps`` K the groups and their routing are the engine's (:func:`route_groups` of K steps:
+    trailing short group, ceil(f·G)); without it, the paper's continuous form
+    W·r / (f·c(W) + (1 − f)·W·r) with c(W) the strategy's per-group cost.
+    ``reuse_fraction`` (jagg+reuse only): the fraction ρ of the update's samples whose policy is still the
+    sampling one — 1 / updates_per_rollout, since only the first mini-batch reuses — so a routed group costs
+    ρ·2r + (1 − ρ)·((n − 2) + 2r).
+    Example: W = 4, r = 1.8, f = 1, jagg → 7.2 / 5.6; jagg+reuse → 7.2 / 3.6, with ρ = 1/2 → 7.2 / 4.6.
+    """
+    if strategy not in BENCH_STRATEGIES:
+        raise ValueError(f"strategy: must be one of {', '.join(BENCH_STRATEGIES)}, got {strategy!r}")
+    if not r > 0:
+        raise ValueError(f"r: must be > 0, got {r}")
+    if not 0 <= reuse_fraction <= 1:
+        raise ValueError(f"reuse_fraction: must be in [0, 1], got {reuse_fraction}")
+    check_routing(window, jagg_frac)
+
+    def cost(n: int, kind: str) -> float:
+        if kind == "jagg+reuse":
+            return reuse_fraction * group_cost(n, r, kind) + (1 - reuse_fraction) * group_cost(n, r, "jagg")
+        return group_cost(n, r, kind)
+
+    if strategy == "exact":
+        return 1.0
+    if trained_steps is None:
+        exact = window * r
+        return exact / (jagg_frac * cost(window, strategy) + (1 - jagg_frac) * exact)
+    if trained_steps < 1:
+        raise ValueError(f"trained_steps: must be a positive integer, got {trained_steps}")
+    routed = "endpoint" if strategy == "endpoint" else "jagg"  # the engine strategy each bench one routes as
+    plan = route_groups(list(range(trained_steps)), routed, window, jagg_frac)
+    exact = sum(len(g) * r for g, _ in plan)
+    return exact / sum(cost(len(g), strategy if kind != "exact" else "exact") for g, kind in plan)
+
+
+def predicted_speedup(
+    window: int,
+    r: float,
+    jagg_frac: float,
+    strategy: str = "jagg",
+    trained_steps: int | None = None,
+    reuse: bool = False,
+    updates_per_rollout: int = 1,
+) -> float:
+    """The prediction for a training run's settings: :func:`cost_model_speedup` of its engine ``strategy``
+    (exact | jagg | endpoint). With velocity reuse (``reuse``, strategy jagg) a JAGG group costs 2r on the
+    first of the ``updates_per_rollout`` mini-batches (the only one still on the sampling policy) and
+    (W − 2) + 2r on the others. The app and `jagg bench` print the same number."""
+    if reuse and strategy == "jagg":
+        reuse_fraction = 1 / max(int(updates_per_rollout), 1)
+        return float(cost_model_speedup(window, r, jagg_frac, "jagg+reuse", trained_steps, reuse_fraction))
+    return float(cost_model_speedup(window, r, jagg_frac, strategy=strategy, trained_steps=trained_steps))
