@@ -18,6 +18,7 @@ import pandas as pd
 
 from app import data, panels, samples
 from app.form import FORM_FIELDS, config_form_values, form_config, parse_ratio, parse_run_id, speedup_note
+from app.report import report_for_app
 from app.runs import RunManager
 from app.space import FilePublisher, SpaceError, SpaceGuard, session_export_dir
 from jagg_engine.store import DB_NAME, StoreError
@@ -263,6 +264,18 @@ class HistoryHandlers(_Part):
             data.config_diff(configs),
             self.publish.items(data.side_by_side_first_last(self.store, ids, self.root)),
         )
+
+    def report(
+        self, run_ids: list[int] | None, r: float, request: gr.Request | None = None
+    ) -> tuple[str, str | None]:
+        """`jagg report` of the picked runs: one self-contained HTML file to download and share."""
+        out_dir = session_export_dir(session(request)) if self.space else self.root / "exports"
+        try:
+            ratio = parse_ratio(r, self.r0)
+        except ConfigError as exc:
+            return f"**Error:** {exc}", None
+        message, path = report_for_app(self.store, run_ids if run_ids is not None else [], out_dir, r=ratio)
+        return message, (self.publish(path) if path is not None else None)
 
     def history(self) -> pd.DataFrame:
         return data.history_frame(self.store)

@@ -136,6 +136,10 @@ def compare_tab(
             scale=4,
         )
         compare_btn = gr.Button("Compare", scale=1)
+        report_btn = gr.Button("Report (HTML)", scale=1)
+    with gr.Row():
+        report_msg = gr.Markdown()
+        report_file = gr.File(label="report: one HTML file that opens offline", visible=True)
     # Empty until Compare: plotly's first load is what makes a page slow to show.
     compare_plot = gr.Plot(label="reward (interactive: press Compare)", elem_id="compare-plot")
     compare_table = gr.Dataframe(

@@ -174,6 +174,10 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
         [compare.compare_plot, compare.compare_table, compare.diff_table, compare.compare_gallery],
         api_name="compare_runs",
     )  # fmt: skip
+    compare.report_btn.click(
+        h.history.report, [compare.compare_runs, new.r_input], [compare.report_msg, compare.report_file],
+        api_name="report_runs",
+    )  # fmt: skip
     compare.compare_runs.focus(
         lambda: gr.update(choices=h.run_choices()), None, compare.compare_runs, api_visibility="private"
     )

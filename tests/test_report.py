@@ -460,3 +460,24 @@ def test_readme_command_runs_as_written(runs_dir):
         assert len(_cells(out.read_text(encoding="utf-8"))) == 48
     finally:
         out.unlink(missing_ok=True)
+
+
+def test_the_apps_report_button_writes_the_picked_runs_report(tmp_path):
+    from app import ui
+
+    root = tmp_path / "runs"
+    with open_store(root) as s:
+        assert showcase.install(s, root) == [1, 2]
+    demo = ui.build_app(root, background_ticks=False, showcase_dir=None)
+    try:
+        report = next(f.fn for f in demo.fns.values() if f.api_name == "report_runs")
+        message, published = report([1, 2], 1.8)
+        assert message.startswith("Report of runs #1, #2 written: jagg-report-1-2.html"), message
+        page = Path(published).read_text()
+        assert page.count(PLOTLY_BANNER) == 1 and "showcase-exact" in page and "showcase-jagg" in page
+        assert (root / "exports" / "jagg-report-1-2.html").is_file()
+        assert report([1], "fast") == ("**Error:** r: must be a finite number > 0, got 'fast'", None)
+        assert report(None, 1.8) == ("Pick one or more runs.", None)
+    finally:
+        demo.jagg_stop_ticker.set()
+        demo.jagg_manager.shutdown()
