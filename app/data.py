@@ -172,15 +172,14 @@ TREND_MIN_STEPS = 5  # the line starts once this many steps are averaged (a sing
 
 
 def reward_figure(frames: Mapping[str, pd.DataFrame], title: str = "Reward") -> go.Figure:
-    """Training reward per step, mean line ± std band, for each run (label → metrics frame) and each reward
+    """Training reward per step, a mean line (its ± std in the hover) for each run (label → metrics frame) and each reward
     it logged; a bold trailing mean of the total over TREND_STEPS steps, from TREND_MIN_STEPS on (a single
     step's mean moves with its prompt mix); the deterministic eval reward (eval/reward/mean) as a dashed line of diamonds.
 
-    A band uses reward/std (total) or reward/<name>/std (component) when logged; the y axis is fitted to the
-    lines, so a wide band is clipped rather than flattening them. With a single reward its own series (equal
-    to the total up to its weight) is left out. Trace names are
-    ``<label> · <reward>``, ``<label> · <reward> ± std``, ``<label> · total, mean of last N steps`` and
-    ``<label> · eval``.
+    The hover of a point gives reward/std (total) or reward/<name>/std (component) when logged: the spread
+    of one step's samples is about as wide as the whole curve, so drawn as a band it would hide the means.
+    With a single reward its own series (equal to the total up to its weight) is left out. Trace names are
+    ``<label> · <reward>``, ``<label> · total, mean of last N steps`` and ``<label> · eval``.
     """
     fig = go.Figure()
     for i, (label, frame) in enumerate(frames.items()):
@@ -198,20 +197,15 @@ def reward_figure(frames: Mapping[str, pd.DataFrame], title: str = "Reward") -> 
                 continue
             dash = "solid" if j == 0 else ("dot", "dash", "dashdot")[(j - 1) % 3]
             prefix = f"{label} · " if label else ""
-            if std_key in rows.columns:
-                std = rows[std_key].fillna(0.0)
-                x = list(rows["step"]) + list(rows["step"][::-1])
-                y = list(rows[mean_key] + std) + list((rows[mean_key] - std)[::-1])
-                fig.add_trace(
-                    go.Scatter(
-                        x=x, y=y, fill="toself", fillcolor=_rgba(color, 0.15), line={"width": 0},
-                        hoverinfo="skip", name=f"{prefix}{name} ± std", showlegend=False,
-                    )
-                )  # fmt: skip
+            # The spread of a step's samples (±std) is as wide as the whole learning curve on real runs: a
+            # band of it hides the means, so it is in the hover of each point instead.
+            std = rows[std_key] if std_key in rows.columns else None
             fig.add_trace(
                 go.Scatter(
                     x=rows["step"], y=rows[mean_key], mode="lines+markers", name=f"{prefix}{name}",
                     line={"color": color, "dash": dash, "width": 1}, marker={"size": 4}, opacity=0.6,
+                    customdata=None if std is None else std.to_numpy(),
+                    hovertemplate=None if std is None else "step %{x}: %{y:.4g} ± %{customdata:.3g} (std)",
                 )
             )  # fmt: skip
             if name == "total" and len(rows) >= TREND_MIN_STEPS:  # the trend through single steps' noise
@@ -235,8 +229,8 @@ def reward_figure(frames: Mapping[str, pd.DataFrame], title: str = "Reward") -> 
                 )  # fmt: skip
     if not fig.data:
         return _empty(title)
-    lines = [v for t in fig.data if t.fill != "toself" for v in t.y if v is not None and v == v]
-    if lines:  # zoom on the means: the ± std bands are clipped, not allowed to flatten the trend
+    lines = [v for t in fig.data for v in t.y if v is not None and v == v]
+    if lines:  # the y axis fitted to the means, with a margin
         lo, hi = min(lines), max(lines)
         pad = max(0.15 * (hi - lo), 0.02 * max(abs(lo), abs(hi)), 1e-3)
         fig.update_yaxes(range=[lo - pad, hi + pad])

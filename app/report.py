@@ -258,7 +258,7 @@ def _config_section(runs: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _reward_section(plots: _Plots, frames: Mapping[str, pd.DataFrame]) -> str:
-    fig = data.reward_figure(frames, title="Reward per step (training mean ± std; eval dashed)")
+    fig = data.reward_figure(frames, title="Reward per step (training mean, ± std in the hover; eval dashed)")
     static = data.reward_svg(frames)
     return plots.div(fig, "reward") + (f"<noscript>{static}</noscript>" if static else "")
 

@@ -72,19 +72,17 @@ def store(tmp_path):
     s.close()
 
 
-def test_reward_figure_has_mean_band_and_eval_per_reward(store):
+def test_reward_figure_has_mean_with_std_in_hover_and_eval_per_reward(store):
     s, ids, _ = store
     fig = data.reward_figure({"jagg": s.metrics_frame(ids["jagg"])})
     names = [t.name for t in fig.data]
-    assert names == ["jagg · total ± std", "jagg · total", "jagg · eval"]  # one reward; 4 steps: no trend
+    assert names == ["jagg · total", "jagg · eval"]  # one reward; 4 steps: no trend line
     lo, hi = fig.layout.yaxis.range
-    assert lo < 0.0 and 0.5 < hi < 0.6  # fitted to the lines (0 … 0.5), not to the band
-    band, mean = fig.data[0], fig.data[1]
-    assert band.fill == "toself"
-    # upper edge forward, lower edge backward: step 0 upper = 0 + 0.05, last point = lower at step 0
-    assert band.y[0] == pytest.approx(0.05) and band.y[-1] == pytest.approx(-0.05)
+    assert lo < 0.0 and 0.5 < hi < 0.6  # fitted to the lines (0 … 0.5)
+    mean = fig.data[0]
     assert list(mean.y) == pytest.approx([0.0, 0.1, 0.2, 0.3])
-    assert list(fig.data[2].x) == [0, 3] and list(fig.data[2].y) == pytest.approx([0.2, 0.5])
+    assert list(mean.customdata) == pytest.approx([0.05] * 4) and "%{customdata" in mean.hovertemplate
+    assert list(fig.data[1].x) == [0, 3] and list(fig.data[1].y) == pytest.approx([0.2, 0.5])
     two = pd.DataFrame(
         {"step": [1, 2], "reward/mean": [1.0, 2.0], "reward/a/mean": [0.5, 1.0], "reward/b/mean": [2, 3]}
     )
