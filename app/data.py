@@ -241,40 +241,46 @@ def reward_figure(frames: Mapping[str, pd.DataFrame], title: str = "Reward") -> 
     return fig
 
 
-def time_breakdown_figure(frame: pd.DataFrame, title: str = "Step time") -> go.Figure:
-    """Stacked bars per step: sampling / reward / update forward / update backward (seconds)."""
-    fig = go.Figure()
-    keys = [key for key, _ in TIME_PHASES if key in frame.columns]
-    frame = frame.dropna(subset=keys, how="all") if keys else frame  # step 0 is the eval alone
-    for key, label in TIME_PHASES:
-        if key in frame.columns:
-            fig.add_trace(go.Bar(x=frame["step"], y=frame[key].fillna(0.0), name=label))
-    if not fig.data:
+def _bars(
+    frame: pd.DataFrame,
+    series: Sequence[tuple[str, str]],
+    title: str,
+    barmode: str,
+    y_title: str,
+    height: int,
+) -> go.Figure:
+    """Bars per step of the metrics ``series`` ((key, label) pairs) that the frame has; steps with none of
+    them (step 0 is the eval alone) are left out."""
+    keys = [key for key, _ in series if key in frame.columns]
+    if not keys:
         return _empty(title)
+    frame = frame.dropna(subset=keys, how="all")
+    fig = go.Figure(
+        [
+            go.Bar(x=frame["step"], y=frame[key].fillna(0.0), name=label)
+            for key, label in series
+            if key in keys
+        ]
+    )
     fig.update_layout(
-        barmode="stack", title=title, xaxis_title="step", yaxis_title="seconds", height=320,
+        barmode=barmode, title=title, xaxis_title="step", yaxis_title=y_title, height=height,
         margin={"l": 50, "r": 20, "t": 50, "b": 40},
     )  # fmt: skip
     return fig
+
+
+def time_breakdown_figure(frame: pd.DataFrame, title: str = "Step time") -> go.Figure:
+    """Stacked bars per step: sampling / reward / update forward / update backward (seconds)."""
+    return _bars(frame, TIME_PHASES, title, "stack", "seconds", 320)
 
 
 def pass_counts_figure(
     frame: pd.DataFrame, title: str = "Transformer passes in the update phase"
 ) -> go.Figure:
     """count/forward and count/backward per step (JAGG: two backward passes per window)."""
-    fig = go.Figure()
-    keys = [key for key in ("count/forward", "count/backward") if key in frame.columns]
-    frame = frame.dropna(subset=keys, how="all") if keys else frame
-    for key, label in (("count/forward", "forward"), ("count/backward", "backward")):
-        if key in frame.columns:
-            fig.add_trace(go.Bar(x=frame["step"], y=frame[key], name=label))
-    if not fig.data:
-        return _empty(title)
-    fig.update_layout(
-        barmode="group", title=title, xaxis_title="step", yaxis_title="passes", height=300,
-        margin={"l": 50, "r": 20, "t": 50, "b": 40},
-    )  # fmt: skip
-    return fig
+    return _bars(
+        frame, (("count/forward", "forward"), ("count/backward", "backward")), title, "group", "passes", 300
+    )
 
 
 def probe_figure(
