@@ -427,7 +427,7 @@ def test_a_real_tiny_pair_trains_side_by_side_and_gives_the_apps_measured_speedu
     m = RunManager(tmp_path / "runs", cores=2, gpu=False)
     small = {"prompts_per_step": 2, "group_size": 2, "sampling_steps": 6, "sde_window_end": 4}
     off = {"eval_every": 0, "sample_every": 0, "checkpoint_every": 0}
-    steps = 8  # enough that one trainer's slower start (seconds on a loaded machine) cannot hide the overlap
+    steps = 24  # ~10 s of training: one trainer's slower start (3 s seen on a loaded 2-core machine) cannot hide the overlap
     exact_id, jagg_id = m.create_pair(_config(name="real", steps=steps) | small | off)
     seen: dict[int, dict[int, float]] = {exact_id: {}, jagg_id: {}}  # run → step → when it was first seen
     try:

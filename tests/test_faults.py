@@ -75,7 +75,9 @@ def new_run(runs_dir: Path, *overrides: str) -> int:
 
 def metrics(runs_dir: Path, run_id: int):
     frame = open_store(runs_dir).metrics_frame(run_id)
-    return frame[[c for c in frame.columns if not c.startswith("time/")]]
+    return frame[
+        [c for c in frame.columns if not c.startswith(("time/", "memory/"))]
+    ]  # measured, not results
 
 
 def mount(*args: str) -> None:

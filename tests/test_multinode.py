@@ -44,7 +44,9 @@ def history(runs_dir: Path):
     store = open_store(runs_dir)
     (run,) = store.list_runs()
     frame = store.metrics_frame(run["id"])
-    return run, frame[[c for c in frame.columns if not c.startswith("time/")]]
+    return run, frame[
+        [c for c in frame.columns if not c.startswith(("time/", "memory/"))]
+    ]  # measured, not results
 
 
 @pytest.mark.slow
