@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 
 import pytest
@@ -20,10 +21,14 @@ def test_rss_is_the_processes_resident_set_and_grows_with_a_touched_buffer():
     before = memory_metrics(torch.device("cpu"))
     assert set(before) == {"memory/rss_bytes"}  # no CUDA key on a CPU device
     assert before["memory/rss_bytes"] == pytest.approx(_vm_rss_bytes(), rel=0.05)
-    buffer = torch.ones(64 * 2**20, dtype=torch.uint8)  # 64 MiB, written, so resident
-    after = memory_metrics(torch.device("cpu"))["memory/rss_bytes"]
+    # 64 MiB of fresh anonymous pages, every page written, so resident. (A torch tensor could reuse pages
+    # the allocator already holds from earlier tests, and the RSS would not move.)
+    size = 64 * 2**20
+    with mmap.mmap(-1, size) as buffer:
+        for offset in range(0, size, mmap.PAGESIZE):
+            buffer[offset] = 1
+        after = memory_metrics(torch.device("cpu"))["memory/rss_bytes"]
     assert after - before["memory/rss_bytes"] > 48 * 2**20
-    del buffer
 
 
 @pytest.mark.gpu
