@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from browser import chromium
 
 from jagg_engine.backbones.tiny_shapes import DEFAULT_WEIGHTS_DIR
 from jagg_engine.cost import cost_model_speedup
@@ -175,21 +176,7 @@ def _wait_status(client, run_id: int, statuses: tuple[str, ...], timeout: float)
 
 
 def _chromium():
-    if not Path("/usr/bin/chromium").exists() or not Path("/usr/bin/chromedriver").exists():
-        pytest.skip("needs Chromium: apt-get install -y chromium chromium-driver (and pip install selenium)")
-    pytest.importorskip("selenium", reason="pip install selenium")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = "/usr/bin/chromium"
-    for flag in (
-        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=1400,2400",
-        "--disable-dev-shm-usage",
-    ):  # fmt: skip
-        options.add_argument(flag)
-    return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    return chromium("1400,2400")
 
 
 def test_browser_fresh_app_opens_on_the_showcase_comparison(app):

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from browser import chromium
 from PIL import Image
 
 from app import showcase
@@ -356,22 +357,7 @@ def test_writing_a_report_imports_no_torch(runs_dir, tmp_path):
 
 
 def _chromium():
-    if not Path("/usr/bin/chromium").exists() or not Path("/usr/bin/chromedriver").exists():
-        pytest.skip("needs Chromium: apt-get install -y chromium chromium-driver (and pip install selenium)")
-    pytest.importorskip("selenium", reason="pip install selenium")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = "/usr/bin/chromium"
-    for flag in (
-        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=1300,1200",
-        "--disable-dev-shm-usage",
-    ):  # fmt: skip
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
-    return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    return chromium("1300,1200", logs=True)
 
 
 def _open(driver, path: Path) -> tuple[list[str], list[str]]:

@@ -1,0 +1,29 @@
+"""Headless Chromium for the browser tests: Debian's chromium and chromium-driver, never a downloaded browser."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+def chromium(window_size: str, logs: bool = False):
+    """A headless Chromium WebDriver at ``window_size`` ("W,H"); with ``logs`` it keeps the performance
+    (network) and browser (console) logs. Skips the test where Chromium or selenium is missing."""
+    if not Path("/usr/bin/chromium").exists() or not Path("/usr/bin/chromedriver").exists():
+        pytest.skip("needs Chromium: apt-get install -y chromium chromium-driver (and pip install selenium)")
+    pytest.importorskip("selenium", reason="pip install selenium")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for flag in (
+        "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run", f"--window-size={window_size}",
+        "--disable-dev-shm-usage",
+    ):  # fmt: skip
+        options.add_argument(flag)
+    if logs:
+        options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
+    return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
