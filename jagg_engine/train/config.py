@@ -11,7 +11,8 @@ Every field carries a help string (``field(metadata={"help": ...})``); :func:`fi
 the CLI and the app. Values from YAML and from overrides go through the same typed parser, so ``lr=1e-4`` on
 the command line and ``lr: 1e-4`` in YAML (which PyYAML reads as a string) both become a float.
 
-All checks live in :meth:`TrainConfig.validate` and raise :class:`ConfigError` with a one-line message that
+All checks run from :meth:`TrainConfig.validate`, one method a section (run, model, reward, sampler, batches,
+update, environment), and raise :class:`ConfigError` with a one-line message that
 names the field and the allowed values (diffusers: "concise error messages are preferred to silently
 correcting erroneous input"; TRL's ``_config_check``). ``validate(check_environment=False)`` runs only the
 checks that depend on the config alone (types, ranges, cross-field constraints, known names);
@@ -373,24 +374,38 @@ class TrainConfig:
 
         ``check_environment=False`` skips what depends on this machine: file existence and the reward
         registry's dependency/weight checks. Reward *names* are always checked. The ``plugins`` modules are
-        imported first, so the SDE kinds, rewards and backbones they register are known by name.
+        imported first, so the SDE kinds, rewards and backbones they register are known by name. The checks run
+        by section (run, model, reward, sampler, batches, update), each in its own method, in this order.
         """
         from jagg_engine.plugins import import_plugins
-        from jagg_engine.rewards.registry import RewardConfigError, available_rewards, check_reward
 
         _check_ranges(self)
         try:  # first: what the plugins register is then known by name below
             import_plugins(self.plugins)
         except ValueError as exc:
             raise ConfigError(_one_line(str(exc))) from None
+        self._validate_run()
+        self._validate_model()
+        self._validate_reward()
+        self._validate_sampler()
+        self._validate_batches()
+        self._validate_update()
+        if check_environment:
+            self._validate_environment()
+        return self
+
+    def _validate_run(self) -> None:
+        """name, output_dir."""
         _nonempty_str("name", self.name)
         if len(self.name) > NAME_MAX or not self.name.isprintable():
             raise ConfigError(
                 f"name: must be one line of at most {NAME_MAX} printable characters, got {self.name[:40]!r}"
             )
         _nonempty_str("output_dir", self.output_dir)
-        backbone = self._backbone_spec()
 
+    def _validate_model(self) -> None:
+        """backbone (a registered name), LoRA fields, precision, and the model fields this backbone reads."""
+        self._backbone_spec()
         if self.lora_alpha is not None:
             _positive("lora_alpha", self.lora_alpha)
         if self.lora_targets and self.lora_rank == 0:
@@ -399,7 +414,14 @@ class TrainConfig:
             )
         _one_of("precision", self.precision, PRECISIONS)
         self._check_backbone_fields()
+        if self.fsdp and self.processes == 1:
+            raise ConfigError("fsdp: shards the model across processes; needs processes > 1, got processes 1")
 
+    def _validate_reward(self) -> None:
+        """Prompt sources, eval seeds and prompt count, reward names and weights, reward_options."""
+        from jagg_engine.rewards.registry import _REGISTRY, available_rewards
+
+        backbone = self._backbone_spec()
         for key in ("prompts_file", "eval_prompts_file"):
             path = getattr(self, key)
             if path is not None and not str(path).endswith(PROMPT_SUFFIXES):
@@ -416,6 +438,15 @@ class TrainConfig:
             raise ConfigError("eval_seeds: must be a non-empty list of integers, got []")
         if len(set(self.eval_seeds)) != len(self.eval_seeds):
             raise ConfigError(f"eval_seeds: must not repeat a seed, got {self.eval_seeds}")
+        if backbone.prompts is not None and self.eval_prompts_file is None and self.prompts_file is None:
+            from jagg_engine.plugins import resolve
+
+            n_prompts = len(resolve(backbone.prompts)())
+            if self.eval_num_prompts > n_prompts:
+                raise ConfigError(
+                    f"eval_num_prompts: must be at most the {n_prompts} {self.backbone} prompts, "
+                    f"got {self.eval_num_prompts}"
+                )
 
         if not self.rewards:
             raise ConfigError("rewards: must name at least one reward, e.g. rewards={shapes-dense: 1.0}")
@@ -435,10 +466,10 @@ class TrainConfig:
                     f"reward_options: {reward!r} is not in rewards; allowed: {', '.join(self.rewards)}"
                 )
         for reward, options in self.reward_options.items():
-            from jagg_engine.rewards.registry import _REGISTRY
-
             check_options(f"reward_options.{reward}", _REGISTRY[reward].factory, options)
 
+    def _validate_sampler(self) -> None:
+        """algorithm (a registered SDE kind), eta, shift, cfg_scale, the SDE window."""
         kind = self._sde_kind()
         _positive("eta", self.eta)
         if kind.max_eta is not None and self.eta > kind.max_eta:
@@ -460,24 +491,12 @@ class TrainConfig:
             raise ConfigError(
                 f"sde_window_end: must be in {start + 1}..{last} (after sde_window_start, at most {limit}), got {end}"
             )
-        if self.prompts_per_step % self.processes:
-            raise ConfigError(
-                f"prompts_per_step: must be a multiple of processes ({self.processes}), got {self.prompts_per_step}"
-            )
-        per_process = self.group_size * self.prompts_per_step // self.processes
-        if per_process > self.max_batch:
-            raise ConfigError(
-                f"group_size: group_size × prompts_per_step / processes = {per_process} samples per process is "
-                f"over max_batch ({self.max_batch}); lower them, or raise max_batch on a machine with the memory"
-            )
-        eval_samples = self.eval_num_prompts * len(self.eval_seeds)
-        if eval_samples > self.max_batch:
-            raise ConfigError(
-                f"eval_num_prompts: eval_num_prompts × len(eval_seeds) = {eval_samples} eval samples is over "
-                f"max_batch ({self.max_batch}); lower them, or raise max_batch on a machine with the memory"
-            )
 
-        self._validate_batches()
+    def _validate_update(self) -> None:
+        """strategy, window, routing, reuse, the optimizer and the GRPO loss, the probe."""
+        from jagg_engine.grpo import KL_FORMS
+        from jagg_engine.sde import CPS_LOG_PROBS
+
         _one_of("strategy", self.strategy, STRATEGIES)
         if self.window > self.num_trained_steps:
             raise ConfigError(
@@ -492,8 +511,6 @@ class TrainConfig:
             raise ConfigError(
                 f"auto_route_threshold: must be a cosine in [-1, 1], got {self.auto_route_threshold}"
             )
-        if self.fsdp and self.processes == 1:
-            raise ConfigError("fsdp: shards the model across processes; needs processes > 1, got processes 1")
         if self.fsdp and (self.probe_every > 0 or self.auto_route):
             raise ConfigError(
                 "fsdp: the gradient probe (probe_every, auto_route) does not run on sharded weights;"
@@ -510,46 +527,35 @@ class TrainConfig:
             _positive("adv_clip", self.adv_clip)
         _one_of("adv_std", self.adv_std, ADV_STDS)
         _at_least("beta", self.beta, 0.0)
-        from jagg_engine.grpo import KL_FORMS
-        from jagg_engine.sde import CPS_LOG_PROBS
-
         _one_of("kl_form", self.kl_form, KL_FORMS)
         _one_of("cps_log_prob", self.cps_log_prob, CPS_LOG_PROBS)
-
         if self.probe_every and self.strategy == "exact":
             raise ConfigError("probe_every: probes compare JAGG with exact; needs strategy jagg or endpoint")
 
-        if backbone.prompts is not None and self.eval_prompts_file is None and self.prompts_file is None:
-            from jagg_engine.plugins import resolve
+    def _validate_environment(self) -> None:
+        """What depends on this machine: prompt files readable and long enough, model_path present and holding
+        what the backbone loads, every reward's dependency and weights present."""
+        from jagg_engine.rewards.registry import RewardConfigError, check_reward
 
-            n_prompts = len(resolve(backbone.prompts)())
-            if self.eval_num_prompts > n_prompts:
-                raise ConfigError(
-                    f"eval_num_prompts: must be at most the {n_prompts} {self.backbone} prompts, "
-                    f"got {self.eval_num_prompts}"
-                )
-
-        if check_environment:
-            for key in ("prompts_file", "eval_prompts_file"):
-                path = getattr(self, key)
-                if path is not None:
-                    prompts = read_prompts(path, field_name=key)
-                    eval_source = key == "eval_prompts_file" or self.eval_prompts_file is None
-                    if eval_source and len(prompts) < self.eval_num_prompts:
-                        raise ConfigError(
-                            f"eval_num_prompts: must be at most the {len(prompts)} prompts in "
-                            f"{path}, got {self.eval_num_prompts}"
-                        )
-            if self.model_path is not None and model_path_kind(self.model_path) == "missing":
-                raise ConfigError(f"model_path: no such file or folder: {self.model_path}")
-            if self.model_path is not None:
-                _check_model_folder(self.backbone, self.model_path)
-            for reward in self.rewards:
-                try:
-                    check_reward(reward, **self.reward_options.get(reward, {}))
-                except RewardConfigError as exc:
-                    raise ConfigError(f"rewards: {_one_line(str(exc))}") from None
-        return self
+        for key in ("prompts_file", "eval_prompts_file"):
+            path = getattr(self, key)
+            if path is not None:
+                prompts = read_prompts(path, field_name=key)
+                eval_source = key == "eval_prompts_file" or self.eval_prompts_file is None
+                if eval_source and len(prompts) < self.eval_num_prompts:
+                    raise ConfigError(
+                        f"eval_num_prompts: must be at most the {len(prompts)} prompts in "
+                        f"{path}, got {self.eval_num_prompts}"
+                    )
+        if self.model_path is not None and model_path_kind(self.model_path) == "missing":
+            raise ConfigError(f"model_path: no such file or folder: {self.model_path}")
+        if self.model_path is not None:
+            _check_model_folder(self.backbone, self.model_path)
+        for reward in self.rewards:
+            try:
+                check_reward(reward, **self.reward_options.get(reward, {}))
+            except RewardConfigError as exc:
+                raise ConfigError(f"rewards: {_one_line(str(exc))}") from None
 
     @property
     def rank_batch(self) -> int:
@@ -557,7 +563,24 @@ class TrainConfig:
         return self.prompts_per_step // self.processes * self.group_size
 
     def _validate_batches(self) -> None:
-        """rollout_micro_batch, train_micro_batch, updates_per_rollout (after prompts_per_step and processes)."""
+        """prompts_per_step over processes, max_batch, rollout_micro_batch, train_micro_batch,
+        updates_per_rollout."""
+        if self.prompts_per_step % self.processes:
+            raise ConfigError(
+                f"prompts_per_step: must be a multiple of processes ({self.processes}), got {self.prompts_per_step}"
+            )
+        per_process = self.group_size * self.prompts_per_step // self.processes
+        if per_process > self.max_batch:
+            raise ConfigError(
+                f"group_size: group_size × prompts_per_step / processes = {per_process} samples per process is "
+                f"over max_batch ({self.max_batch}); lower them, or raise max_batch on a machine with the memory"
+            )
+        eval_samples = self.eval_num_prompts * len(self.eval_seeds)
+        if eval_samples > self.max_batch:
+            raise ConfigError(
+                f"eval_num_prompts: eval_num_prompts × len(eval_seeds) = {eval_samples} eval samples is over "
+                f"max_batch ({self.max_batch}); lower them, or raise max_batch on a machine with the memory"
+            )
         for key in ("rollout_micro_batch", "train_micro_batch"):
             value = getattr(self, key)
             if value is not None and value < 1:
