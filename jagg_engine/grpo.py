@@ -17,35 +17,53 @@ import torch
 KL_FORMS = ("flow-grpo", "gaussian")
 
 
+ADV_STDS = ("group", "global", "centered", "group-unbiased")
+# The ε of each form: the reference code's (Flow-GRPO's stat tracker adds 1e-4, DanceGRPO 1e-8).
+ADV_EPS = {"group": 1e-4, "global": 1e-4, "centered": 1e-4, "group-unbiased": 1e-8}
+
+
 def group_advantages(
     rewards: torch.Tensor,
     group_ids: torch.Tensor,
-    eps: float = 1e-4,
-    global_std: bool = False,
+    eps: float | None = None,
+    std: str = "group",
     clip: float | None = 5.0,
 ) -> torch.Tensor:
     """GRPO advantages (DeepSeekMath GRPO; Flow-GRPO eq. 4), one value per sample.
 
-        A_i = (r_i − mean_{g(i)} r) / (std + eps)
+        A_i = (r_i − mean_{g(i)} r) / (S_i + eps)
 
-    where std is the std of the rewards in the sample's own group (``global_std=False``) or the std over the
-    whole batch of the group-centred rewards r_i − mean_{g(i)} r (``global_std=True``, which keeps a group of
-    near-ties from being blown up to ±1). Then clipped to [−clip, clip].
+    with S_i chosen by ``std`` (n the number of samples it is taken over, population std unless said):
+
+        group           std of the rewards of the sample's own group        Flow-GRPO, ``global_std=False``
+        global          std of the raw rewards r over the whole batch         Flow-GRPO, ``global_std=True``
+        centered        std over the whole batch of r_i − mean_{g(i)} r       (a group of near-ties stays small)
+        group-unbiased  unbiased std (n − 1) of the sample's own group      DanceGRPO (``use_group``)
+
+    (Flow-GRPO: ``flow_grpo/stat_tracking.py`` PerPromptStatTracker, np.std + 1e-4 on the rewards gathered
+    from every process; DanceGRPO: ``train_grpo_flux.py``, torch ``std()`` + 1e-8 per group.) ``eps`` None is
+    the reference code's (:data:`ADV_EPS`). Then clipped to [−clip, clip], as both codes clip in the loss.
 
     Shapes: rewards (B,), group_ids (B,) integer labels → (B,).
     """
+    if std not in ADV_STDS:
+        raise ValueError(f"adv_std: must be one of {', '.join(ADV_STDS)}, got {std!r}")
+    eps = ADV_EPS[std] if eps is None else eps
     rewards = rewards.to(torch.float64)
     _, inverse = torch.unique(group_ids, return_inverse=True)  # (B,) group index 0..G−1
     n_groups = int(inverse.max()) + 1
     counts = torch.zeros(n_groups, dtype=rewards.dtype).index_add_(0, inverse, torch.ones_like(rewards))
     means = torch.zeros(n_groups, dtype=rewards.dtype).index_add_(0, inverse, rewards) / counts  # (G,)
     centred = rewards - means[inverse]  # (B,)
-    if global_std:
-        std = centred.std(unbiased=False).expand_as(centred)
+    if std == "global":
+        scale = rewards.std(unbiased=False).expand_as(centred)
+    elif std == "centered":
+        scale = centred.std(unbiased=False).expand_as(centred)
     else:
-        var = torch.zeros(n_groups, dtype=rewards.dtype).index_add_(0, inverse, centred**2) / counts
-        std = var.sqrt()[inverse]
-    adv = centred / (std + eps)
+        denom = counts if std == "group" else (counts - 1).clamp(min=1)
+        var = torch.zeros(n_groups, dtype=rewards.dtype).index_add_(0, inverse, centred**2) / denom
+        scale = var.sqrt()[inverse]
+    adv = centred / (scale + eps)
     if clip is not None:
         adv = adv.clamp(-clip, clip)
     return adv.float()

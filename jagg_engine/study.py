@@ -111,7 +111,7 @@ def run_cosine(args: argparse.Namespace) -> dict[str, Any]:
         else:
             scores, _ = reward(backbone.decode(traj.latents[-1]), prompts)
             groups = torch.arange(len(prompts)) // args.group_size
-            adv = group_advantages(scores, groups, global_std=True).double()
+            adv = group_advantages(scores, groups, std="centered").double()
         rows, w = probe_groups(backbone, params, traj, adv, update, sampler, with_endpoint=True)
         for r in rows:
             g = per_group.setdefault(r.index, {"cosine": [], "endpoint_cosine": [], "rel_error": []})

@@ -105,7 +105,7 @@ def test_tiny_shapes_config_is_the_setting_that_learned() -> None:
         18,
     )
     assert (cfg.adv_std, cfg.adv_clip, cfg.clip_range, cfg.lr, cfg.weight_decay, cfg.grad_clip) == (
-        "global",
+        "centered",
         5.0,
         1e-3,
         5e-5,
@@ -124,7 +124,7 @@ def test_tiny_shapes_config_is_the_setting_that_learned() -> None:
         (["window=1"], "window: must be an integer >= 2, got 1"),
         (["strategy=fast"], "strategy: must be one of exact, jagg, endpoint, got 'fast'"),
         (["algorithm=ddim"], "algorithm: must be one of flow-grpo, dance, cps, got 'ddim'"),
-        (["adv_std=batch"], "adv_std: must be one of group, global, got 'batch'"),
+        (["adv_std=batch"], "adv_std: must be one of group, global, centered, group-unbiased, got 'batch'"),
         (["precision=fp16"], "precision: must be one of fp32, bf16, got 'fp16'"),
         (["endpoint_backward=both"], "endpoint_backward: must be one of joint, sequential, got 'both'"),
         (["kl_form=closed"], "kl_form: must be one of flow-grpo, gaussian, got 'closed'"),

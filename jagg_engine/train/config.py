@@ -50,7 +50,7 @@ from jagg_engine.sde_kinds import SDE_KINDS, get_sde
 ALGORITHMS = SDE_KINDS.keys()
 STRATEGIES = ("exact", "jagg", "endpoint")
 ENDPOINT_BACKWARDS = ("joint", "sequential")
-ADV_STDS = ("group", "global")
+ADV_STDS = ("group", "global", "centered", "group-unbiased")  # jagg_engine.grpo.ADV_STDS, without torch
 PRECISIONS = ("fp32", "bf16")
 PROMPT_SUFFIXES = (".txt", ".jsonl")
 _WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".ckpt", ".bin", ".gguf")
@@ -200,7 +200,10 @@ class TrainConfig:
     clip_range: float = _f(1e-3, "PPO ratio clip range ε.")
     adv_clip: float | None = _f(5.0, "Clip advantages to ±adv_clip; null = no clipping.")
     adv_std: str = _f(
-        "global", "Advantage std: per group, or of the group-centred rewards over the whole batch."
+        "centered",
+        "Advantage std: group (per prompt, Flow-GRPO global_std false), global (raw rewards of the whole batch,"
+        " Flow-GRPO global_std true), centered (group-centred rewards of the whole batch), group-unbiased"
+        " (DanceGRPO). README, Numerics.",
     )
     beta: float = _f(0.0, "KL penalty weight against the reference model (0 = none).")
     kl_form: str = _f(

@@ -281,7 +281,7 @@ class Trainer:
         all_rewards = self.acc.gather(rewards.to(self.acc.device)).cpu()
         all_groups = self.acc.gather(groups.to(self.acc.device)).cpu()
         adv = group_advantages(
-            all_rewards, all_groups, global_std=self.cfg.adv_std == "global", clip=self.cfg.adv_clip
+            all_rewards, all_groups, std=self.cfg.adv_std, clip=self.cfg.adv_clip
         )
         n = rewards.shape[0]
         return adv[self.rank * n : (self.rank + 1) * n], all_rewards
