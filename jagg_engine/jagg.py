@@ -65,10 +65,13 @@ class UpdateConfig:
     micro_batch:       samples per model call in the update (None = the whole batch); the gradient is the
                        whole batch's, accumulated over micro-batches
     reuse_rollout_velocity: auto | off. With auto, the inner steps of a JAGG group take v̂_j stored by the
-                       rollout instead of a no-grad forward, when and only when the policy is the one that
-                       sampled (:func:`can_reuse_velocities`: same model object, every parameter at the
-                       in-place version it had, no dropout active, velocities stored in the compute dtype)
-                       — a group then costs 2r instead of W − 2 + 2r.
+                       rollout instead of a no-grad forward, when and only when (1) the caller says the
+                       policy has not been written since the rollout (``policy_update``'s ``rollout_policy``;
+                       the trainer: first mini-batch, no optimizer step or checkpoint load since sampling) and
+                       (2) the guard agrees (:func:`can_reuse_velocities`: same model object, every parameter
+                       and buffer at its in-place version and holding the same bits, the same modes,
+                       adapter states and scalar settings, no dropout active, velocities stored in the compute
+                       dtype) — a group then costs 2r instead of W − 2 + 2r.
     """
 
     strategy: str = "jagg"
@@ -216,7 +219,9 @@ class UpdateState:
         update: UpdateConfig,
         sampler: SamplerConfig,
         ref_model: VelocityFn | None,
+        rollout_policy: bool = True,
     ):
+        self.rollout_policy = rollout_policy
         self.model, self.traj, self.update, self.sampler, self.ref_model = (
             model,
             traj,
@@ -281,8 +286,10 @@ class UpdateState:
     @property
     def reuse(self) -> bool:
         if self._reuse is None:
-            self._reuse = self.update.reuse_rollout_velocity == "auto" and can_reuse_velocities(
-                self.model, self.full_traj
+            self._reuse = (
+                self.update.reuse_rollout_velocity == "auto"
+                and self.rollout_policy
+                and can_reuse_velocities(self.model, self.full_traj)
             )
         return self._reuse
 
@@ -379,8 +386,10 @@ class UpdateState:
 
 def can_reuse_velocities(model: VelocityFn, traj: Trajectory) -> bool:
     """Whether the rollout's stored v̂_j are the current policy's: stored in the compute dtype, and ``model``
-    is the policy that sampled — the same object with every parameter and buffer at the in-place version it
-    had then, and no forward that draws random numbers (dropout) then or now (:func:`jagg_engine.sde.same_policy`).
+    is the policy that sampled — the same object with every parameter and buffer at the in-place version and
+    holding the bits it had then, the same modes, adapter states and scalar settings, and no forward that draws
+    random numbers (dropout) then or now (:func:`jagg_engine.sde.same_policy`). The second check of reuse, after
+    the caller's ``rollout_policy``.
     """
     if traj.velocities is None or traj.velocities.dtype != compute_dtype(traj.velocities.dtype):
         return False
@@ -406,6 +415,7 @@ def policy_update(
     sampler: SamplerConfig,
     ref_model: VelocityFn | None = None,
     routines: Mapping[str, GroupRoutine] | None = None,
+    rollout_policy: bool = True,
 ) -> UpdateResult:
     """Accumulate the policy gradient of one rollout batch into ``.grad`` (the caller zeroes and steps).
 
@@ -415,11 +425,14 @@ def policy_update(
     whole batch's. Shapes: advantages (B,), traj as produced by :func:`jagg_engine.sde.rollout`.
     ``routines``: strategy → :data:`GroupRoutine` run instead of the engine's own on the groups of more than
     one step routed to that strategy (another schedule of the same gradient, e.g. `jagg bench`'s paper-code).
+    ``rollout_policy``: the caller's word that no optimizer step, weight load or other parameter write
+    happened since ``traj`` was sampled; False forbids velocity reuse whatever the guard says (the trainer
+    passes True only for the first mini-batch of a rollout, before any such write).
     """
     if update.beta > 0 and ref_model is None:
         raise ValueError("beta: a reference model is needed when beta > 0")
     t0 = time.perf_counter()
-    state = UpdateState(model, traj, advantages, update, sampler, ref_model)
+    state = UpdateState(model, traj, advantages, update, sampler, ref_model, rollout_policy)
     plan = group_plan(traj.sde_steps, update)
     for index in state.micro_batches():  # (b_m samples each; the loss of each is weighted b_m / B)
         state.use_samples(index)

@@ -354,19 +354,27 @@ def forward_draws_random(model: VelocityFn, z: torch.Tensor, t: torch.Tensor, co
 
 @dataclass(frozen=True)
 class PolicyState:
-    """The policy as a rollout sampled it, read from PyTorch's own state (nothing to bump by hand):
+    """The policy as a rollout sampled it, read from the model itself (nothing to bump by hand):
 
-    model:    a weak reference to the model object
-    tensors:  its parameters and buffers (trainable and frozen), and ``versions``, their in-place version
-              counters — every in-place write (an optimizer step, ``load_state_dict``, ``copy_``) increments it
-    random:   whether a forward drew random numbers (an active dropout)
+    model:       a weak reference to the model object
+    tensors:     its parameters and buffers (trainable and frozen), and ``versions``, their in-place version
+                 counters (an optimizer step, ``load_state_dict``, ``copy_`` increment them)
+    fingerprint: a hash of the values of those tensors, bit for bit (:func:`tensor_fingerprints`): it sees the
+                 writes the version counters miss — ``p.data`` writes, ``vector_to_parameters``, fused and
+                 foreach optimizers, DTensor shards
+    settings:    every module's plain Python state (:func:`scalar_settings`): train/eval modes, peft adapters
+                 enabled or disabled and their scales, a backbone's guidance scale
+    random:      whether a forward drew random numbers (an active dropout)
 
-    Writes through ``.data`` bypass the version counter and are not seen.
+    This is the second check of velocity reuse; the first is the caller's control flow (``policy_update``'s
+    ``rollout_policy``: the trainer allows reuse only before any optimizer step or weight load).
     """
 
     model: weakref.ref
     tensors: tuple[torch.Tensor, ...]
     versions: tuple[int, ...]
+    fingerprint: torch.Tensor
+    settings: tuple
     random: bool
 
 
@@ -375,6 +383,81 @@ def _policy_tensors(model: VelocityFn) -> tuple[torch.Tensor, ...] | None:
         return (*model.parameters(), *model.buffers())
     params = getattr(model, "trainable_parameters", None)
     return tuple(params()) if callable(params) else None
+
+
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_CHUNK = 1 << 22  # elements hashed at a time: bounds the temporary int64 tensors (~100 MB)
+
+
+def tensor_fingerprints(tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """One int64 hash per tensor of its values bit for bit: Σ_i bits_i·m_i with the raw bits of element i and
+    an odd multiplier m_i that depends on the position i (Knuth's multiplicative hash), in wrapping int64
+    arithmetic. Any change of any element changes it (but for a collision of ~2⁻⁶⁴ odds). A DTensor is hashed
+    by its local shard. Shape (n,), on the CPU."""
+    out = []
+    for x in tensors:
+        local = x.to_local() if hasattr(x, "to_local") else x
+        flat = local.detach().reshape(-1)
+        if flat.dtype.is_complex:
+            flat = torch.view_as_real(flat).reshape(-1)
+        bits = flat.view(_BITS[flat.element_size()]) if flat.dtype != torch.bool else flat.to(torch.uint8)
+        h = torch.zeros((), dtype=torch.int64, device=flat.device)
+        for start in range(0, bits.numel(), _CHUNK):
+            part = bits[start : start + _CHUNK].to(torch.int64)
+            pos = torch.arange(start, start + part.numel(), device=flat.device, dtype=torch.int64)
+            h = h + (part * (pos * 2654435761 % (1 << 31) * 2 + 1)).sum()
+        out.append(h)
+    return torch.stack(out).cpu() if out else torch.zeros(0, dtype=torch.int64)
+
+
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def _plain(value: object, depth: int = 0) -> object:
+    """``value`` as a hashable plain value when it is a scalar or a small container of scalars, else ...."""
+    if isinstance(value, _SCALARS):
+        return value
+    if depth < 2 and isinstance(value, (tuple, list, set, frozenset)) and len(value) <= 64:
+        items = [_plain(v, depth + 1) for v in value]
+        if all(i is not ... for i in items):
+            return (
+                type(value).__name__,
+                tuple(sorted(items, key=repr) if isinstance(value, (set, frozenset)) else items),
+            )
+    if depth < 2 and isinstance(value, dict) and len(value) <= 64:
+        items = [(str(k), _plain(v, depth + 1)) for k, v in value.items()]
+        if all(v is not ... for _, v in items):
+            return ("dict", tuple(sorted(items)))
+    return ...
+
+
+def scalar_settings(model: object) -> tuple:
+    """The plain Python state of ``model`` and of each of its submodules: every attribute whose value is a
+    bool, number, string or None, or a small tuple/list/dict of them. That holds a module's ``training`` flag,
+    peft's ``_disable_adapters``, active adapter names and ``scaling`` dict, and a backbone's scalar settings
+    (``cfg_scale``, a guidance value). Tensors and other objects are left out (the tensors are hashed)."""
+    objects = list(model.modules()) if isinstance(model, torch.nn.Module) else [model]
+    if not isinstance(model, torch.nn.Module):
+        objects += [m for v in vars(model).values() if isinstance(v, torch.nn.Module) for m in v.modules()]
+    out = []
+    for obj in objects:
+        state = getattr(obj, "__dict__", {})
+        out.append(tuple((k, p) for k, v in sorted(state.items()) if (p := _plain(v)) is not ...))
+    return tuple(out)
+
+
+def _agree(changed: bool, tensors: tuple[torch.Tensor, ...]) -> bool:
+    """Under FSDP (DTensor parameters) each rank hashes its own shards: the ranks agree that the policy changed
+    when it did on any of them, so that every rank takes the same branch (a forward is a collective there)."""
+    mesh = next((x.device_mesh for x in tensors if hasattr(x, "device_mesh")), None)
+    if mesh is None:
+        return changed
+    import torch.distributed as dist
+
+    device = next(x.to_local().device for x in tensors if hasattr(x, "device_mesh"))
+    flag = torch.tensor([float(changed)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def policy_state(model: VelocityFn, z: torch.Tensor, t: torch.Tensor, cond: Cond) -> PolicyState | None:
@@ -388,20 +471,31 @@ def policy_state(model: VelocityFn, z: torch.Tensor, t: torch.Tensor, cond: Cond
     if tensors is None:
         return None
     versions = tuple(x._version for x in tensors)
-    return PolicyState(ref, tensors, versions, forward_draws_random(model, z, t, cond))
+    return PolicyState(
+        ref,
+        tensors,
+        versions,
+        tensor_fingerprints(tensors),
+        scalar_settings(model),
+        forward_draws_random(model, z, t, cond),
+    )
 
 
 def same_policy(
     state: PolicyState | None, model: VelocityFn, z: torch.Tensor, t: torch.Tensor, cond: Cond
 ) -> bool:
     """Whether ``model`` is still the policy recorded in ``state``: the same object, the same parameter and
-    buffer objects at the same versions, and neither then nor now a forward that draws random numbers."""
+    buffer objects at the same versions holding the same bits, the same plain settings (modes, adapters,
+    scales), and neither then nor now a forward that draws random numbers."""
     if state is None or state.random or state.model() is not model:
         return False
     tensors = _policy_tensors(model)
     if tensors is None or len(tensors) != len(state.tensors):
         return False
-    if any(a is not b or a._version != v for a, b, v in zip(tensors, state.tensors, state.versions)):
+    changed = any(a is not b or a._version != v for a, b, v in zip(tensors, state.tensors, state.versions))
+    changed = changed or not torch.equal(tensor_fingerprints(tensors), state.fingerprint)
+    changed = changed or scalar_settings(model) != state.settings
+    if _agree(changed, tensors):
         return False
     return not forward_draws_random(model, z, t, cond)
 

@@ -110,7 +110,9 @@ def test_advantages_equal_flow_grpo_stat_tracker(std, global_std):
 
 
 def test_advantages_equal_dance_grpo():
-    order = sorted(range(len(PEER_PROMPTS)), key=lambda i: PEER_PROMPTS[i])  # DanceGRPO's groups are contiguous
+    order = sorted(
+        range(len(PEER_PROMPTS)), key=lambda i: PEER_PROMPTS[i]
+    )  # DanceGRPO's groups are contiguous
     rewards = [PEER_REWARDS[i] for i in order]
     groups = torch.tensor([ord(PEER_PROMPTS[i]) for i in order])
     adv = group_advantages(torch.tensor(rewards), groups, std="group-unbiased", clip=None)

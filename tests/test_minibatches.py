@@ -80,3 +80,33 @@ def test_minibatches_partition_the_samples_reproducibly(tmp_path):
     assert len(parts) == 4 and sorted(torch.cat(parts).tolist()) == list(range(8))
     assert all(torch.equal(a, b) for a, b in zip(parts, minibatch_indices(cfg, 3, 0, 8)))  # resume replays it
     assert not all(torch.equal(a, b) for a, b in zip(parts, minibatch_indices(cfg, 4, 0, 8)))
+
+
+def test_fused_optimizer_reuse_on_the_first_minibatch_only(tmp_path):
+    """A fused AdamW step moves no version counter; the second mini-batch still reuses nothing."""
+    trainer = make_trainer(tmp_path, "updates_per_rollout=2")
+    trainer.optimizer = torch.optim.AdamW(trainer.params, lr=3e-2, weight_decay=1e-4, fused=True)
+    traj, adv = rollout_of_step(trainer, 1)
+    versions = [p._version for p in trainer.params]
+    first, second = trainer.update_phase(1, traj, adv)[0]
+    assert [p._version for p in trainer.params] == versions  # the steps happened unseen by the counters
+    assert first.counts.reused == 2 and first.counts.forward_nograd == 0
+    assert second.counts.reused == 0 and second.counts.forward_nograd == 2
+
+
+def test_trainer_control_flow_alone_forbids_stale_reuse(tmp_path, monkeypatch):
+    """With the guard switched off (always yes), the trainer still reuses only on the first mini-batch of a
+    rollout, and not at all after a checkpoint load since the rollout."""
+    import jagg_engine.jagg as engine
+
+    monkeypatch.setattr(engine, "can_reuse_velocities", lambda model, traj: True)
+    trainer = make_trainer(tmp_path, "updates_per_rollout=2")
+    traj, adv = rollout_of_step(trainer, 1)
+    first, second = trainer.update_phase(1, traj, adv)[0]
+    assert (first.counts.reused, second.counts.reused) == (2, 0)
+
+    trainer.save_checkpoint(1)
+    traj, adv = rollout_of_step(trainer, 2)
+    assert trainer.load_checkpoint() == 1  # a weight load after the rollout
+    first, second = trainer.update_phase(2, traj, adv)[0]
+    assert (first.counts.reused, second.counts.reused) == (0, 0)

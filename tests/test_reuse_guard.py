@@ -62,7 +62,7 @@ def update(model, traj, adv, reuse):
     torch.manual_seed(123)  # the same dropout masks with and without reuse
     config = UpdateConfig(window=4, clip_range=1e-2, reuse_rollout_velocity=reuse)
     result = policy_update(model, traj, adv, config, SAMPLER)
-    return result, torch.cat([p.grad.flatten() for p in params])
+    return result, torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad).flatten() for p in params])
 
 
 def assert_no_reuse_same_gradient(model, traj, adv):
@@ -152,3 +152,160 @@ def test_random_op_watch():
     state = torch.get_rng_state()
     forward_draws_random(lambda z, t, c: F.dropout(z, 0.5), x, torch.zeros(2), None)
     assert torch.equal(torch.get_rng_state(), state)  # the check draws nothing from the caller's RNG
+
+
+# ---------------------------------------------------------------------- writes the version counters miss
+# Each write below leaves every parameter's ``_version`` where it was (asserted where that is the point), so a
+# guard of version counters alone would reuse stale velocities; the value fingerprint and the settings see
+# them: 0 velocities reused, and the gradient bit-equal to the one without reuse.
+
+
+def versions(model):
+    return [p._version for p in model.parameters()]
+
+
+def assert_stale(model, traj):
+    """The stored velocities are no longer the policy's: reusing them would have been wrong."""
+    with torch.no_grad():
+        now = model(traj.latents[1], traj.sigmas[1].expand(traj.batch_size))
+    assert not torch.equal(now, traj.velocities[1])
+
+
+def test_data_write_stops_reuse():
+    model = Net().eval()
+    traj, adv = sample(model)
+    before = versions(model)
+    model.inp.weight.data.mul_(1 + 1e-3)  # .data: a view with its own version counter
+    model.out.bias.data = model.out.bias.data + 1e-3  # a new storage behind the same Parameter
+    assert versions(model) == before
+    assert_stale(model, traj)
+    assert_no_reuse_same_gradient(model, traj, adv)
+
+
+def test_vector_to_parameters_stops_reuse():
+    from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+    model = Net().eval()
+    traj, adv = sample(model)
+    before = versions(model)
+    vector_to_parameters(parameters_to_vector(model.parameters()) * (1 + 1e-3), model.parameters())
+    assert versions(model) == before
+    assert_stale(model, traj)
+    assert_no_reuse_same_gradient(model, traj, adv)
+
+
+def test_fused_adamw_step_stops_reuse():
+    model = Net().eval()
+    traj, adv = sample(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    update(model, traj, adv, "off")  # some gradient
+    before = versions(model)
+    optimizer.step()
+    assert versions(model) == before  # the fused kernel writes without bumping the counters
+    assert_stale(model, traj)
+    assert_no_reuse_same_gradient(model, traj, adv)
+
+
+class Gain(Net):
+    """Net with a plain float setting read by the forward (as a guidance scale is)."""
+
+    def __init__(self):
+        super().__init__()
+        self.gain = 1.0
+
+    def forward(self, z, t, cond=None):
+        return self.gain * super().forward(z, t, cond)
+
+
+def test_scalar_attribute_change_stops_reuse():
+    model = Gain().eval()
+    traj, adv = sample(model)
+    model.gain = 1.5
+    assert_stale(model, traj)
+    assert_no_reuse_same_gradient(model, traj, adv)
+    model.gain = 1.0  # back to the sampling setting: the policy is the sampling one again
+    assert update(model, traj, adv, "auto")[0].counts.reused == INNER
+
+
+class Normed(Net):
+    """Net with a BatchNorm: train mode normalises by the batch, eval mode by the running statistics."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.BatchNorm1d(6, dtype=F64)
+
+    def forward(self, z, t, cond=None):
+        return super().forward(self.norm(z), t, cond)
+
+
+def test_module_mode_change_stops_reuse():
+    model = Normed().eval()
+    traj, adv = sample(model)
+    model.norm.train()
+    assert_stale(model, traj)
+    assert_no_reuse_same_gradient(model, traj, adv)
+
+
+def lora_net():
+    from peft import LoraConfig, inject_adapter_in_model
+
+    model = inject_adapter_in_model(LoraConfig(r=2, lora_alpha=2, target_modules=["inp"]), Net())
+    torch.manual_seed(5)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            p.data = torch.randn_like(p).to(F64)  # a trained adapter (B = 0 at init changes nothing)
+        elif "lora_" in name:
+            p.data = p.data.to(F64)
+        p.requires_grad_(True)  # the base weights train too: the gradient exists with the adapter off
+    return model.eval()
+
+
+def lora_layers(model):
+    from peft.tuners.lora import LoraLayer
+
+    return [m for m in model.modules() if isinstance(m, LoraLayer)]
+
+
+def test_lora_adapter_toggled_stops_reuse():
+    model = lora_net()
+    traj, adv = sample(model)
+    for layer in lora_layers(model):
+        layer.enable_adapters(False)
+    assert_stale(model, traj)
+    assert_no_reuse_same_gradient(model, traj, adv)
+    for layer in lora_layers(model):
+        layer.enable_adapters(True)
+    assert update(model, traj, adv, "auto")[0].counts.reused == INNER
+
+
+def test_lora_adapter_rescaled_stops_reuse():
+    model = lora_net()
+    traj, adv = sample(model)
+    for layer in lora_layers(model):
+        layer.scale_layer(2.0)
+    assert_stale(model, traj)
+    assert_no_reuse_same_gradient(model, traj, adv)
+
+
+def test_caller_that_wrote_the_policy_forbids_reuse_whatever_the_guard_says(monkeypatch):
+    """rollout_policy=False: no reuse even where the guard would allow it (the trainer's first check)."""
+    model = Net().eval()
+    traj, adv = sample(model)
+    config = UpdateConfig(window=4, clip_range=1e-2, reuse_rollout_velocity="auto")
+    result = policy_update(model, traj, adv, config, SAMPLER, rollout_policy=False)
+    assert result.counts.reused == 0 and result.counts.forward_nograd == INNER
+
+
+def test_fingerprint_sees_any_single_bit():
+    from jagg_engine.sde import tensor_fingerprints
+
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        x = torch.randn(1000, dtype=dtype)
+        h = tensor_fingerprints((x,))
+        y = x.clone()
+        y.view(
+            torch.int16 if dtype == torch.bfloat16 else torch.int32 if dtype == torch.float32 else torch.int64
+        )[517] ^= 1  # the lowest bit of one element
+        assert not torch.equal(tensor_fingerprints((y,)), h)
+        assert not torch.equal(tensor_fingerprints((x.roll(1),)), h)  # the positions count
+        assert torch.equal(tensor_fingerprints((x.clone(),)), h)

@@ -240,6 +240,9 @@ class Trainer:
         self.prompts = prompt_source(cfg)
         self.eval_prompts = prompt_source(cfg, eval_set=True)[: cfg.eval_num_prompts]
         self.start_step = 1
+        # Parameter writes so far (optimizer steps, checkpoint loads), and their count when the last rollout
+        # sampled: reuse of its velocities is allowed only while the two are equal (update_phase).
+        self.policy_writes, self.rollout_writes = 0, -1
 
     # -------------------------------------------------------------------------------- one step, in phases
     def step_prompts(self, step: int) -> tuple[list[str], torch.Tensor]:
@@ -259,6 +262,7 @@ class Trainer:
             cond = self.model.encode_prompts(prompts)
         reuse = self.update.reuse_rollout_velocity == "auto" and self.update.strategy == "jagg"
         noise = noise.to(self.acc.device, self.params[0].dtype)
+        self.rollout_writes = self.policy_writes  # the policy this rollout samples
         return rollout(
             self.model,
             cond,
@@ -280,9 +284,7 @@ class Trainer:
         """Advantages of this rank's samples, normalised over the rewards of ALL ranks; and the gathered rewards."""
         all_rewards = self.acc.gather(rewards.to(self.acc.device)).cpu()
         all_groups = self.acc.gather(groups.to(self.acc.device)).cpu()
-        adv = group_advantages(
-            all_rewards, all_groups, std=self.cfg.adv_std, clip=self.cfg.adv_clip
-        )
+        adv = group_advantages(all_rewards, all_groups, std=self.cfg.adv_std, clip=self.cfg.adv_clip)
         n = rewards.shape[0]
         return adv[self.rank * n : (self.rank + 1) * n], all_rewards
 
@@ -292,7 +294,8 @@ class Trainer:
         clip = self.cfg.grad_clip if self.cfg.grad_clip else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(self.params, clip)
         norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
-        self.optimizer.step()  # bumps the parameters' version counters: the rollout's velocities go stale
+        self.optimizer.step()
+        self.policy_writes += 1  # the rollout's velocities are stale from here on
         self.optimizer.zero_grad(set_to_none=True)
         return norm
 
@@ -303,15 +306,25 @@ class Trainer:
         each (Flow-GRPO's several steps per sampling epoch). Advantages were normalised over the whole rollout
         batch of all ranks before the split; the old log-probs are the rollout's, so on mini-batch m > 1 the
         PPO ratio compares the updated policy with the sampling one. Mini-batch m is the m-th slice of a
-        permutation seeded by (seed, step, rank): a resumed run replays it. Velocity reuse happens only where
-        the policy is still the sampling one, i.e. on the first mini-batch (the guard sees the optimizer step).
+        permutation seeded by (seed, step, rank): a resumed run replays it.
+
+        Velocity reuse is decided here first: only the first mini-batch may reuse, and only if no optimizer
+        step, checkpoint load or other parameter write (:attr:`policy_writes`) happened since the rollout;
+        the engine's guard (:func:`jagg_engine.jagg.can_reuse_velocities`) is the second check.
         """
         results, norms = [], []
-        for index in minibatch_indices(self.cfg, step, self.rank, traj.batch_size):
+        for m, index in enumerate(minibatch_indices(self.cfg, step, self.rank, traj.batch_size)):
             part = traj if index is None else traj.select(index)
             part_adv = adv if index is None else adv[index]
+            fresh = m == 0 and self.policy_writes == self.rollout_writes
             result = policy_update(
-                self.model, part, part_adv.to(self.acc.device), self.update, self.sampler, self.ref_model()
+                self.model,
+                part,
+                part_adv.to(self.acc.device),
+                self.update,
+                self.sampler,
+                self.ref_model(),
+                rollout_policy=fresh,
             )
             if not math.isfinite(result.loss):
                 raise TrainingError(f"loss: non-finite policy loss at step {step}")
@@ -568,6 +581,7 @@ class Trainer:
                 if isinstance(p, DTensor):
                     saved = distribute_tensor(saved, p.device_mesh, p.placements)
                 p.copy_(saved)
+        self.policy_writes += 1
         optim = state.optimizer
         if self.fsdp:  # this rank's shards back into DTensors placed like their parameters
             for index, name in state.distributed:
