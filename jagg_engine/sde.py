@@ -55,6 +55,21 @@ def make_sigmas(num_steps: int, shift: float = 1.0, dtype: torch.dtype = torch.f
     return shift_sigmas(sigmas, shift).to(dtype)
 
 
+def explicit_sigmas(
+    schedule: tuple[float, ...] | list[float] | torch.Tensor,
+    num_steps: int,
+    dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """A given σ grid (a diffusers pipeline's, :meth:`DiffusersBackbone.pipeline_sigmas`) checked: T + 1 values,
+    strictly decreasing, in [0, 1], the last one 0 (the image). Shape (T + 1,)."""
+    sigmas = torch.as_tensor(schedule, dtype=torch.float64).reshape(-1)
+    if sigmas.numel() != num_steps + 1:
+        raise ValueError(f"schedule: must hold num_steps + 1 = {num_steps + 1} sigmas, got {sigmas.numel()}")
+    if not (sigmas[1:] < sigmas[:-1]).all() or sigmas[0] > 1 or sigmas[-1] != 0:
+        raise ValueError("schedule: sigmas must decrease strictly from at most 1 to 0")
+    return sigmas.to(dtype)
+
+
 class StepOutput(NamedTuple):
     prev_sample: torch.Tensor  # z_{j+1}, (B, ...)
     log_prob: torch.Tensor  # log π(z_{j+1} | z_j) averaged over non-batch dims, (B,)
@@ -254,6 +269,8 @@ class SamplerConfig:
                 steps (Flow-GRPO-Fast). None = every step, except the last for a kind whose last step is not
                 stochastic (CPS).
     cps_log_prob: "flow-grpo" | "gaussian" — the CPS log-prob form (module docstring); other kinds ignore it.
+    schedule:   σ_0 … σ_T given explicitly (T + 1 values, decreasing, e.g. a diffusers pipeline's scheduler
+                grid: :func:`explicit_sigmas`), or None = uniform then shifted by ``shift`` (:func:`make_sigmas`).
     """
 
     kind: str = "flow-grpo"
@@ -262,6 +279,7 @@ class SamplerConfig:
     shift: float = 1.0
     sde_window: tuple[int, int] | None = None
     cps_log_prob: str = "flow-grpo"
+    schedule: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         get_sde(self.kind)  # an unknown kind raises, never falls back to another
@@ -281,6 +299,8 @@ class SamplerConfig:
                 )
 
     def sigmas(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        if self.schedule is not None:
+            return explicit_sigmas(self.schedule, self.num_steps, dtype)
         return make_sigmas(self.num_steps, self.shift, dtype)
 
     def sde_steps(self) -> list[int]:
@@ -623,15 +643,24 @@ def _rollout_part(
 
 @torch.no_grad()
 def ode_sample(
-    model: VelocityFn, cond: Cond, noise: torch.Tensor, num_steps: int, shift: float = 1.0
+    model: VelocityFn,
+    cond: Cond,
+    noise: torch.Tensor,
+    num_steps: int,
+    shift: float = 1.0,
+    schedule: tuple[float, ...] | None = None,
 ) -> torch.Tensor:
     """Deterministic Euler sampling of the flow ODE from z_0 = ``noise`` (B, *S) → final z_T (B, *S).
 
     Used for evaluation (the trainer's and `jagg eval`'s): fixed prompts and seeds (:func:`eval_noise`) give
-    the same images for every run, so two runs can be compared image by image.
+    the same images for every run, so two runs can be compared image by image. ``schedule``: an explicit σ
+    grid as :attr:`SamplerConfig.schedule` (None = uniform, shifted by ``shift``).
     """
     dtype = compute_dtype(noise.dtype)
-    sigmas = make_sigmas(num_steps, shift, dtype).to(noise.device)
+    if schedule is not None:
+        sigmas = explicit_sigmas(schedule, num_steps, dtype).to(noise.device)
+    else:
+        sigmas = make_sigmas(num_steps, shift, dtype).to(noise.device)
     z = noise.to(dtype)
     for j in range(num_steps):
         z = ode_step(model(z, sigmas[j].expand(z.shape[0]), cond), z, sigmas[j], sigmas[j + 1])

@@ -279,6 +279,12 @@ class DiffusersBackbone(torch.nn.Module):
         return contextlib.nullcontext()
 
     # ---- per model ---------------------------------------------------------------------------------------
+    def pipeline_sigmas(self, num_steps: int) -> torch.Tensor:
+        """σ_0 … σ_T of ``num_steps`` sampling steps as this backbone's diffusers pipeline sets its scheduler
+        for the image size it trains at (:func:`scheduler_sigmas`). Shape (T + 1,), float64, σ_T the
+        scheduler's terminal σ (0)."""
+        raise NotImplementedError
+
     def velocity(
         self, transformer: torch.nn.Module, z: torch.Tensor, t: torch.Tensor, cond: Cond
     ) -> torch.Tensor:
@@ -289,6 +295,50 @@ class DiffusersBackbone(torch.nn.Module):
 
     def _decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+
+def scheduler_sigmas(
+    scheduler: Any,
+    num_steps: int,
+    *,
+    sigmas: Sequence[float] | None = None,
+    image_seq_len: int | None = None,
+    max_shift: float = 1.15,
+) -> torch.Tensor:
+    """The σ grid a diffusers pipeline samples with: a copy of its ``scheduler`` set up by diffusers' own
+    ``retrieve_timesteps`` with the pipeline's ``sigmas`` and, when ``image_seq_len`` is given, the dynamic shift
+    μ = ``calculate_shift(image_seq_len, …)`` read from the scheduler's config (FLUX.1, Qwen-Image; SD3 only
+    when its scheduler uses dynamic shifting; ``max_shift`` is the pipeline's default when the config has
+    none). The scheduler's own shift (SD3's static 3.0), terminal σ and options apply as in the pipeline.
+    Returns its ``sigmas``: (T + 1,) float64."""
+    from diffusers.pipelines.flux.pipeline_flux import calculate_shift, retrieve_timesteps
+
+    scheduler = copy.deepcopy(scheduler)  # the pipeline's own scheduler keeps its state
+    extra: dict[str, Any] = {}
+    if image_seq_len is not None:
+        config = scheduler.config
+        extra["mu"] = calculate_shift(
+            image_seq_len,
+            config.get("base_image_seq_len", 256),
+            config.get("max_image_seq_len", 4096),
+            config.get("base_shift", 0.5),
+            config.get("max_shift", max_shift),
+        )
+    retrieve_timesteps(scheduler, num_steps, "cpu", sigmas=None if sigmas is None else list(sigmas), **extra)
+    return torch.as_tensor(scheduler.sigmas, dtype=torch.float64).cpu()
+
+
+def flux_like_sigmas(
+    scheduler: Any, num_steps: int, image_seq_len: int, honour_flow_sigmas: bool = True
+) -> torch.Tensor:
+    """FluxPipeline and QwenImagePipeline: σ = linspace(1, 1/T, T) and the dynamic shift of the packed image's
+    sequence length; FluxPipeline (``honour_flow_sigmas``) lets a scheduler with ``use_flow_sigmas`` make its
+    own grid instead."""
+    import numpy as np
+
+    own = honour_flow_sigmas and scheduler.config.get("use_flow_sigmas", False)
+    sigmas = None if own else np.linspace(1.0, 1 / num_steps, num_steps)
+    return scheduler_sigmas(scheduler, num_steps, sigmas=sigmas, image_seq_len=image_seq_len)
 
 
 def vae_decode(vae: torch.nn.Module, latents: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ import torch
 
 from . import BackboneConfigError
 from .base import Cond
-from .common import DiffusersBackbone, diffusers_factory, vae_decode
+from .common import DiffusersBackbone, diffusers_factory, flux_like_sigmas, vae_decode
 from .flux_core import FluxVelocity
 
 DEFAULT_MODEL = "black-forest-labs/FLUX.1-dev"
@@ -58,6 +58,10 @@ class FluxBackbone(DiffusersBackbone):
             return self.velocity_fn(z, t, cond)
         finally:
             self.velocity_fn.transformer = self.transformer
+
+    def pipeline_sigmas(self, num_steps: int) -> torch.Tensor:
+        """FluxPipeline's σ: linspace(1, 1/T, T) shifted by μ of the image's N packed tokens (dynamic shift)."""
+        return flux_like_sigmas(self.pipe.scheduler, num_steps, self.latent_shape[0])
 
     @torch.no_grad()
     def encode_prompts(self, prompts: Sequence[str]) -> Cond:

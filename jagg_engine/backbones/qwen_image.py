@@ -18,7 +18,7 @@ import torch
 
 from . import BackboneConfigError
 from .base import Cond
-from .common import DiffusersBackbone, diffusers_factory, vae_decode
+from .common import DiffusersBackbone, diffusers_factory, flux_like_sigmas, vae_decode
 
 DEFAULT_MODEL = "Qwen/Qwen-Image"
 
@@ -63,6 +63,12 @@ class QwenImageBackbone(DiffusersBackbone):
             img_shapes=img_shapes,
             return_dict=False,
         )[0]
+
+    def pipeline_sigmas(self, num_steps: int) -> torch.Tensor:
+        """QwenImagePipeline's σ: linspace(1, 1/T, T) shifted by μ of the image's N packed tokens."""
+        return flux_like_sigmas(
+            self.pipe.scheduler, num_steps, self.latent_shape[0], honour_flow_sigmas=False
+        )
 
     @torch.no_grad()
     def encode_prompts(self, prompts: Sequence[str]) -> Cond:

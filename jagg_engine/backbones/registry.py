@@ -54,6 +54,8 @@ class BackboneSpec:
     bench:               offered by ``jagg bench``
     in_app:              listed in the app's New-run form
     model_folder:        how a local model_path is checked (None: not checked)
+    pipeline_schedule:   the backbone can take its sampling σ from its diffusers pipeline's scheduler
+                         (``model.pipeline_sigmas(T)``); its default ``schedule`` is then "pipeline"
     """
 
     name: str
@@ -65,6 +67,7 @@ class BackboneSpec:
     in_app: bool = False
     model_folder: ModelFolder | None = None
     help: str = ""
+    pipeline_schedule: bool = False
 
     def factory_fn(self) -> Callable[..., Any]:
         return resolve(self.factory)
@@ -84,12 +87,22 @@ def register_backbone(
     in_app: bool = False,
     model_folder: ModelFolder | None = None,
     help: str = "",
+    pipeline_schedule: bool = False,
 ) -> BackboneSpec:
     """Register (or replace) the backbone ``name``; returns its entry."""
     if not name or not isinstance(name, str):
         raise ValueError(f"backbone: a backbone needs a non-empty name, got {name!r}")
     spec = BackboneSpec(
-        name, factory, dict(options or {}), procedural_prompts, prompts, bench, in_app, model_folder, help
+        name,
+        factory,
+        dict(options or {}),
+        procedural_prompts,
+        prompts,
+        bench,
+        in_app,
+        model_folder,
+        help,
+        pipeline_schedule,
     )
     BACKBONES[name] = spec
     return spec
@@ -143,6 +156,7 @@ register_backbone(
     in_app=True,
     model_folder=DIFFUSERS_FOLDER,
     help="FLUX.1 (diffusers FluxPipeline), LoRA or full fine-tuning",
+    pipeline_schedule=True,
 )
 register_backbone(
     "qwen-image",
@@ -151,6 +165,7 @@ register_backbone(
     in_app=True,
     model_folder=DIFFUSERS_FOLDER,
     help="Qwen-Image (diffusers QwenImagePipeline), LoRA or full fine-tuning",
+    pipeline_schedule=True,
 )
 register_backbone(
     "sd3",
@@ -159,6 +174,7 @@ register_backbone(
     in_app=True,
     model_folder=DIFFUSERS_FOLDER,
     help="Stable Diffusion 3 / 3.5 (diffusers StableDiffusion3Pipeline), LoRA or full fine-tuning",
+    pipeline_schedule=True,
 )
 register_backbone(
     "tiny-flux",

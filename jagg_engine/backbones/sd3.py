@@ -17,7 +17,7 @@ import torch
 
 from . import BackboneConfigError
 from .base import Cond
-from .common import DiffusersBackbone, diffusers_factory, vae_decode
+from .common import DiffusersBackbone, diffusers_factory, scheduler_sigmas, vae_decode
 
 DEFAULT_MODEL = "stabilityai/stable-diffusion-3.5-medium"
 
@@ -55,6 +55,16 @@ class SD3Backbone(DiffusersBackbone):
     ) -> torch.Tensor:
         """(B, C, h, w) latents at flow time t (B,) → velocity (B, C, h, w), guided when cfg_scale > 1."""
         return sd3_velocity(transformer, z, t, cond, self.cfg_scale)
+
+    def pipeline_sigmas(self, num_steps: int) -> torch.Tensor:
+        """StableDiffusion3Pipeline's σ: the scheduler's own grid and static shift (3.0 for SD3/3.5); a dynamic
+        shift from the (h/p)·(w/p) patch count only when its scheduler is configured for one."""
+        patch = self.transformer.config.patch_size
+        side = self.latent_shape[1] // patch
+        dynamic = self.pipe.scheduler.config.get("use_dynamic_shifting", False)
+        return scheduler_sigmas(
+            self.pipe.scheduler, num_steps, image_seq_len=side * side if dynamic else None, max_shift=1.16
+        )
 
     @torch.no_grad()
     def encode_prompts(self, prompts: Sequence[str]) -> Cond:

@@ -51,6 +51,7 @@ ALGORITHMS = SDE_KINDS.keys()
 STRATEGIES = ("exact", "jagg", "endpoint")
 ENDPOINT_BACKWARDS = ("joint", "sequential")
 ADV_STDS = ("group", "global", "centered", "group-unbiased")  # jagg_engine.grpo.ADV_STDS, without torch
+SCHEDULES = ("pipeline", "shifted-linear")
 PRECISIONS = ("fp32", "bf16")
 PROMPT_SUFFIXES = (".txt", ".jsonl")
 _WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".ckpt", ".bin", ".gguf")
@@ -143,7 +144,13 @@ class TrainConfig:
     algorithm: str = _f("flow-grpo", "SDE sampler: flow-grpo, dance or cps.")
     sampling_steps: int = _f(12, "Number of denoising steps T of a rollout.", low=2, high=1000)
     eta: float = _f(0.7, "SDE noise level η (> 0; cps needs η <= 1).")
-    shift: float = _f(1.0, "Timestep shift of the flow schedule (1 = none; Flux/SD3 use 3).")
+    shift: float = _f(1.0, "Timestep shift of the shifted-linear schedule (1 = none).")
+    schedule: str | None = _f(
+        None,
+        "Sampling sigmas: pipeline (the diffusers pipeline's own scheduler: FLUX's dynamic shift from the image"
+        " size, SD3's static shift) or shifted-linear (uniform, then shift); null = the backbone's default"
+        " (pipeline for flux, sd3 and qwen-image).",
+    )
     sde_window_start: int | None = _f(0, "First SDE (trained) step; null = 0.")
     sde_window_end: int | None = _f(
         8, "End (exclusive) of the SDE (trained) steps; null = sampling_steps. Steps outside run as ODE."
@@ -272,6 +279,13 @@ class TrainConfig:
         last = self.sampling_steps - (0 if self._sde_kind().last_step_stochastic else 1)
         end = last if self.sde_window_end is None else self.sde_window_end
         return start, end
+
+    def resolved_schedule(self) -> str:
+        """``schedule``, or when null the backbone's default: pipeline where its registry entry has a pipeline
+        scheduler (``pipeline_schedule``), else shifted-linear."""
+        if self.schedule is not None:
+            return self.schedule
+        return "pipeline" if self._backbone_spec().pipeline_schedule else "shifted-linear"
 
     def _sde_kind(self) -> Any:
         """The registry entry of ``algorithm``; ConfigError (one line) when it is not registered."""
@@ -478,6 +492,18 @@ class TrainConfig:
         if kind.max_eta is not None and self.eta > kind.max_eta:
             raise ConfigError(f"eta: {self.algorithm} needs 0 < eta <= {kind.max_eta:g}, got {self.eta}")
         _positive("shift", self.shift)
+        if self.schedule is not None:
+            _one_of("schedule", self.schedule, SCHEDULES)
+        if self.resolved_schedule() == "pipeline":
+            if not self._backbone_spec().pipeline_schedule:
+                raise ConfigError(
+                    f"schedule: backbone {self.backbone!r} has no diffusers pipeline scheduler; allowed: shifted-linear"
+                )
+            if self.shift != 1.0:
+                raise ConfigError(
+                    f"shift: the pipeline schedule takes its shift from the model's scheduler; leave shift at 1"
+                    f" or set schedule=shifted-linear, got shift {self.shift:g}"
+                )
         _positive("cfg_scale", self.cfg_scale)
         start, end = self.sde_window()
         if not 0 <= start < self.sampling_steps:

@@ -41,7 +41,7 @@ from jagg_engine.jagg import UpdateResult, auto_jagg_frac, policy_update
 from jagg_engine.plugins import resolve
 from jagg_engine.probe import probe_groups
 from jagg_engine.rewards.registry import WeightedReward
-from jagg_engine.sde import Trajectory, eval_noise, ode_sample, rollout
+from jagg_engine.sde import SamplerConfig, Trajectory, eval_noise, ode_sample, rollout
 from jagg_engine.store import RunStore, open_store
 from jagg_engine.train import checkpoint
 from jagg_engine.train.config import TrainConfig, read_prompts
@@ -118,6 +118,16 @@ def build_model(cfg: TrainConfig, device: torch.device) -> Any:
     if isinstance(model, torch.nn.Module):
         model.to(device).eval()  # no dropout: the update must see the function that sampled
     return model
+
+
+def sampler_config(cfg: TrainConfig, model: Any) -> SamplerConfig:
+    """The rollout's sampler: ``cfg.sampler_config()`` with, under ``schedule: pipeline``, the σ grid of the
+    backbone's diffusers pipeline for ``sampling_steps`` steps at the size it trains (``model.pipeline_sigmas``)."""
+    sampler = cfg.sampler_config()
+    if cfg.resolved_schedule() != "pipeline":
+        return sampler
+    sigmas = model.pipeline_sigmas(cfg.sampling_steps)  # (T + 1,)
+    return dataclasses.replace(sampler, schedule=tuple(float(s) for s in sigmas))
 
 
 def prompt_source(cfg: TrainConfig, eval_set: bool = False) -> list[str]:
@@ -236,7 +246,7 @@ class Trainer:
             raise TrainingError("backbone: the model has no trainable parameters")
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.reward = WeightedReward(cfg.rewards, cfg.reward_options)
-        self.sampler, self.update = cfg.sampler_config(), cfg.update_config()
+        self.sampler, self.update = sampler_config(cfg, self.model), cfg.update_config()
         self.prompts = prompt_source(cfg)
         self.eval_prompts = prompt_source(cfg, eval_set=True)[: cfg.eval_num_prompts]
         self.start_step = 1
@@ -434,6 +444,7 @@ class Trainer:
                 noise[i : i + 64].to(self.acc.device, dtype),
                 self.cfg.sampling_steps,
                 self.cfg.shift,
+                self.sampler.schedule,
             )
             img = self.model.decode(z)
             total, parts = self.reward(img, chunk)
