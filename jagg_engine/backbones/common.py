@@ -9,8 +9,11 @@ a submodule, so ``.parameters()`` and ``.to()`` see it); text encoders and the V
 object, frozen, in eval mode and outside the module tree. Subclasses implement ``velocity`` (the raw model
 call), ``encode_prompts`` and ``_decode_latents``.
 
-Precision: on a GPU the weights load in bfloat16 and every forward runs under bf16 autocast; on the CPU
-everything is float32. LoRA weights are always float32 (they are what the optimizer steps).
+Precision (mixed precision with float32 master weights, as Flow-GRPO and DanceGRPO train): with a bf16
+``dtype`` (the default on a GPU, ``precision: bf16``) the frozen weights load in bfloat16, every trained weight
+is kept in float32 — the LoRA weights, or with full fine-tuning the whole transformer — and every forward runs
+under bf16 autocast (CPU or GPU), so matmuls compute in bf16 while the optimizer steps float32 masters and an
+update far below bf16's resolution (2⁻⁸ relative) still accumulates. With ``dtype`` float32 nothing is cast.
 
 Reference policy (for the KL term): with LoRA it is the same transformer with the adapter disabled (peft's
 adapter layers switched off); with full fine-tuning (``lora_rank=0``) a frozen copy of the initial weights.
@@ -205,10 +208,11 @@ class DiffusersBackbone(torch.nn.Module):
             self._trainable = add_lora(self.transformer, lora_rank, lora_alpha, lora_target_modules)
         else:
             self.transformer.requires_grad_(True)
-            self._trainable = list(self.transformer.parameters())
-            if reference_copy:
+            if reference_copy:  # frozen, so in the compute dtype
                 ref = copy.deepcopy(self.transformer).requires_grad_(False).eval()
                 self._reference_transformer.append(ref)
+            self.transformer.float()  # float32 masters; the forward computes in ``dtype`` under autocast
+            self._trainable = list(self.transformer.parameters())
         self._use_reference = False
         if gradient_checkpointing:
             self.enable_gradient_checkpointing()
@@ -273,9 +277,9 @@ class DiffusersBackbone(torch.nn.Module):
         self.transformer.enable_gradient_checkpointing()
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        """bf16 autocast on a GPU when the weights are bf16; nothing on the CPU."""
-        if self.device_.type == "cuda" and self.dtype != torch.float32:
-            return torch.autocast("cuda", dtype=self.dtype)
+        """Autocast to ``dtype`` (bf16 compute over float32 masters) when it is not float32, on the CPU or GPU."""
+        if self.dtype != torch.float32:
+            return torch.autocast(self.device_.type, dtype=self.dtype)
         return contextlib.nullcontext()
 
     # ---- per model ---------------------------------------------------------------------------------------
