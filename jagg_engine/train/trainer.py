@@ -79,13 +79,19 @@ def average_gradients(params: list[torch.nn.Parameter], world: int, bucket_bytes
     The gradients are packed into flat buckets (one dtype and device each, at most ``bucket_bytes``) and each
     bucket is one all-reduce, as DDP does, but once after the whole update rather than from backward hooks:
     a JAGG update makes several ``autograd.backward`` calls through backbone methods that are not the
-    module's ``forward``, which DDP's reducer does not follow. A missing ``.grad`` counts as zeros.
+    module's ``forward``, which DDP's reducer does not follow. A parameter with no ``.grad`` on any rank keeps
+    ``None``, as under DDP (so AdamW leaves it alone: no weight decay on a weight that nothing used); one with a
+    gradient on some ranks only counts as zeros on the others.
     """
     import torch.distributed as dist
 
-    for p in params:
+    has = torch.tensor([float(p.grad is not None) for p in params], device=params[0].device)  # (P,)
+    dist.all_reduce(has, op=dist.ReduceOp.MAX)
+    used = [p for p, h in zip(params, has.tolist()) if h]
+    for p in used:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
+    params = used
     buckets: dict[tuple[torch.dtype, torch.device], list[list[torch.nn.Parameter]]] = {}
     filled: dict[tuple[torch.dtype, torch.device], int] = {}
     for p in params:
