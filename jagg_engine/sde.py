@@ -451,18 +451,24 @@ def _plain(value: object, depth: int = 0) -> object:
     return ...
 
 
+# nn.Module's own book-keeping (hook registries, _parameters, …): not settings of the function it computes
+_MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) - {"training"}
+
+
 def scalar_settings(model: object) -> tuple:
     """The plain Python state of ``model`` and of each of its submodules: every attribute whose value is a
     bool, number, string or None, or a small tuple/list/dict of them. That holds a module's ``training`` flag,
     peft's ``_disable_adapters``, active adapter names and ``scaling`` dict, and a backbone's scalar settings
-    (``cfg_scale``, a guidance value). Tensors and other objects are left out (the tensors are hashed)."""
+    (``cfg_scale``, a guidance value). Tensors and other objects are left out (the tensors are hashed), and so
+    are nn.Module's own registries: a hook added after the rollout is not seen."""
     objects = list(model.modules()) if isinstance(model, torch.nn.Module) else [model]
     if not isinstance(model, torch.nn.Module):
         objects += [m for v in vars(model).values() if isinstance(v, torch.nn.Module) for m in v.modules()]
     out = []
     for obj in objects:
         state = getattr(obj, "__dict__", {})
-        out.append(tuple((k, p) for k, v in sorted(state.items()) if (p := _plain(v)) is not ...))
+        items = sorted((k, v) for k, v in state.items() if k not in _MODULE_INTERNALS)
+        out.append(tuple((k, p) for k, v in items if (p := _plain(v)) is not ...))
     return tuple(out)
 
 

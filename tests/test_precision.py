@@ -8,6 +8,7 @@ import pytest
 import torch
 from test_backbones_diffusers import save_tiny_flux  # noqa: I001
 
+from jagg_engine.jagg import policy_update
 from jagg_engine.store import open_store
 from jagg_engine.train.config import load_config
 from jagg_engine.train.trainer import Trainer
@@ -97,3 +98,27 @@ def test_without_masters_the_same_updates_vanish():
         w.grad = torch.zeros_like(w)
         optimizer.step()
     assert torch.equal(w.detach(), start)
+
+
+def test_bf16_lora_flux_reuses_rollout_velocities_exactly(tmp_path, flux_dir):
+    """The reuse guard on a real peft-LoRA diffusers backbone under bf16 autocast: the unchanged sampling policy
+    reuses (its plain settings and hashes are stable across forwards), and the gradient is the no-reuse one."""
+    trainer = make_trainer(tmp_path, flux_dir, "bf16", 4)
+    with torch.no_grad():
+        for (
+            p
+        ) in trainer.params:  # a trained adapter: B = 0 at init would make every LoRA gradient path trivial
+            p.add_(0.05 * torch.randn_like(p))
+    trainer.update = trainer.cfg.apply_overrides(["window=4"]).update_config()
+    prompts, groups = trainer.step_prompts(1)
+    traj = trainer.sample(1, prompts)
+    adv = torch.linspace(-1, 1, traj.batch_size)
+    grads = {}
+    for mode in ("auto", "off"):
+        for p in trainer.params:
+            p.grad = None
+        update = trainer.update.__class__(**{**trainer.update.__dict__, "reuse_rollout_velocity": mode})
+        result = policy_update(trainer.model, traj, adv, update, trainer.sampler)
+        assert result.counts.reused == (2 if mode == "auto" else 0)
+        grads[mode] = torch.cat([p.grad.flatten() for p in trainer.params if p.grad is not None])
+    assert torch.equal(grads["auto"], grads["off"])
