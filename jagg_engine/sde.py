@@ -412,8 +412,9 @@ _CHUNK = 1 << 22  # elements hashed at a time: bounds the temporary int64 tensor
 def tensor_fingerprints(tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
     """One int64 hash per tensor of its values bit for bit: Σ_i bits_i·m_i with the raw bits of element i and
     an odd multiplier m_i that depends on the position i (Knuth's multiplicative hash), in wrapping int64
-    arithmetic. Any change of any element changes it (but for a collision of ~2⁻⁶⁴ odds). A DTensor is hashed
-    by its local shard. Shape (n,), on the CPU."""
+    arithmetic. A change of one element's bits by d ≠ 0 changes the hash by d·m_i mod 2⁶⁴, never 0 since m_i
+    is odd; changes of several elements would have to cancel exactly in that weighted sum to go unseen. A
+    DTensor is hashed by its local shard. Shape (n,), on the CPU."""
     out = []
     for x in tensors:
         local = x.to_local() if hasattr(x, "to_local") else x
