@@ -75,8 +75,10 @@ def sample_and_score(
     device: str | torch.device = "cpu",
     components: bool = False,
     progress: bool = True,
+    schedule: tuple[float, ...] | None = None,
 ) -> EvalResult:
-    """Deterministic ODE samples of every (prompt, seed) pair, scored by ``reward``."""
+    """Deterministic ODE samples of every (prompt, seed) pair, scored by ``reward``; ``schedule``: an explicit
+    σ grid (the pipeline's, as the trainer's ``schedule: pipeline``) instead of uniform σ shifted by ``shift``."""
     pairs = [(i, s) for i in range(len(prompts)) for s in range(seeds)]  # prompt-major
     images, scores, parts = [], [], []
     start = time.time()
@@ -86,7 +88,8 @@ def sample_and_score(
         noise = torch.stack([eval_noise(model.latent_shape, i, s) for i, s in chunk]).to(device)
         with torch.no_grad():
             cond = model.encode_prompts(batch_prompts)
-            imgs = model.decode(ode_sample(model, cond, noise, steps, shift)).cpu()  # (b, H, W, 3) uint8
+            z = ode_sample(model, cond, noise, steps, shift, schedule)
+            imgs = model.decode(z).cpu()  # (b, H, W, 3) uint8
         scores.append(reward(imgs, batch_prompts).float().cpu())
         if components:
             from .rewards.shapes import component_scores
@@ -121,6 +124,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=int, default=4, help="noise seeds per prompt")
     parser.add_argument("--steps", type=int, default=20, help="Euler ODE steps")
     parser.add_argument("--shift", type=float, default=1.0, help="time shift of the σ grid (1 = uniform)")
+    parser.add_argument(
+        "--schedule",
+        choices=("shifted-linear", "pipeline"),
+        default="shifted-linear",
+        help="σ grid: shifted-linear (uniform, then --shift) or pipeline (the diffusers pipeline's scheduler)",
+    )
     parser.add_argument(
         "--cfg-scale", type=float, default=None, help="classifier-free guidance (tiny-shapes)"
     )
@@ -186,6 +195,17 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(model, torch.nn.Module):
         model.to(device).eval()
 
+    schedule = None
+    if args.schedule == "pipeline":
+        if not hasattr(model, "pipeline_sigmas"):
+            return _fail(
+                f"--schedule: backbone {args.backbone!r} has no diffusers pipeline scheduler; use shifted-linear"
+            )
+        if args.shift != 1.0:
+            return _fail(
+                "--shift: the pipeline schedule takes its shift from the model's scheduler; leave it at 1"
+            )
+        schedule = tuple(float(x) for x in model.pipeline_sigmas(args.steps))
     try:
         result = sample_and_score(
             model,
@@ -197,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
             args.batch_size,
             device,
             components=args.reward.startswith("shapes"),
+            schedule=schedule,
         )
     except ValueError as exc:  # e.g. a prompt word outside a closed vocabulary
         return _fail(str(exc).splitlines()[0])
@@ -211,6 +232,7 @@ def run(args: argparse.Namespace) -> int:
         "seeds": args.seeds,
         "steps": args.steps,
         "shift": args.shift,
+        "schedule": args.schedule,
         "mean": score.mean().item(),
         "std": score.std(unbiased=False).item(),
         "seconds": elapsed,

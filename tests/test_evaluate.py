@@ -63,6 +63,10 @@ def test_run_writes_grid_and_summary(tmp_path: Path, capsys: pytest.CaptureFixtu
         (["--prompts", "/no/such/file.txt"], "prompts file not found"),
         (["--seeds", "0"], "--seeds must be > 0"),
         (["--backbone-opt", "weights_dir=/no/such/dir"], "missing weight files"),
+        (
+            ["--schedule", "pipeline", "--backbone-opt", "random_weights=true"],
+            "--schedule: backbone 'tiny-shapes' has no diffusers pipeline scheduler",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_one_line(

@@ -121,3 +121,23 @@ def test_pipeline_schedule_refuses_a_shift(sd3_dir):
             ["backbone=sd3", "prompts_file=p.txt", "rewards={brightness: 1.0}", "shift=3.0"],
             check_environment=False,
         )
+
+
+def test_ode_sample_and_rollout_follow_an_explicit_schedule():
+    """The eval's ODE sampler and the rollout step on the given grid (Euler by hand on the linear toy)."""
+    from jagg_engine.backbones.linear_toy import LinearToy
+    from jagg_engine.sde import SamplerConfig, ode_sample, rollout
+
+    model = LinearToy()
+    grid = (1.0, 0.9, 0.6, 0.2, 0.0)
+    noise = torch.randn(
+        3, *model.latent_shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0)
+    )
+    z = noise.clone()
+    for a, b in zip(grid[:-1], grid[1:]):
+        z = z + (b - a) * model(z, torch.full((3,), a, dtype=torch.float64))
+    torch.testing.assert_close(ode_sample(model, None, noise, 4, schedule=grid), z)
+    traj = rollout(model, None, noise, SamplerConfig(num_steps=4, sde_window=(0, 1), schedule=grid))
+    assert traj.sigmas.tolist() == list(grid)
+    with pytest.raises(ValueError, match="^schedule: must hold num_steps"):
+        SamplerConfig(num_steps=3, schedule=grid).sigmas()
