@@ -409,24 +409,44 @@ _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _CHUNK = 1 << 22  # elements hashed at a time: bounds the temporary int64 tensors (~100 MB)
 
 
+_MULTIPLIERS: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def _multipliers(start: int, n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """m_i = 2·((i·2654435761) mod 2³⁰) + 1 for i in [start, start + n): odd, position-dependent (Knuth's
+    multiplicative hash), in ``dtype``. The first chunk's are cached per device and dtype. Shape (n,)."""
+    key = (device, dtype)
+    if start == 0 and n <= _MULTIPLIERS.get(key, torch.empty(0)).numel():
+        return _MULTIPLIERS[key][:n]
+    size = n if start else min(max(n, 1 << (n - 1).bit_length()), _CHUNK)  # grow by powers of two
+    pos = torch.arange(start, start + size, device=device, dtype=torch.int64)
+    m = (pos * 2654435761 % (1 << 30) * 2 + 1).to(dtype)
+    if start == 0:
+        _MULTIPLIERS[key] = m
+    return m[:n]
+
+
 def tensor_fingerprints(tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    """One int64 hash per tensor of its values bit for bit: Σ_i bits_i·m_i with the raw bits of element i and
-    an odd multiplier m_i that depends on the position i (Knuth's multiplicative hash), in wrapping int64
-    arithmetic. A change of one element's bits by d ≠ 0 changes the hash by d·m_i mod 2⁶⁴, never 0 since m_i
-    is odd; changes of several elements would have to cancel exactly in that weighted sum to go unseen. A
-    DTensor is hashed by its local shard. Shape (n,), on the CPU."""
+    """One int64 hash per tensor of its values bit for bit: Σ_i (bits_i·m_i mod 2^k) with the raw bits of
+    element i, an odd multiplier m_i that depends on the position i (:func:`_multipliers`) and k = 32 (64 for
+    8-byte elements), the sum in int64. A change of one element's bits by d ≠ 0 (|d| < 2^k) changes its term,
+    since d·m_i ≢ 0 mod 2^k for odd m_i; changes of several elements would have to cancel exactly in that
+    weighted sum to go unseen. A DTensor is hashed by its local shard. Two passes over the values.
+    Shape (n,), on the CPU."""
     out = []
     for x in tensors:
         local = x.to_local() if hasattr(x, "to_local") else x
         flat = local.detach().reshape(-1)
         if flat.dtype.is_complex:
             flat = torch.view_as_real(flat).reshape(-1)
-        bits = flat.view(_BITS[flat.element_size()]) if flat.dtype != torch.bool else flat.to(torch.uint8)
+        if flat.dtype == torch.bool:
+            flat = flat.to(torch.uint8)
+        bits = flat.view(_BITS[flat.element_size()])
+        work = torch.int64 if bits.dtype == torch.int64 else torch.int32
         h = torch.zeros((), dtype=torch.int64, device=flat.device)
         for start in range(0, bits.numel(), _CHUNK):
-            part = bits[start : start + _CHUNK].to(torch.int64)
-            pos = torch.arange(start, start + part.numel(), device=flat.device, dtype=torch.int64)
-            h = h + (part * (pos * 2654435761 % (1 << 31) * 2 + 1)).sum()
+            part = bits[start : start + _CHUNK].to(work)  # a no-op for 4- and 8-byte elements
+            h = h + (part * _multipliers(start, part.numel(), flat.device, work)).sum(dtype=torch.int64)
         out.append(h)
     return torch.stack(out).cpu() if out else torch.zeros(0, dtype=torch.int64)
 
