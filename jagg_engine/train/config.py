@@ -186,8 +186,9 @@ class TrainConfig:
     auto_route_every: int = _f(10, "Steps between two routing probes under auto_route.", low=1)
     reuse_rollout_velocity: str = _f(
         "auto",
-        "auto: JAGG inner steps take the rollout's velocities where the policy is provably the sampling one"
-        " (exact; the first mini-batch of a rollout); off: always a forward.",
+        "auto: JAGG inner steps take the rollout's velocities on the first mini-batch of a rollout, before any"
+        " optimizer step or weight load, where the guard finds the policy unchanged (exact; README, When"
+        " velocities are reused); off: always a forward.",
     )
     train_micro_batch: int | None = _f(
         None,
