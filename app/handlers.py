@@ -390,7 +390,9 @@ class HistoryHandlers(_Part):
             except ConfigError as exc:
                 bad.append(str(exc))
                 continue
-            if number is not None and number not in ids:
+            if number is not None and self.store.get_run(number) is None:
+                bad.append(f"runs: no run #{number}")
+            elif number is not None and number not in ids:
                 ids.append(number)
         try:
             ratio = parse_ratio(r, self.r0)

@@ -40,15 +40,17 @@ HEAD = """<script>
   };
   window.addEventListener("keydown", (event) => {
     const input = event.target;
-    if (event.key !== "Enter" || !input.closest || !input.closest(".run-picker")) return;
-    const typed = input.value || "";
+    const picker = event.key === "Enter" && input.closest ? input.closest(".run-picker") : null;
+    const typed = picker ? input.value || "" : "";
     if (!typed.trim()) return;
+    const options = [...picker.querySelectorAll("ul.option-list li[data-index]")];
+    if (!options.length && picker.classList.contains("run-picker-multi")) return;  // an unknown id: a chip
+
     event.preventDefault();
     event.stopImmediatePropagation();
-    const hit = [...document.querySelectorAll("ul.options li[data-index]")]
-      .find((li) => exact(typed, li.textContent.replace(/^\\s*\u2713/, "").trim()));
+    const hit = options.find((li) => exact(typed, li.textContent.replace(/^\\s*\u2713/, "").trim()));
     if (hit) hit.dispatchEvent(new MouseEvent("mousedown", { bubbles: true, cancelable: true }));
-    else input.blur();
+    else input.blur();  // the app gets the text as typed and resolves an id exactly
   }, true);
 })();
 </script>"""
@@ -211,16 +213,16 @@ def compare_tab(
             allow_custom_value=True,
             scale=4,
             elem_id="compare-runs",
-            elem_classes=["run-picker"],
+            elem_classes=["run-picker", "run-picker-multi"],
         )
         compare_btn = gr.Button("Compare", scale=1, elem_id="compare-btn")
         report_btn = gr.Button("Report (HTML)", scale=1)
     with gr.Row():
-        level = gr.Number(
-            label="reward level (empty: the exact run's final eval)", value=None, elem_id="compare-level"
+        level = gr.Textbox(
+            label="reward level (empty: the exact run's final eval)", value="", elem_id="compare-level"
         )
-        image_step = gr.Number(
-            label="images also at step (empty: first and last only)", value=None, precision=0
+        image_step = gr.Textbox(
+            label="images also at step (empty: first and last only)", value="", elem_id="compare-step"
         )
     compare_msg = gr.Markdown(value=shown[0] if shown else "", elem_id="compare-msg")
     report_msg = gr.Markdown()

@@ -104,6 +104,7 @@ def build_app(
 
     demo.jagg_manager = manager  # type: ignore[attr-defined]
     demo.jagg_shared = handlers.shared  # type: ignore[attr-defined]
+    demo.jagg_handlers = handlers  # type: ignore[attr-defined]
     demo.jagg_runs_dir = root  # type: ignore[attr-defined]
     demo.jagg_guard = guard  # type: ignore[attr-defined]
     demo.jagg_showcase_ids = list(showcase_ids)  # type: ignore[attr-defined]
