@@ -282,8 +282,8 @@ def reward_figure(
         pad = max(0.15 * (hi - lo), 0.02 * max(abs(lo), abs(hi)), 1e-3)
         fig.update_yaxes(range=[lo - pad, hi + pad])
     fig.update_layout(
-        title=title, xaxis_title=axis_title(x), yaxis_title="reward", height=360,
-        margin={"l": 50, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h", "y": -0.2},
+        title=title, xaxis_title=axis_title(x), yaxis_title="reward", height=380,
+        margin={"l": 50, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h", "y": -0.3},
     )  # fmt: skip
     if x == "step":
         integer_step_ticks(fig)

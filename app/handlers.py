@@ -407,7 +407,7 @@ class HistoryHandlers(_Part):
         )
         showcase = gr.update(visible=bool(self.showcase_ids) and sorted(ids) == sorted(self.showcase_ids))
         if len(runs) < 2:
-            return ((note + " " if note else "") + "Pick two or more runs.", showcase, *empty)
+            return ((note + " · " if note else "") + "Pick two or more runs.", showcase, *empty)
         labels = {run["id"]: f"#{run['id']} {run['config'].get('strategy')}" for run in runs}
         frames = {labels[run["id"]]: self.store.metrics_frame(run["id"]) for run in runs}
         by_label = {labels[run["id"]]: run for run in runs}
@@ -419,7 +419,7 @@ class HistoryHandlers(_Part):
             whose = "the level asked"
         reach = metrics.reach_frame(frames, wanted) if wanted is not None else pd.DataFrame()
         if wanted is not None:
-            note = (note + " " if note else "") + f"Time to reach eval reward {wanted:.4g} ({whose})."
+            note = (note + " · " if note else "") + f"Time to reach eval reward {wanted:.4g} ({whose})."
         items, columns = data.side_by_side_own_steps(self.store, ids, self.root, at=step)
         return (
             note,

@@ -168,9 +168,9 @@ def metrics_figure(
         return _empty(title, f"not logged: {wanted}" if view.metrics else "pick a metric")
     fig.update_layout(
         title=title + (f" (EMA {view.smoothing:g})" if view.smoothing else ""),
-        xaxis_title=axis_title(view.x), yaxis_title=", ".join(view.metrics), height=340,
+        xaxis_title=axis_title(view.x), yaxis_title=", ".join(view.metrics), height=360,
         yaxis_type="log" if view.log_y else "linear",
-        margin={"l": 60, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h", "y": -0.25},
+        margin={"l": 60, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h", "y": -0.35},
     )  # fmt: skip
     if view.x == "step":
         integer_step_ticks(fig)
