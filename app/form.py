@@ -71,30 +71,23 @@ def parse_run_id(value: Any, field: str = "run id") -> int | None:
     return number
 
 
-def match_run(value: Any, runs: Sequence[Mapping[str, Any]], field: str = "run") -> int | None:
-    """The id of the run a picker's value names, or None when empty: a run id (``12``, ``#12``, 12.0) or a
-    run's exact label (:func:`app.data.run_label`, or that label without its status), never a substring
-    match: with runs #1–#11, "1" is run #1, never #11. Raises ConfigError in one line naming ``field`` for
-    a value that names no run."""
+def match_run(value: Any, runs: Sequence[Mapping[str, Any]], field: str = "run id") -> int | None:
+    """The id a picker's value names, or None when empty: a run id (``12``, ``#12``, 12.0; whether that run
+    exists is the caller's to say) or a run's exact label (:func:`app.data.run_label`, or that label without
+    its status), never a substring match: with runs #1–#11, "1" is run #1, never #11. Raises ConfigError in
+    one line naming ``field`` (:func:`parse_run_id`'s) for a text that is neither."""
     if isinstance(value, str):
         text = value.strip()
         if not text:
             return None
         digits = text.removeprefix("#")
         if digits.isdigit():
-            value = digits
-        else:
-            for run in runs:
-                label = data.run_label(run)
-                if text in (label, label.rsplit(" (", 1)[0]):
-                    return int(run["id"])
-            raise ConfigError(
-                f"{field}: no run is named {text!r}; type its number (e.g. 12) or pick it from the list"
-            )
-    number = parse_run_id(value, field)
-    if number is not None and not any(int(r["id"]) == number for r in runs):
-        raise ConfigError(f"{field}: no run #{number}")
-    return number
+            return parse_run_id(digits, field)
+        for run in runs:
+            label = data.run_label(run)
+            if text in (label, label.rsplit(" (", 1)[0]):
+                return int(run["id"])
+    return parse_run_id(value, field)  # a number, or the one-line error of a text that names no run
 
 
 def pair_configs(cfg: TrainConfig) -> tuple[TrainConfig, TrainConfig]:

@@ -87,7 +87,7 @@ class Handlers:
         self.guard.prune(self.store)
         return started
 
-    def resolve(self, value: Any, field: str = "run") -> int | None:
+    def resolve(self, value: Any, field: str = "run id") -> int | None:
         """The run a picker's value names (its id, ``#id`` or its exact label; :func:`app.form.match_run`), None
         when empty; ConfigError in one line for anything else."""
         if isinstance(value, str):
@@ -124,7 +124,7 @@ class Confirm:
             number = self.app.resolve(run_id)
             run = self.app.store.get_run(number) if number is not None else None
             if run is None:
-                raise ConfigError("No run selected." if number is None else f"run: no run #{number}")
+                raise ConfigError("No run selected." if number is None else f"run id: no run #{number}")
         except ConfigError as exc:
             return f"**Error:** {exc}", gr.update(visible=False), None
         what = f"run #{number} {run['name']} ({run['status']})"
