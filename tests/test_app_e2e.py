@@ -421,6 +421,13 @@ def test_browser_resume_finishes_a_cancelled_run(app, cancelled_run):
     try:
         assert "cancelled" in driver.find_element(By.ID, "live-progress").text
         driver.find_element(By.XPATH, "//button[normalize-space()='Resume run']").click()
+        WebDriverWait(driver, 30).until(  # it asks first, naming the run
+            lambda d: (
+                f"Resume run #{cancelled_run} manage (cancelled)?"
+                in d.find_element(By.ID, "live-confirm-question").text
+            )
+        )
+        driver.find_element(By.ID, "live-confirm").click()
         WebDriverWait(driver, 30).until(
             lambda d: "resuming from its last checkpoint" in d.find_element(By.ID, "live-action-msg").text
         )
