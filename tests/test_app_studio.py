@@ -360,3 +360,40 @@ def test_a_queued_run_that_cannot_start_records_its_reason(tmp_path):
         run = store.get_run(run_id)
     assert run["status"] == "failed"
     assert run["error"] == "probe_every: probes compare JAGG with exact; needs strategy jagg or endpoint"
+
+
+def test_history_refreshes_when_a_run_moves_and_a_row_click_picks_its_run(studio):
+    import gradio as gr
+
+    demo, root = studio
+    history = demo.jagg_handlers.history
+    table, seen = history.history_tick(None, "", "all", "all", "all")
+    assert len(table) == 11 and table["duration"].str.contains(r"\d+ (?:s|min|h)").all()
+    assert history.history_tick(seen, "", "all", "all", "all")[0] == {"__type__": "update"}  # nothing moved
+    ticks = iter(range(100, 10_000, 10))
+    demo.jagg_shared.clock = lambda: float(next(ticks))  # a new tick each read
+    store = demo.jagg_manager.store
+    run_id = store.create_run("new", TrainConfig().to_dict(), None)
+    table, _ = history.history_tick(seen, "", "all", "all", "all")
+    assert run_id in set(table["id"])  # a new run shows without pressing Refresh
+    assert list(history.history("six", "all", "all", "all")["id"]) == [1]
+    assert list(history.history("", "finished", "all", "exact")["id"]) == [2]
+    message, _ = history.save_note(2, "the exact baseline")
+    assert message == "Note of run #2 saved."
+    row = list(table["id"]).index(2)
+    picked = history.pick_row(table, gr.SelectData(None, {"index": [row, 3], "value": "x", "selected": True}))
+    assert picked == (2, "the exact baseline")
+
+
+def test_the_space_header_and_reward_hint_tell_the_truth(tmp_path):
+    from app.space import SPACE_REWARDS
+
+    demo = ui.build_app(tmp_path / "runs", space_mode=True, background_ticks=False, showcase_dir=None)
+    try:
+        props = [c["props"] for c in demo.config["components"]]
+        header = next(p["value"] for p in props if "JAGG Studio" in str(p.get("value", "")))
+        assert "reloading the page loses control of them" in header
+        hint = next(p["info"] for p in props if p.get("label") == "rewards (name: weight, …)")
+        assert hint == ", ".join(SPACE_REWARDS) and "pickscore" not in hint
+    finally:
+        demo.jagg_manager.shutdown()
