@@ -450,7 +450,7 @@ class HistoryHandlers(_Part):
         return message, (self.publish(path) if path is not None else None)
 
     def history(
-        self, search: str = "", status: str | None = None, backbone: str | None = None,
+        self, search: str | None = None, status: str | None = None, backbone: str | None = None,
         strategy: str | None = None,
     ) -> pd.DataFrame:  # fmt: skip
         """The runs table (human durations, notes), filtered by the search words and the three filters."""

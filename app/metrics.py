@@ -131,17 +131,22 @@ def metrics_figure(
     runs: Mapping[str, Mapping[str, Any]] | None = None,
     title: str = "Metrics",
 ) -> go.Figure:
-    """One figure of ``view.metrics`` for each run (label → metrics frame; ``runs``: label → run row, for the
-    time axes): the smoothed line bold, the raw values faint behind it (only when smoothed), a colour per
-    run and a dash per metric. Trace names: ``<label> · <metric>`` and ``… (raw)``."""
-    fig = go.Figure()
-    missing = []
+    """``view.metrics`` of each run (label → metrics frame; ``runs``: label → run row, for the time axes), one
+    stacked plot per metric sharing the x axis (trackio's one plot per key: a clip fraction and a gradient
+    norm do not share a scale): the smoothed line bold, the raw values faint behind it (only when smoothed),
+    a colour per run. Trace names: ``<label> · <metric>`` and ``… (raw)``."""
+    from plotly.subplots import make_subplots
+
+    keys = [k for k in view.metrics if any(k in f.columns and f[k].notna().any() for f in frames.values())]
+    if not keys:
+        wanted = ", ".join(view.metrics)
+        return _empty(title, f"not logged: {wanted}" if view.metrics else "pick a metric")
+    fig = make_subplots(rows=len(keys), cols=1, shared_xaxes=True, vertical_spacing=0.08, subplot_titles=keys)
     for i, (label, frame) in enumerate(frames.items()):
         color = _COLORS[i % len(_COLORS)]
         xs = x_values(frame, (runs or {}).get(label), view.x)
-        for j, key in enumerate(view.metrics):
-            if key not in frame.columns or frame[key].isna().all():
-                missing.append(key)
+        for row, key in enumerate(keys, start=1):
+            if key not in frame.columns:
                 continue
             keep = frame[key].notna() & xs.notna()
             x, y = xs[keep], frame[key][keep].astype(float)
@@ -149,28 +154,27 @@ def metrics_figure(
                 pos = y > 0
                 x, y = x[pos], y[pos]
             name = f"{label} · {key}" if label else key
-            dash = _DASHES[j % len(_DASHES)]
             if view.smoothing > 0:
                 fig.add_trace(
                     go.Scatter(
                         x=x, y=y, mode="lines", name=f"{name} (raw)", opacity=0.25, showlegend=False,
-                        line={"color": color, "dash": dash, "width": 1}, hoverinfo="skip",
-                    )
+                        line={"color": color, "width": 1}, hoverinfo="skip",
+                    ),
+                    row=row, col=1,
                 )  # fmt: skip
             fig.add_trace(
                 go.Scatter(
                     x=x, y=ema(list(y), view.smoothing), mode="lines+markers", name=name,
-                    line={"color": color, "dash": dash, "width": 2}, marker={"size": 4},
-                )
+                    line={"color": color, "width": 2}, marker={"size": 4},
+                ),
+                row=row, col=1,
             )  # fmt: skip
-    if not fig.data:
-        wanted = ", ".join(view.metrics) or "no metric picked"
-        return _empty(title, f"not logged: {wanted}" if view.metrics else "pick a metric")
+    fig.update_yaxes(type="log" if view.log_y else "linear")
+    fig.update_xaxes(title_text=axis_title(view.x), row=len(keys), col=1)
     fig.update_layout(
         title=title + (f" (EMA {view.smoothing:g})" if view.smoothing else ""),
-        xaxis_title=axis_title(view.x), yaxis_title=", ".join(view.metrics), height=360,
-        yaxis_type="log" if view.log_y else "linear",
-        margin={"l": 60, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h", "y": -0.35},
+        height=120 + 200 * len(keys), margin={"l": 60, "r": 20, "t": 70, "b": 40},
+        legend={"orientation": "h", "y": -0.5 / len(keys) - 0.05},
     )  # fmt: skip
     if view.x == "step":
         integer_step_ticks(fig)
