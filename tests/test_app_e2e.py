@@ -250,7 +250,7 @@ def test_launch_restart_finish_and_cancel_through_the_api(app):
     total = next(t for t in traces if t["name"] == "total")
     assert _array(total["x"]) == [1, 2, 3]
     assert [t["name"] for t in json.loads(times["plot"])["data"]] == [
-        "sampling", "reward", "update forward", "update backward",
+        "sampling", "reward", "probe", "update forward", "update backward",
     ]  # fmt: skip
     # predicted for 6 trained steps, W = 4, r = 1.8, with the rollout's velocities (reuse_rollout_velocity auto,
     # the default, one update a rollout): groups of 4 and 2 → 6r / (2r + 2r)
