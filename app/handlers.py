@@ -434,7 +434,7 @@ class HistoryHandlers(_Part):
             data.compare_frame(self.store, ids, ratio),
             data.config_diff({f"#{run['id']}": run["config"] for run in runs}),
             gr.update(value=self.publish.items(items), columns=max(columns, 1)),
-            gr.update(choices=metrics.metric_keys(list(frames.values()))),
+            gr.update(choices=sorted(set(metrics.metric_keys(list(frames.values()))) | set(view.metrics))),
         )
 
     def report(
