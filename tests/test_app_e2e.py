@@ -292,7 +292,8 @@ def test_launch_restart_finish_and_cancel_through_the_api(app):
     assert _wait(lambda: not pid_alive(trainer_pid), 30), "the cancelled trainer is still alive"
 
     # Compare and export read the same history.
-    _, _, plot, _, _, table, diff, images, _ = client.predict([run_id, second], 1.8, api_name="/compare_runs")
+    # (message, reward, metrics, time to reach, summary, diff, images, metric choices: the showcase box is layout)
+    _, plot, _, _, table, diff, images, _ = client.predict([run_id, second], 1.8, api_name="/compare_runs")
     assert len(table["data"]) == 2
     diff_fields = [r[0] for r in diff["data"]]
     assert "name" in diff_fields and "steps" in diff_fields and "window" not in diff_fields
