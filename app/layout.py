@@ -50,7 +50,8 @@ HEAD = """<script>
     event.stopImmediatePropagation();
     const hit = options.find((li) => exact(typed, li.textContent.replace(/^\\s*\u2713/, "").trim()));
     if (hit) hit.dispatchEvent(new MouseEvent("mousedown", { bubbles: true, cancelable: true }));
-    else input.blur();  // the app gets the text as typed and resolves an id exactly
+    // the list closes; without a hit the app gets the text as typed and resolves an id exactly
+    if (!picker.classList.contains("run-picker-multi")) input.blur();
   }, true);
 })();
 </script>"""
