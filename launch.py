@@ -98,6 +98,8 @@ def serve(
         max_file_size="1kb" if space else None,
         footer_links=["api"],
         prevent_thread_lock=prevent_thread_lock,
+        css=getattr(demo, "jagg_css", None),  # app.layout's page style and run-picker script
+        head=getattr(demo, "jagg_head", None),
     )
 
 

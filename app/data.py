@@ -29,6 +29,7 @@ from jagg_engine.store import RunStore, file_tail
 TIME_PHASES = (
     ("time/sampling", "sampling"),
     ("time/reward", "reward"),
+    ("time/probe", "probe"),  # the gradient-fidelity probe and auto_route's probe, not reward time
     ("time/update_forward", "update forward"),
     ("time/update_backward", "update backward"),
 )
@@ -86,13 +87,30 @@ def run_duration(run: Mapping[str, Any], now: float | None = None) -> float | No
     return max(0.0, float(end) - float(start))
 
 
-def history_frame(store: RunStore) -> pd.DataFrame:
+def human_duration(seconds: float | None) -> str:
+    """``42 s``, ``3 min 05 s``, ``2 h 04 min``; "" for None."""
+    if seconds is None or not math.isfinite(seconds):
+        return ""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+HISTORY_COLUMNS = (
+    "id", "name", "status", "backbone", "W", "jagg_frac", "strategy", "step",
+    "final reward", "duration", "paired", "note", "error",
+)  # fmt: skip
+
+
+def history_frame(store: RunStore, notes: Mapping[int, str] | None = None) -> pd.DataFrame:
     """Every run, newest first: id, name, status, backbone, W, jagg_frac, strategy, step, final reward,
-    duration (s), paired run and error."""
+    duration (``3 min 05 s``), paired run (an integer id), its note (``notes``: run id → text) and error."""
     rows = []
     for run in store.list_runs():
         cfg = run["config"]
-        duration = run_duration(run)
         final = run.get("final_reward")
         rows.append(
             {
@@ -105,16 +123,34 @@ def history_frame(store: RunStore) -> pd.DataFrame:
                 "strategy": cfg.get("strategy"),
                 "step": f"{run.get('last_step') if run.get('last_step') is not None else '-'}/{cfg.get('steps')}",
                 "final reward": None if final is None else round(float(final), 4),
-                "duration (s)": None if duration is None else round(duration, 1),
+                "duration": human_duration(run_duration(run)),
                 "paired": run.get("paired_run_id"),
+                "note": (notes or {}).get(run["id"], ""),
                 "error": (run.get("error") or "").splitlines()[0] if run.get("error") else "",
             }
         )
-    columns = [
-        "id", "name", "status", "backbone", "W", "jagg_frac", "strategy", "step",
-        "final reward", "duration (s)", "paired", "error",
-    ]  # fmt: skip
-    return pd.DataFrame(rows, columns=columns)
+    frame = pd.DataFrame(rows, columns=list(HISTORY_COLUMNS))
+    frame["paired"] = frame["paired"].astype("Int64")  # run #10, never "10.0" next to an empty cell
+    return frame
+
+
+HISTORY_FILTERS = ("status", "backbone", "strategy")
+ALL = "all"
+
+
+def filter_history(frame: pd.DataFrame, search: str = "", **equal: str | None) -> pd.DataFrame:
+    """The rows whose name or note holds every word of ``search`` (case-insensitive) and whose status,
+    backbone and strategy equal the ones given (None, "" or "all": any)."""
+    keep = pd.Series(True, index=frame.index)
+    text = (frame["name"].astype(str) + " " + frame["note"].astype(str)).str.lower()
+    for word in (search or "").lower().split():
+        keep &= text.str.contains(word, regex=False)
+    for column, value in equal.items():
+        if column not in HISTORY_FILTERS:
+            raise ValueError(f"filter: must be one of {', '.join(HISTORY_FILTERS)}, got {column!r}")
+        if value and value != ALL:
+            keep &= frame[column].astype(str) == str(value)
+    return frame[keep].reset_index(drop=True)
 
 
 def progress(run: Mapping[str, Any]) -> tuple[int, int]:
@@ -171,7 +207,12 @@ TREND_STEPS = 10  # trailing window of the reward trend line
 TREND_MIN_STEPS = 5  # the line starts once this many steps are averaged (a single step is a prompt lottery)
 
 
-def reward_figure(frames: Mapping[str, pd.DataFrame], title: str = "Reward") -> go.Figure:
+def reward_figure(
+    frames: Mapping[str, pd.DataFrame],
+    title: str = "Reward",
+    x: str = "step",
+    runs: Mapping[str, Mapping[str, Any]] | None = None,
+) -> go.Figure:
     """Training reward per step, a mean line (its ± std in the hover) for each run (label → metrics frame) and each reward
     it logged; a bold trailing mean of the total over TREND_STEPS steps, from TREND_MIN_STEPS on (a single
     step's mean moves with its prompt mix); the deterministic eval reward (eval/reward/mean) as a dashed line of diamonds.
@@ -180,10 +221,16 @@ def reward_figure(frames: Mapping[str, pd.DataFrame], title: str = "Reward") -> 
     of one step's samples is about as wide as the whole curve, so drawn as a band it would hide the means.
     With a single reward its own series (equal to the total up to its weight) is left out. Trace names are
     ``<label> · <reward>``, ``<label> · total, mean of last N steps`` and ``<label> · eval``.
+
+    ``x``: the x axis, one of :data:`app.metrics.X_AXES` (step, wall time, relative time; ``runs``: label →
+    run row, whose ``started_at`` the time axes need).
     """
+    from app.metrics import axis_title, integer_step_ticks, x_values
+
     fig = go.Figure()
     for i, (label, frame) in enumerate(frames.items()):
         color = _COLORS[i % len(_COLORS)]
+        xs = x_values(frame, (runs or {}).get(label), x)
         names = reward_names(frame)
         if len(names) == 2:  # one reward: its own series is the total again
             names = names[:1]
@@ -202,17 +249,17 @@ def reward_figure(frames: Mapping[str, pd.DataFrame], title: str = "Reward") -> 
             std = rows[std_key] if std_key in rows.columns else None
             fig.add_trace(
                 go.Scatter(
-                    x=rows["step"], y=rows[mean_key], mode="lines+markers", name=f"{prefix}{name}",
+                    x=xs[rows.index], y=rows[mean_key], mode="lines+markers", name=f"{prefix}{name}",
                     line={"color": color, "dash": dash, "width": 1}, marker={"size": 4}, opacity=0.6,
                     customdata=None if std is None else std.to_numpy(),
-                    hovertemplate=None if std is None else "step %{x}: %{y:.4g} ± %{customdata:.3g} (std)",
+                    hovertemplate=None if std is None else "%{x}: %{y:.4g} ± %{customdata:.3g} (std)",
                 )
             )  # fmt: skip
             if name == "total" and len(rows) >= TREND_MIN_STEPS:  # the trend through single steps' noise
                 trend = rows[mean_key].rolling(TREND_STEPS, min_periods=TREND_MIN_STEPS).mean()
                 fig.add_trace(
                     go.Scatter(
-                        x=rows["step"], y=trend, mode="lines", line={"color": color, "width": 3},
+                        x=xs[rows.index], y=trend, mode="lines", line={"color": color, "width": 3},
                         name=f"{prefix}total, mean of last {TREND_STEPS} steps",
                     )
                 )  # fmt: skip
@@ -221,7 +268,7 @@ def reward_figure(frames: Mapping[str, pd.DataFrame], title: str = "Reward") -> 
             if not rows.empty:
                 fig.add_trace(
                     go.Scatter(
-                        x=rows["step"], y=rows["eval/reward/mean"], mode="lines+markers",
+                        x=xs[rows.index], y=rows["eval/reward/mean"], mode="lines+markers",
                         marker={"symbol": "diamond", "size": 9, "color": color},
                         line={"color": color, "dash": "dash", "width": 2},
                         name=f"{label + ' · ' if label else ''}eval",
@@ -235,9 +282,11 @@ def reward_figure(frames: Mapping[str, pd.DataFrame], title: str = "Reward") -> 
         pad = max(0.15 * (hi - lo), 0.02 * max(abs(lo), abs(hi)), 1e-3)
         fig.update_yaxes(range=[lo - pad, hi + pad])
     fig.update_layout(
-        title=title, xaxis_title="step", yaxis_title="reward", height=360,
-        margin={"l": 50, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h", "y": -0.2},
+        title=title, xaxis_title=axis_title(x), yaxis_title="reward", height=380,
+        margin={"l": 50, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h", "y": -0.3},
     )  # fmt: skip
+    if x == "step":
+        integer_step_ticks(fig)
     return fig
 
 
@@ -266,6 +315,9 @@ def _bars(
         barmode=barmode, title=title, xaxis_title="step", yaxis_title=y_title, height=height,
         margin={"l": 50, "r": 20, "t": 50, "b": 40},
     )  # fmt: skip
+    from app.metrics import integer_step_ticks
+
+    integer_step_ticks(fig)
     return fig
 
 
@@ -595,6 +647,52 @@ def side_by_side_first_last(
     for key in keys[::stride][:limit_keys]:
         items += [found[cell][key] for cell in cells]
     return items
+
+
+def side_by_side_own_steps(
+    store: RunStore,
+    run_ids: Sequence[int],
+    runs_root: str | os.PathLike[str],
+    at: float | None = None,
+    limit_keys: int = 8,
+) -> tuple[list[tuple[str, str]], int]:
+    """Eval images of the same prompt and seed from each run at ITS OWN first and last eval step (a 6-step
+    run shows step 6 beside a 4-step run's step 4), and with ``at`` also at each run's logged eval step
+    nearest ``at``: one row per prompt+seed, [A first, B first, …, A last, B last, …(, A at, B at, …)].
+    Returns (items, columns). Up to ``limit_keys`` prompt+seed pairs every cell has, spread evenly over
+    them in (prompt, seed) order — never chosen by reward. Captions name the run and the step."""
+    runs = [run for run in (store.get_run(i) for i in run_ids) if run is not None]
+    if not runs:
+        return [], 0
+    samples = {run["id"]: store.samples(run["id"], "eval") for run in runs}
+    steps = {run["id"]: sorted({s["step"] for s in samples[run["id"]]}) for run in runs}
+    if not all(steps.values()):
+        return [], 0
+    picks = [("first", lambda ss: ss[0]), ("last", lambda ss: ss[-1])]
+    if at is not None:
+        picks.append(("at", lambda ss: min(reversed(ss), key=lambda s: abs(s - float(at)))))
+    cells = [(run, pick(steps[run["id"]])) for _, pick in picks for run in runs]
+    found: dict[tuple[int, int], dict[tuple[str, int], tuple[str, str]]] = {}
+    for run in runs:
+        wanted = {step for r, step in cells if r["id"] == run["id"]}
+        images = RunImages(run["run_dir"], runs_root)  # a missing folder: its images skipped at once
+        for s in samples[run["id"]]:
+            if s["step"] not in wanted:
+                continue
+            path = images.path(s["path"])
+            if path is not None:
+                found.setdefault((run["id"], s["step"]), {})[(s.get("prompt") or "", s.get("seed") or 0)] = (
+                    path,
+                    f"#{run['id']} {run['config'].get('strategy')} · " + _caption(s),
+                )
+    keys = sorted(set.intersection(*(set(found.get((r["id"], step), {})) for r, step in cells)))
+    if not keys:
+        return [], 0
+    stride = max(1, len(keys) // max(1, limit_keys))
+    items = []
+    for key in keys[::stride][:limit_keys]:
+        items += [found[(r["id"], step)][key] for r, step in cells]
+    return items, len(cells)
 
 
 def reward_svg(frames: Mapping[str, pd.DataFrame], width: int = 900, height: int = 300) -> str:

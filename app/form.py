@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,9 @@ def parse_rewards(text: str) -> dict[str, float]:
     return rewards
 
 
+# The overrides box's example, valid as typed (a test checks it): 8 sampling steps hold the default window.
+OVERRIDES_EXAMPLE = "sampling_steps=8\nprompts_per_step=4\neval_every=5"
+
 RUN_ID_MAX = 2**63 - 1  # SQLite's INTEGER
 
 
@@ -66,6 +69,37 @@ def parse_run_id(value: Any, field: str = "run id") -> int | None:
     if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= RUN_ID_MAX:
         raise ConfigError(f"{field}: must be a whole number from 1 to {RUN_ID_MAX}, got {value!r}")
     return number
+
+
+def match_run(value: Any, runs: Sequence[Mapping[str, Any]], field: str = "run id") -> int | None:
+    """The id a picker's value names, or None when empty: a run id (``12``, ``#12``, 12.0; whether that run
+    exists is the caller's to say) or a run's exact label (:func:`app.data.run_label`, or that label without
+    its status), never a substring match: with runs #1–#11, "1" is run #1, never #11. Raises ConfigError in
+    one line naming ``field`` (:func:`parse_run_id`'s) for a text that is neither."""
+    if isinstance(value, str):
+        text = value.strip()
+        if not text:
+            return None
+        digits = text.removeprefix("#")
+        if digits.isdigit():
+            return parse_run_id(digits, field)
+        for run in runs:
+            label = data.run_label(run)
+            if text in (label, label.rsplit(" (", 1)[0]):
+                return int(run["id"])
+    return parse_run_id(value, field)  # a number, or the one-line error of a text that names no run
+
+
+def pair_configs(cfg: TrainConfig) -> tuple[TrainConfig, TrainConfig]:
+    """The exact and JAGG runs of a compare pair, both validated before either is queued: a setting only
+    one strategy accepts (probe_every with exact) is refused in one line naming the run it breaks."""
+    pair = []
+    for strategy in ("exact", "jagg"):
+        try:
+            pair.append(TrainConfig.from_dict({**cfg.to_dict(), "strategy": strategy}).validate())
+        except ConfigError as exc:
+            raise ConfigError(f"the pair's {strategy} run: {exc}") from None
+    return pair[0], pair[1]
 
 
 def parse_ratio(value: Any, default: float) -> float:

@@ -16,8 +16,17 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from app import data, panels, samples
-from app.form import FORM_FIELDS, config_form_values, form_config, parse_ratio, parse_run_id, speedup_note
+from app import data, metrics, notes, panels, samples
+from app.form import (
+    FORM_FIELDS,
+    config_form_values,
+    form_config,
+    match_run,
+    pair_configs,
+    parse_ratio,
+    parse_run_id,
+    speedup_note,
+)
 from app.report import report_for_app
 from app.runs import RunManager
 from app.space import FilePublisher, SpaceError, SpaceGuard, session_export_dir
@@ -45,15 +54,18 @@ class Handlers:
         space: bool,
         r0: float,
         live_panels: list[panels.Panel],
+        showcase_ids: list[int] | None = None,
     ):
         self.manager, self.store, self.guard = manager, manager.store, guard
         self.root, self.space, self.r0 = root, space, r0
         self.panels = live_panels  # the Live tab's, fixed when the app is built
+        self.showcase_ids = list(showcase_ids or [])
         self.publish = FilePublisher(root)
         self.shared = data.SharedTick(self.store, self.queue_tick, max_age=TICK_S / 2)
         defaults = TrainConfig()
         self.reuse_defaults = (defaults.reuse_rollout_velocity == "auto", defaults.updates_per_rollout)
         self.new, self.live, self.history = NewRunHandlers(self), LiveHandlers(self), HistoryHandlers(self)
+        self.confirm = Confirm(self)
 
     # ------------------------------------------------------------------ runs and the queue
     def run_choices(self) -> list[tuple[str, int]]:
@@ -75,10 +87,17 @@ class Handlers:
         self.guard.prune(self.store)
         return started
 
-    def run_action(self, run_id: float | None, request: gr.Request | None, action: str, empty: str) -> str:
-        """Cancel or resume ``run_id`` once the id parses and Space mode allows this session the action."""
+    def resolve(self, value: Any, field: str = "run id") -> int | None:
+        """The run a picker's value names (its id, ``#id`` or its exact label; :func:`app.form.match_run`), None
+        when empty; ConfigError in one line for anything else."""
+        if isinstance(value, str):
+            return match_run(value, self.store.list_runs(), field)
+        return parse_run_id(value, field)
+
+    def run_action(self, run_id: Any, request: gr.Request | None, action: str, empty: str) -> str:
+        """Cancel or resume ``run_id`` once the id resolves and Space mode allows this session the action."""
         try:
-            number = parse_run_id(run_id)
+            number = self.resolve(run_id)
             if number is None:
                 return empty
             self.guard.check_action(session(request), number, action)
@@ -89,6 +108,34 @@ class Handlers:
             return f"**Error:** {exc}"
 
 
+CONFIRM_VERBS = {"cancel": "Cancel", "resume": "Resume", "delete": "Delete"}
+
+
+class Confirm:
+    """Cancel, Resume and Delete ask first: :meth:`ask` names the run (number and name) and shows the Confirm
+    button, :meth:`answer` does the action only when Confirm was pressed for that same run."""
+
+    def __init__(self, app: Handlers):
+        self.app = app
+
+    def ask(self, action: str, run_id: Any, *extra: Any) -> tuple[str, Any, Any]:
+        """(question or one-line error, the confirm row's visibility, the pending action)."""
+        try:
+            number = self.app.resolve(run_id)
+            run = self.app.store.get_run(number) if number is not None else None
+            if run is None:
+                raise ConfigError("No run selected." if number is None else f"run id: no run #{number}")
+        except ConfigError as exc:
+            return f"**Error:** {exc}", gr.update(visible=False), None
+        what = f"run #{number} {run['name']} ({run['status']})"
+        also = " and its folder" if action == "delete" and extra and extra[0] else ""
+        question = f"**{CONFIRM_VERBS[action]} {what}{also}?** Press Confirm to go on, or Keep to leave it."
+        return question, gr.update(visible=True), {"action": action, "run": number, "extra": list(extra)}
+
+    def keep(self) -> tuple[str, Any, None]:
+        return "Nothing done.", gr.update(visible=False), None
+
+
 class _Part:
     """The handlers of one tab over the app's shared :class:`Handlers` (``self.app``)."""
 
@@ -96,6 +143,7 @@ class _Part:
         self.app, self.manager, self.store, self.guard = app, app.manager, app.store, app.guard
         self.root, self.space, self.r0, self.publish = app.root, app.space, app.r0, app.publish
         self.panels = app.panels
+        self.showcase_ids = app.showcase_ids
 
 
 class NewRunHandlers(_Part):
@@ -123,6 +171,7 @@ class NewRunHandlers(_Part):
         sess = session(request)
         try:
             cfg = self.checked_config(form, sess, 2)
+            pair_configs(cfg)  # both runs' configs, before either is queued
             exact_id, jagg_id = self.manager.create_pair(cfg.to_dict())
         except (ConfigError, SpaceError, StoreError) as exc:
             return f"**Not launched.** {exc}", None, gr.skip()
@@ -137,11 +186,11 @@ class NewRunHandlers(_Part):
     def predict(self, window: float, jagg_frac: float, strategy: str, r: float) -> str:
         return speedup_note(window, jagg_frac, strategy, r, *self.app.reuse_defaults)
 
-    def duplicate(self, run_id: float | None) -> tuple[Any, ...]:
+    def duplicate(self, run_id: Any) -> tuple[Any, ...]:
         """The New run form filled with run ``run_id``'s config (other fields as overrides), and the tab
         switched to it; on a bad id the form is left as it is."""
         try:
-            number = parse_run_id(run_id)
+            number = self.app.resolve(run_id)
             run = self.store.get_run(number) if number is not None else None
             if run is None:
                 raise ConfigError("No run selected." if number is None else f"run id: no run #{number}")
@@ -152,54 +201,95 @@ class NewRunHandlers(_Part):
         return (*values, gr.update(selected="new"), note)
 
 
-class LiveHandlers(_Part):
-    """Live: the registry's panels, the timer, the step slider, cancel and resume of the picked run."""
+def view_of(metric_keys: Any, smoothing: Any, log_y: Any, x: Any) -> metrics.MetricView:
+    """The metrics view's controls → a MetricView (ConfigError in one line for a bad value)."""
+    try:
+        return metrics.check_view(metric_keys, smoothing, log_y, x)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
-    def live_view(self, run_id: int | None, r: float) -> tuple[Any, ...]:
+
+class LiveHandlers(_Part):
+    """Live: the registry's panels, the metrics view, the timer, the step slider, cancel and resume of the
+    picked run (after a confirmation)."""
+
+    def live_view(
+        self,
+        run_id: Any,
+        r: float,
+        metric_keys: Any = metrics.DEFAULT_METRICS,
+        smoothing: Any = metrics.MetricView.smoothing,
+        log_y: Any = False,
+        x: Any = "step",
+    ) -> tuple[Any, ...]:
         """(progress line, then one value per Live panel in registration order)."""
         try:
-            number, ratio = parse_run_id(run_id), parse_ratio(r, self.r0)
+            number, ratio = self.app.resolve(run_id), parse_ratio(r, self.r0)
+            view = view_of(metric_keys, smoothing, log_y, x)
         except ConfigError as exc:
             return (f"**Error:** {exc}", *(p.empty("pick a run") for p in self.panels))
         run = self.store.get_run(number) if number is not None else None
         if run is None:
             note = "No run selected." if number is None else f"No run #{number}."
             return (note, *(p.empty("pick a run") for p in self.panels))
-        ctx = panels.live_context(self.store, run, ratio, self.root, self.publish.items)
+        ctx = panels.live_context(self.store, run, ratio, self.root, self.publish.items, view)
         return (data.progress_markdown(run), *(panels.render(p, ctx) for p in self.panels))
 
-    def live_refresh(self, run_id: int | None, r: float) -> tuple[Any, ...]:
-        """The live view, then the step slider's range with its value on the run's last step."""
+    def _number(self, run_id: Any) -> int | None:
         try:
-            number = parse_run_id(run_id)
+            return self.app.resolve(run_id)
         except ConfigError:
-            number = None
+            return None
+
+    def metric_choices(self, number: int | None, picked: Any) -> Any:
+        """The metric picker's choices: every key the run logged (and what is picked, so it stays)."""
+        frame = self.store.metrics_frame(number) if number is not None else pd.DataFrame()
+        keys = metrics.metric_keys([frame])
+        kept = [k for k in (picked or []) if isinstance(k, str)]
+        return gr.update(choices=sorted(set(keys) | set(kept)))
+
+    def live_refresh(
+        self, run_id: Any, r: float, metric_keys: Any = metrics.DEFAULT_METRICS, smoothing: Any = 0.6,
+        log_y: Any = False, x: Any = "step", kind: str = "eval",
+    ) -> tuple[Any, ...]:  # fmt: skip
+        """The live view, the step slider on the run's last step with that step's images, and the metric
+        picker's choices."""
+        number = self._number(run_id)
         bounds = samples.slider_range(self.store, number)
-        return (*self.live_view(run_id, r), gr.update(**bounds, value=bounds["maximum"]))
+        gallery, note = self.step_images(run_id, kind, bounds["maximum"])
+        return (
+            *self.live_view(run_id, r, metric_keys, smoothing, log_y, x),
+            self.metric_choices(number, metric_keys),
+            gallery,
+            note,
+            gr.update(**bounds, value=bounds["maximum"]),
+        )
 
     def on_tick(
-        self, run_id: int | None, r: float, seen: Any, list_seen: Any, step: float | None = None
-    ) -> tuple:
+        self, run_id: Any, r: float, seen: Any, list_seen: Any, step: float | None = None, kind: str = "eval",
+        metric_keys: Any = metrics.DEFAULT_METRICS, smoothing: Any = 0.6, log_y: Any = False, x: Any = "step",
+    ) -> tuple:  # fmt: skip
         """Every open tab's timer lands here; ``shared`` does the queue pass and the reads once per tick. The
         live view is redrawn only when the watched run's signature changed; the step slider follows the last
-        step while it sits on it."""
+        step while it sits on it, and then its images are redrawn too (a new eval at the step the slider
+        already shows changes the images, not the slider's value)."""
         self.app.shared.tick()
         try:
-            number = parse_run_id(run_id)
+            number = self.app.resolve(run_id)
             sig = self.app.shared.signature(number)
         except ConfigError:
             number, sig = None, ("invalid", repr(run_id))  # live_view shows the one-line error once
         runs = self.app.shared.runs()
-        runs_sig = tuple((x["id"], x["status"]) for x in runs)
+        runs_sig = tuple((x_["id"], x_["status"]) for x_ in runs)
         choices_update = (
-            gr.update(choices=[(data.run_label(x), x["id"]) for x in runs])
+            gr.update(choices=[(data.run_label(x_), x_["id"]) for x_ in runs])
             if list(runs_sig) != list(list_seen or [])
             else gr.skip()
         )
         if list(sig) == list(seen or []):
             return (
                 *(gr.skip() for _ in range(1 + len(self.panels))),
-                gr.skip(),
+                *(gr.skip() for _ in range(4)),  # metric picker, step gallery, step note, slider
                 seen,
                 choices_update,
                 runs_sig,
@@ -208,16 +298,25 @@ class LiveHandlers(_Part):
         same_run = bool(seen) and len(seen) > 4 and seen[0] == number
         follow = not same_run or step is None or float(step) >= float(seen[4] or 0)
         slider = gr.update(**bounds, **({"value": bounds["maximum"]} if follow else {}))
-        return (*self.live_view(run_id, r), slider, sig, choices_update, runs_sig)
+        shown = self.step_images(run_id, kind, bounds["maximum"]) if follow else (gr.skip(), gr.skip())
+        return (
+            *self.live_view(run_id, r, metric_keys, smoothing, log_y, x),
+            self.metric_choices(number, metric_keys),
+            *shown,
+            slider,
+            sig,
+            choices_update,
+            runs_sig,
+        )
 
     def on_load(self, r: float) -> tuple[Any, ...]:
         run_id = self.app.default_run()
         return (gr.update(choices=self.app.run_choices(), value=run_id), *self.live_refresh(run_id, r))
 
-    def step_images(self, run_id: int | None, kind: str, step: float | None) -> tuple[list, str]:
+    def step_images(self, run_id: Any, kind: str, step: float | None) -> tuple[list, str]:
         """The run's ``kind`` images (eval | train) at the logged step nearest ``step``, and a note."""
         try:
-            number = parse_run_id(run_id)
+            number = self.app.resolve(run_id)
             if kind not in samples.KINDS:
                 raise ConfigError(f"images: must be one of {', '.join(samples.KINDS)}, got {kind!r}")
         except ConfigError as exc:
@@ -228,11 +327,31 @@ class LiveHandlers(_Part):
         note = samples.steps_note(kind, shown, samples.sample_steps(self.store, number, kind))
         return self.publish.items(items), note
 
-    def cancel(self, run_id: int | None, request: gr.Request | None = None) -> str:
+    def cancel(self, run_id: Any, request: gr.Request | None = None) -> str:
         return self.app.run_action(run_id, request, "cancel", "No run selected.")
 
-    def resume_live(self, run_id: float | None, request: gr.Request | None = None) -> str:
+    def resume_live(self, run_id: Any, request: gr.Request | None = None) -> str:
         return self.app.run_action(run_id, request, "resume", "No run selected.")
+
+    def confirmed(self, pending: Any, request: gr.Request | None = None) -> tuple[str, Any, None]:
+        """Confirm pressed: the pending cancel or resume of the run it named."""
+        if not isinstance(pending, dict) or pending.get("action") not in ("cancel", "resume"):
+            return "Nothing to confirm.", gr.update(visible=False), None
+        answer = self.app.run_action(pending["run"], request, pending["action"], "No run selected.")
+        return answer, gr.update(visible=False), None
+
+
+def _optional_number(value: Any, field: str) -> float | None:
+    """An optional number box: empty → None, else a finite number (ConfigError in one line naming ``field``)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    if isinstance(value, bool) or number != number or number in (float("inf"), float("-inf")):
+        raise ConfigError(f"{field}: must be a number or empty, got {value!r}")
+    return number
 
 
 class HistoryHandlers(_Part):
@@ -241,28 +360,81 @@ class HistoryHandlers(_Part):
     def resume(self, run_id: float | None, request: gr.Request | None = None) -> str:
         return self.app.run_action(run_id, request, "resume", "Enter a run id.")
 
-    def compare(self, run_ids: list[int] | None, r: float) -> tuple[Any, ...]:
+    COMPARE_OUTPUTS = (
+        9  # message, showcase box, reward, metrics, time to reach, summary, diff, images, picker
+    )
+
+    def compare(
+        self,
+        run_ids: Any,
+        r: float,
+        x: Any = "step",
+        metric_keys: Any = metrics.DEFAULT_METRICS,
+        smoothing: Any = metrics.MetricView.smoothing,
+        log_y: Any = False,
+        level: Any = None,
+        at: Any = None,
+    ) -> tuple[Any, ...]:
+        """Only the picked runs: (one-line message, the showcase box shown only for the showcase's own runs,
+        reward curves over ``x``, the metrics view, time to reach ``level`` (empty: the exact run's final
+        eval), summary, config diff, images at each run's own first and last eval (and at step ``at``), the
+        gallery's columns). An id that names no run is one line; the valid runs stay."""
+        empty = (gr.update(visible=False), gr.update(visible=False), pd.DataFrame(), pd.DataFrame(),
+                 pd.DataFrame(), gr.update(value=[]), gr.skip())  # fmt: skip
+        if run_ids is not None and not isinstance(run_ids, (list, tuple)):
+            run_ids = [run_ids]
+        ids, bad = [], []
+        for value in run_ids or []:
+            try:
+                number = self.app.resolve(value, "runs")
+            except ConfigError as exc:
+                bad.append(str(exc))
+                continue
+            if number is not None and self.store.get_run(number) is None:
+                bad.append(f"runs: no run #{number}")
+            elif number is not None and number not in ids:
+                ids.append(number)
         try:
-            if run_ids is not None and not isinstance(run_ids, (list, tuple)):
-                raise ConfigError(f"runs: must be a list of run ids, got {run_ids!r}")
-            ids = [i for i in (parse_run_id(v, "runs") for v in run_ids or []) if i is not None]
             ratio = parse_ratio(r, self.r0)
+            view = view_of(metric_keys, smoothing, log_y, x)
+            wanted = _optional_number(level, "reward level")
+            step = _optional_number(at, "images at step")
         except ConfigError as exc:
-            return data._empty("Reward", str(exc)), pd.DataFrame(), pd.DataFrame(), []
-        runs = [run for run in (self.store.get_run(i) for i in ids) if run is not None]
+            return (f"**Error:** {exc}", gr.skip(), *empty)
+        runs = [self.store.get_run(i) for i in ids]
+        note = " ".join(f"**Not shown:** {b}" for b in bad[:1]) + (
+            f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        )
+        showcase = gr.update(visible=bool(self.showcase_ids) and sorted(ids) == sorted(self.showcase_ids))
         if len(runs) < 2:
-            empty = data._empty("Reward", "pick two or more runs")
-            return empty, pd.DataFrame(), pd.DataFrame(), []
-        frames = {
-            f"#{run['id']} {run['config'].get('strategy')}": self.store.metrics_frame(run["id"])
-            for run in runs
-        }
-        configs = {f"#{run['id']}": run["config"] for run in runs}
+            return ((note + " · " if note else "") + "Pick two or more runs.", showcase, *empty)
+        labels = {run["id"]: f"#{run['id']} {run['config'].get('strategy')}" for run in runs}
+        frames = {labels[run["id"]]: self.store.metrics_frame(run["id"]) for run in runs}
+        by_label = {labels[run["id"]]: run for run in runs}
+        strategies = {labels[run["id"]]: run["config"].get("strategy") for run in runs}
+        if wanted is None:
+            found = metrics.default_level(frames, strategies)
+            wanted, whose = found if found else (None, "")
+        else:
+            whose = "the level asked"
+        reach = metrics.reach_frame(frames, wanted) if wanted is not None else pd.DataFrame()
+        if wanted is not None:
+            note = (note + " · " if note else "") + f"Time to reach eval reward {wanted:.4g} ({whose})."
+        items, columns = data.side_by_side_own_steps(self.store, ids, self.root, at=step)
         return (
-            data.reward_figure(frames, title="Reward"),
+            note,
+            showcase,
+            gr.update(
+                value=data.reward_figure(frames, title="Reward", x=view.x, runs=by_label), visible=True
+            ),
+            gr.update(
+                value=metrics.metrics_figure(frames, view, runs=by_label, title="Metrics"), visible=True
+            ),
+            reach,
             data.compare_frame(self.store, ids, ratio),
-            data.config_diff(configs),
-            self.publish.items(data.side_by_side_first_last(self.store, ids, self.root)),
+            data.config_diff({f"#{run['id']}": run["config"] for run in runs}),
+            gr.update(value=self.publish.items(items), columns=max(columns, 1)),
+            gr.update(choices=sorted(set(metrics.metric_keys(list(frames.values()))) | set(view.metrics))),
         )
 
     def report(
@@ -277,8 +449,71 @@ class HistoryHandlers(_Part):
         message, path = report_for_app(self.store, run_ids if run_ids is not None else [], out_dir, r=ratio)
         return message, (self.publish(path) if path is not None else None)
 
-    def history(self) -> pd.DataFrame:
-        return data.history_frame(self.store)
+    def history(
+        self, search: str | None = None, status: str | None = None, backbone: str | None = None,
+        strategy: str | None = None,
+    ) -> pd.DataFrame:  # fmt: skip
+        """The runs table (human durations, notes), filtered by the search words and the three filters."""
+        frame = data.history_frame(self.store, notes.read_notes(self.root))
+        try:
+            return data.filter_history(frame, search if isinstance(search, str) else "", status=status,
+                                       backbone=backbone, strategy=strategy)  # fmt: skip
+        except ValueError:
+            return frame
+
+    def history_tick(self, seen: Any, *filters: Any) -> tuple[Any, Any]:
+        """The History tab's timer: the table again only when a run's status or step moved."""
+        runs = self.app.shared.runs()
+        sig = [[r["id"], r["status"], r.get("last_step")] for r in runs]
+        if sig == (seen or None):
+            return gr.skip(), seen
+        return self.history(*filters), sig
+
+    def pick_row(self, table: Any, evt: gr.SelectData = None) -> tuple[Any, str]:  # type: ignore[assignment]
+        """A click on a row of the runs table picks its run: its id in the run id box, its note below."""
+        if evt is None:
+            return gr.skip(), gr.skip()
+        try:
+            row = evt.index[0] if isinstance(evt.index, (list, tuple)) else int(evt.index)
+            run_id = (
+                int(pd.DataFrame(table)["id"].iloc[row])
+                if not isinstance(table, pd.DataFrame)
+                else int(table["id"].iloc[row])
+            )
+        except (KeyError, IndexError, TypeError, ValueError):
+            return gr.skip(), gr.skip()
+        return run_id, notes.read_notes(self.root).get(run_id, "")
+
+    def save_note(
+        self, run_id: Any, text: str, request: gr.Request | None = None
+    ) -> tuple[str, pd.DataFrame]:
+        try:
+            number = parse_run_id(run_id)
+            if number is None:
+                return "Enter a run id.", self.history()
+            if self.store.get_run(number) is None:
+                raise ConfigError(f"run id: no run #{number}")
+            self.guard.check_action(
+                session(request), number, "delete"
+            )  # who may delete a run may annotate it
+            notes.set_note(self.root, number, text or "")
+        except SpaceError as exc:
+            return f"**Refused.** {exc}", self.history()
+        except (ConfigError, notes.NoteError) as exc:
+            return f"**Error:** {exc}", self.history()
+        return f"Note of run #{number} saved.", self.history()
+
+    def confirmed(
+        self, pending: Any, request: gr.Request | None = None
+    ) -> tuple[str, Any, None, pd.DataFrame]:
+        """Confirm pressed on the History tab: the pending delete or resume of the run it named."""
+        hide = gr.update(visible=False)
+        if not isinstance(pending, dict) or pending.get("action") not in ("delete", "resume"):
+            return "Nothing to confirm.", hide, None, self.history()
+        if pending["action"] == "resume":
+            return self.resume(pending["run"], request), hide, None, self.history()
+        message, table = self.delete(pending["run"], bool((pending.get("extra") or [False])[0]), request)
+        return message, hide, None, table
 
     def delete(
         self, run_id: float | None, delete_files: bool, request: gr.Request | None = None
@@ -296,6 +531,7 @@ class HistoryHandlers(_Part):
         except (ConfigError, StoreError) as exc:
             return f"**Error:** {exc}", self.history()
         self.guard.forget(number)
+        notes.set_note(self.root, number, "")
         return f"Run #{number} deleted{' with its folder' if removed else ''}.", self.history()
 
     def export(self, run_id: float | None, request: gr.Request | None = None) -> tuple[str, list[str] | None]:

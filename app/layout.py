@@ -11,9 +11,79 @@ from typing import Any
 
 import gradio as gr
 
-from app import data, panels, samples, showcase
-from app.space import CAPS, OWNER_PASSWORD_ENV
+from app import data, metrics, panels, samples, showcase
+from app.form import OVERRIDES_EXAMPLE
+from app.space import CAPS, OWNER_PASSWORD_ENV, SPACE_REWARDS
 from jagg_engine.train.config import ALGORITHMS, STRATEGIES, TrainConfig
+
+# The rewards the New run form offers outside a Space (a Space offers only its weight-free ones).
+ALL_REWARDS_HINT = (*SPACE_REWARDS, "pickscore", "clipscore", "hpsv2")
+
+# Page-wide style (passed to launch): low-resolution samples drawn pixel for pixel, never smoothed, and a
+# caption shown whole while the pointer is on its image.
+CSS = """
+#compare-gallery img, #step-gallery img, #live-gallery img { image-rendering: pixelated; }
+.thumbnail-item:hover .caption-label { white-space: normal; overflow: visible; text-overflow: clip;
+  max-width: none; z-index: 20; }
+"""
+
+# Run pickers: Enter takes the run whose id or whole label is what was typed, never the first label that
+# merely contains it (with runs #1-#11, "1" is #1, not #11). Without such a run, Enter picks nothing
+# from the list: the typed text goes to the app, which resolves an id exactly or says in one line that no
+# run has that name (app.form.match_run).
+HEAD = """<script>
+(() => {
+  const exact = (typed, label) => {
+    const t = typed.trim(), m = t.match(/^#?(\\d+)$/);
+    if (m) return label.startsWith("#" + m[1] + " ");
+    return label === t || label.replace(/ \\([^()]*\\)$/, "") === t;
+  };
+  window.addEventListener("keydown", (event) => {
+    const input = event.target;
+    const picker = event.key === "Enter" && input.closest ? input.closest(".run-picker") : null;
+    const typed = picker ? input.value || "" : "";
+    if (!typed.trim()) return;
+    const options = [...picker.querySelectorAll("ul.option-list li[data-index]")];
+    if (!options.length && picker.classList.contains("run-picker-multi")) return;  // an unknown id: a chip
+
+    event.preventDefault();
+    event.stopImmediatePropagation();
+    const hit = options.find((li) => exact(typed, li.textContent.replace(/^\\s*\u2713/, "").trim()));
+    if (hit) hit.dispatchEvent(new MouseEvent("mousedown", { bubbles: true, cancelable: true }));
+    // the list closes; without a hit the app gets the text as typed and resolves an id exactly
+    if (!picker.classList.contains("run-picker-multi")) input.blur();
+  }, true);
+})();
+</script>"""
+
+
+def confirm_row(prefix: str) -> SimpleNamespace:
+    """A hidden question with Confirm and Keep buttons, and the action it waits for (gr.State)."""
+    question = gr.Markdown(elem_id=f"{prefix}-confirm-question")
+    with gr.Row(visible=False) as row:
+        yes = gr.Button("Confirm", variant="stop", elem_id=f"{prefix}-confirm", scale=1)
+        no = gr.Button("Keep", elem_id=f"{prefix}-keep", scale=1)
+    return SimpleNamespace(question=question, row=row, yes=yes, no=no, pending=gr.State(None))
+
+
+def metric_controls(prefix: str, x_only: bool = False) -> SimpleNamespace:
+    """The metrics view's controls (trackio / wandb conventions): which logged metrics, EMA smoothing, log
+    scale and the x axis. Their values are :class:`app.metrics.MetricView`'s fields, in its order."""
+    view = metrics.MetricView()
+    with gr.Row():
+        pick = gr.Dropdown(
+            choices=list(view.metrics), value=list(view.metrics), multiselect=True, allow_custom_value=False,
+            label="metrics (any logged key)", scale=4, elem_id=f"{prefix}-metric-pick",
+        )  # fmt: skip
+        smoothing = gr.Slider(
+            0.0, 0.99, value=view.smoothing, step=0.01, label="smoothing (EMA)", scale=2,
+            elem_id=f"{prefix}-smoothing",
+        )  # fmt: skip
+        log_y = gr.Checkbox(value=False, label="log scale", scale=1, elem_id=f"{prefix}-log")
+        x = gr.Radio(list(metrics.X_AXES), value="step", label="x axis", scale=2, elem_id=f"{prefix}-x")
+    return SimpleNamespace(
+        pick=pick, smoothing=smoothing, log_y=log_y, x=x, inputs=[pick, smoothing, log_y, x]
+    )
 
 
 def header(space: bool, per_visitor: int) -> None:
@@ -23,7 +93,8 @@ def header(space: bool, per_visitor: int) -> None:
         + (
             f"\n\n*Space mode: tiny-shapes only, at most {CAPS['steps']} steps, one run trains at a time and "
             f"{per_visitor} may wait or train per visitor. You can cancel, resume and delete the "
-            "runs you started.*"
+            "runs you started from this page: the runs belong to this page load, so reloading the page "
+            "loses control of them (they keep training, and stay visible to everyone).*"
             if space
             else ""
         )
@@ -46,8 +117,7 @@ def new_run_tab(backbones: Sequence[str], space: bool, r0: float, note: str) -> 
         rewards = gr.Textbox(
             label="rewards (name: weight, …)",
             value=", ".join(f"{k}: {v:g}" for k, v in defaults.rewards.items()),
-            info="shapes, shapes-dense, brightness, colorfulness, jpeg_compressibility, "
-            "jpeg_incompressibility, pickscore, clipscore, hpsv2",
+            info=", ".join(SPACE_REWARDS if space else ALL_REWARDS_HINT),
             scale=2,
         )
         algorithm = gr.Dropdown(list(ALGORITHMS), value=defaults.algorithm, label="algorithm")
@@ -64,7 +134,7 @@ def new_run_tab(backbones: Sequence[str], space: bool, r0: float, note: str) -> 
         r_input = gr.Number(value=r0, label="r = cost of forward+backward / forward")
     overrides = gr.Textbox(
         label="more settings (key=value, one a line)",
-        placeholder="sampling_steps=6\nprompts_per_step=2\neval_every=5",
+        placeholder=OVERRIDES_EXAMPLE,
         lines=3,
     )
     prediction = gr.Markdown(note)
@@ -84,13 +154,19 @@ def live_tab(
     """The run picker and its actions, the progress line, the registry's panels at their places (``outputs``:
     the progress line, then the panels in registration order) and the step slider over the run's images."""
     with gr.Row():
-        live_run = gr.Dropdown(choices=choices, value=value, label="run", scale=4, allow_custom_value=True)
+        live_run = gr.Dropdown(
+            choices=choices, value=value, label="run", scale=4, allow_custom_value=True,
+            elem_id="live-run", elem_classes=["run-picker"],
+            info="type a run's number or pick it from the list",
+        )  # fmt: skip
         refresh_btn = gr.Button("Refresh", scale=1)
         cancel_btn = gr.Button("Cancel run", variant="stop", scale=1)
         resume_btn = gr.Button("Resume run", scale=1, elem_id="live-resume")
         duplicate_btn = gr.Button("Duplicate", scale=1, elem_id="live-duplicate")
+    confirm = confirm_row("live")
     action_msg = gr.Markdown(elem_id="live-action-msg")
     progress_md = gr.Markdown(elem_id="live-progress")
+    view = metric_controls("live")
     shown: dict[str, Any] = {}
     for row in panels.rows(live_panels):
         with gr.Row():
@@ -111,21 +187,24 @@ def live_tab(
 def compare_tab(
     store: Any, choices: list[tuple[str, int]], showcase_ids: Sequence[int], shown: tuple | None
 ) -> SimpleNamespace:
-    """Run picker, reward plot, summary, config diff and side-by-side images; with ``shown`` (the showcase's
-    comparison) filled at the first paint."""
-    if shown:
-        gr.Markdown(
-            f"**Showcase** (read-only): runs #{showcase_ids[0]} (exact) and #{showcase_ids[1]} (JAGG), "
-            "recorded with `jagg train configs/tiny-shapes-cpu.yaml`, same seed, prompts and eval seeds "
-            f"(`{showcase.RECORD_COMMAND}` records them again). Pick other runs and press Compare."
-        )
-        # Drawn without plotly, so that the curves are there at the first paint; Compare draws the
-        # interactive plot below.
-        frames = {
-            f"#{run['id']} {run['config'].get('strategy')}": store.metrics_frame(run["id"])
-            for run in (store.get_run(i) for i in showcase_ids)
-        }
-        gr.HTML(data.reward_svg(frames), elem_id="showcase-curves")
+    """Run picker, a one-line message, the showcase (only while its runs are the ones picked), reward and
+    metrics plots, time to reach a reward level, summary, config diff and side-by-side images; with
+    ``shown`` (the showcase's comparison, :meth:`HistoryHandlers.compare`'s outputs) filled at the first
+    paint. Plots stay hidden until Compare draws them: no empty box above the images."""
+    with gr.Column(visible=bool(shown)) as showcase_box:
+        if shown:
+            gr.Markdown(
+                f"**Showcase** (read-only): runs #{showcase_ids[0]} (exact) and #{showcase_ids[1]} (JAGG), "
+                "recorded with `jagg train configs/tiny-shapes-cpu.yaml`, same seed, prompts and eval seeds "
+                f"(`{showcase.RECORD_COMMAND}` records them again). Pick other runs and press Compare."
+            )
+            # Drawn without plotly, so that the curves are there at the first paint; Compare draws the
+            # interactive plot below.
+            frames = {
+                f"#{run['id']} {run['config'].get('strategy')}": store.metrics_frame(run["id"])
+                for run in (store.get_run(i) for i in showcase_ids)
+            }
+            gr.HTML(data.reward_svg(frames), elem_id="showcase-curves")
     with gr.Row():
         compare_runs = gr.Dropdown(
             choices=choices,
@@ -134,41 +213,75 @@ def compare_tab(
             label="runs (two or more)",
             allow_custom_value=True,
             scale=4,
+            elem_id="compare-runs",
+            elem_classes=["run-picker", "run-picker-multi"],
         )
-        compare_btn = gr.Button("Compare", scale=1)
+        compare_btn = gr.Button("Compare", scale=1, elem_id="compare-btn")
         report_btn = gr.Button("Report (HTML)", scale=1)
     with gr.Row():
-        report_msg = gr.Markdown()
-        report_file = gr.File(label="report: one HTML file that opens offline", visible=True)
-    # Empty until Compare: plotly's first load is what makes a page slow to show.
-    compare_plot = gr.Plot(label="reward (interactive: press Compare)", elem_id="compare-plot")
+        level = gr.Textbox(
+            label="reward level (empty: the exact run's final eval)", value="", elem_id="compare-level"
+        )
+        image_step = gr.Textbox(
+            label="images also at step (empty: first and last only)", value="", elem_id="compare-step"
+        )
+    compare_msg = gr.Markdown(value=shown[0] if shown else "", elem_id="compare-msg")
+    report_msg = gr.Markdown()
+    report_file = gr.File(label="report: one HTML file that opens offline", visible=False)
+    view = metric_controls("compare")
+    compare_plot = gr.Plot(label="reward", elem_id="compare-plot", visible=False)
+    metrics_plot = gr.Plot(label="metrics", elem_id="compare-metrics", visible=False)
+    reach_table = gr.Dataframe(
+        label="time to reach the reward level: training seconds (eval excluded) and step of the first eval at "
+        "or above it",
+        interactive=False,
+        value=shown[4] if shown else None,
+        elem_id="compare-reach",
+    )
     compare_table = gr.Dataframe(
         label="summary: final reward and update-phase speedup (measured vs predicted)",
         interactive=False,
-        value=shown[1] if shown else None,
+        value=shown[5] if shown else None,
     )
-    diff_table = gr.Dataframe(label="config diff", interactive=False, value=shown[2] if shown else None)
+    diff_table = gr.Dataframe(label="config diff", interactive=False, value=shown[6] if shown else None)
     compare_gallery = gr.Gallery(
-        label="same prompt and seed, side by side: each run at its first eval, then at its last",
+        label="same prompt and seed, side by side: each run at its own first eval, then at its own last",
         columns=4,
         height="auto",
-        value=shown[3] if shown else None,
+        value=shown[7]["value"] if shown else None,
         elem_id="compare-gallery",
     )
+    outputs = [compare_msg, showcase_box, compare_plot, metrics_plot, reach_table, compare_table, diff_table,
+               compare_gallery, view.pick]  # fmt: skip
     return SimpleNamespace(**{k: v for k, v in locals().items() if k != "frames"})
 
 
-def history_tab(space: bool) -> SimpleNamespace:
-    """The runs table, the actions on a run id, and (Space mode) the owner's login and downloads."""
-    history_table = gr.Dataframe(label="runs", interactive=False)
+def history_tab(space: bool, backbones: Sequence[str] = ()) -> SimpleNamespace:
+    """Search and filters, the runs table (a click on a row picks its run), the actions on a run id (Delete
+    and Resume ask first), its note, and (Space mode) the owner's login and downloads."""
+    any_ = [data.ALL]
+    with gr.Row():
+        search = gr.Textbox(label="search (name, note)", scale=3, elem_id="history-search")
+        status = gr.Dropdown(any_ + ["queued", "running", "finished", "failed", "cancelled"], value=data.ALL,
+                             label="status", scale=1)  # fmt: skip
+        backbone = gr.Dropdown(any_ + list(backbones), value=data.ALL, label="backbone", scale=1)
+        strategy = gr.Dropdown(any_ + list(STRATEGIES), value=data.ALL, label="strategy", scale=1)
+    filters = [search, status, backbone, strategy]
+    history_table = gr.Dataframe(
+        label="runs (click a row to pick it)", interactive=False, elem_id="history-table"
+    )
     with gr.Row():
         history_btn = gr.Button("Refresh")
-        target = gr.Number(label="run id")  # no rounding: 1.5 is refused, not run 2
+        target = gr.Number(label="run id", elem_id="history-target")  # no rounding: 1.5 is refused, not run 2
         delete_files = gr.Checkbox(label="also delete its folder", value=False)
         delete_btn = gr.Button("Delete", variant="stop")
         resume_btn = gr.Button("Resume")
         duplicate_btn = gr.Button("Duplicate")
         export_btn = gr.Button("Export CSV + JSON")
+    with gr.Row():
+        note = gr.Textbox(label="note of this run", scale=4, elem_id="history-note")
+        note_btn = gr.Button("Save note", scale=1)
+    confirm = confirm_row("history")
     history_msg = gr.Markdown()
     export_files = gr.File(label="export", file_count="multiple")
     with gr.Accordion("Owner", open=False, visible=space):

@@ -26,7 +26,7 @@ import gradio as gr
 import pandas as pd
 import plotly.graph_objects as go
 
-from app import data
+from app import data, metrics
 from jagg_engine.store import RunStore
 
 KINDS = ("plot", "table", "gallery", "text")
@@ -36,8 +36,9 @@ Publish = Callable[[list[tuple[str, str]]], list[tuple[str, str]]]
 @dataclass(frozen=True)
 class LiveContext:
     """What a panel's render function may read: the run row, its metrics frame (one row per step, one column
-    per metric key, read once for all panels), the store, the cost ratio r, the runs folder and ``publish``
-    (gallery items → items gradio may serve)."""
+    per metric key, read once for all panels), the store, the cost ratio r, the runs folder, ``publish``
+    (gallery items → items gradio may serve) and ``view``, the metrics view's controls (metrics picked,
+    smoothing, log scale, x axis: step, wall time or relative time)."""
 
     store: RunStore
     run: Mapping[str, Any]
@@ -45,6 +46,7 @@ class LiveContext:
     ratio: float
     runs_root: Path
     publish: Publish = lambda items: list(items)
+    view: metrics.MetricView = field(default_factory=metrics.MetricView)
 
 
 @dataclass(frozen=True)
@@ -136,10 +138,16 @@ def render(panel: Panel, ctx: LiveContext) -> Any:
 
 
 def metric_lines_figure(
-    frame: pd.DataFrame, series: Mapping[str, str], title: str, yaxis: str, scale: float = 1.0
+    frame: pd.DataFrame,
+    series: Mapping[str, str],
+    title: str,
+    yaxis: str,
+    scale: float = 1.0,
+    from_zero: bool = False,
 ) -> go.Figure:
     """One line per metric key (``series``: key → legend name) over the steps that logged it, divided by
-    ``scale``; an empty figure saying so when none of the keys was logged."""
+    ``scale``, the y axis from 0 with ``from_zero``; an empty figure saying so when none of the keys was
+    logged. Steps tick at whole numbers."""
     fig = go.Figure()
     for key, name in series.items():
         if key in frame.columns:
@@ -154,6 +162,9 @@ def metric_lines_figure(
         title=title, xaxis_title="step", yaxis_title=yaxis, height=300,
         margin={"l": 50, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h", "y": -0.25},
     )  # fmt: skip
+    if from_zero:
+        fig.update_yaxes(rangemode="tozero")
+    metrics.integer_step_ticks(fig)
     return fig
 
 
@@ -162,7 +173,7 @@ MEMORY_SERIES = {"memory/peak_cuda_bytes": "peak CUDA memory", "memory/rss_bytes
 
 def memory_figure(frame: pd.DataFrame) -> go.Figure:
     """Per step: the main process's peak CUDA memory in that step (GPU) and resident set size, in GiB."""
-    return metric_lines_figure(frame, MEMORY_SERIES, "Memory", "GiB", scale=2**30)
+    return metric_lines_figure(frame, MEMORY_SERIES, "Memory", "GiB", scale=2**30, from_zero=True)
 
 
 def seconds_per_step_figure(frame: pd.DataFrame) -> go.Figure:
@@ -179,7 +190,9 @@ def seconds_per_step_figure(frame: pd.DataFrame) -> go.Figure:
 
 @register("reward", label="reward", place=(1, 0))
 def _reward(ctx: LiveContext) -> go.Figure:
-    return data.reward_figure({"": ctx.frame}, title=f"Reward — run #{ctx.run['id']}")
+    return data.reward_figure(
+        {"": ctx.frame}, title=f"Reward — run #{ctx.run['id']}", x=ctx.view.x, runs={"": ctx.run}
+    )
 
 
 @register("time", label="step time", place=(1, 1))
@@ -230,8 +243,25 @@ def _seconds(ctx: LiveContext) -> go.Figure:
     return seconds_per_step_figure(ctx.frame)
 
 
+@register("metrics", label="metrics: any logged metric (pick it above)", place=(5, 0))
+def _metrics(ctx: LiveContext) -> go.Figure:
+    """The metrics view: every metric the trainer logs can be drawn here, none needs a panel of its own."""
+    return metrics.metrics_figure({"": ctx.frame}, ctx.view, runs={"": ctx.run}, title="Metrics")
+
+
+@register("window", label="SDE window position", place=(5, 1))
+def _window(ctx: LiveContext) -> go.Figure:
+    return metrics.window_figure(ctx.frame, ctx.run["config"].get("sampling_steps"))
+
+
 def live_context(
-    store: RunStore, run: Mapping[str, Any], ratio: float, runs_root: str | os.PathLike[str], publish: Publish
+    store: RunStore,
+    run: Mapping[str, Any],
+    ratio: float,
+    runs_root: str | os.PathLike[str],
+    publish: Publish,
+    view: metrics.MetricView | None = None,
 ) -> LiveContext:
     """The context of one live view: the metrics frame read once for every panel."""
-    return LiveContext(store, run, store.metrics_frame(run["id"]), ratio, Path(runs_root), publish)
+    frame = store.metrics_frame(run["id"])
+    return LiveContext(store, run, frame, ratio, Path(runs_root), publish, view or metrics.MetricView())

@@ -5,7 +5,7 @@ their config (and, for several runs, the fields that differ), the reward curves,
 step-time breakdown of each run, and the eval images of the same prompts and seeds at the first and at the
 last eval step. Every table and figure is :mod:`app.data`'s, the ones the app shows.
 
-Offline by construction: plotly.js is inlined once, images are ``data:`` URIs, no font, no MathJax, and a
+Offline by construction: plotly.js (its basic partial bundle, assets/plotly) is inlined once, images are ``data:`` URIs, no font, no MathJax, and a
 Content-Security-Policy meta (``default-src 'none'``, images only from ``data:``) stops the page from
 fetching anything even if something in it tried. The file is written to a temporary name beside ``out``
 and renamed, so a failed write (bad folder, full disk) leaves no half-written report and keeps an older one.
@@ -206,23 +206,38 @@ def render_report(
     )
 
 
+PLOTLY_JS = Path(__file__).resolve().parents[1] / "assets" / "plotly" / "plotly-basic.min.js"
+# plotly.js's "basic" partial bundle (scatter, bar, pie; MIT, assets/plotly/LICENSE), the version plotly.py
+# draws with: a report holds only scatter and bar traces, and the full bundle (maps, 3-D, …) is 4× larger.
+
+
+def plotly_script() -> str:
+    """The inline ``<script>`` of plotly.js's basic bundle (``</script>`` cannot occur in it: checked)."""
+    text = PLOTLY_JS.read_text(encoding="utf-8")
+    if "</script" in text.lower():
+        raise ReportError(f"{PLOTLY_JS}: holds a closing script tag; cannot be inlined")
+    return f'<script type="text/javascript">{text}</script>'
+
+
 class _Plots:
-    """Plotly figures as HTML divs; the first one carries plotly.js (inlined, once per page)."""
+    """Plotly figures as HTML divs; the first one carries plotly.js (the basic bundle inlined, once per
+    page, never a CDN)."""
 
     def __init__(self) -> None:
         self.count = 0
 
     def div(self, fig: go.Figure, name: str) -> str:
         self.count += 1
-        return pio.to_html(
+        div = pio.to_html(
             fig,
             full_html=False,
-            include_plotlyjs=self.count == 1,  # True: the bundled plotly.min.js inline, never a CDN
+            include_plotlyjs=False,
             include_mathjax=False,
             div_id=f"plot-{name}",
             default_height=f"{fig.layout.height or 360}px",
             config={"displaylogo": False, "responsive": True},
         )
+        return (plotly_script() if self.count == 1 else "") + div
 
 
 def _table(frame: pd.DataFrame) -> str:

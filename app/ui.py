@@ -97,16 +97,18 @@ def build_app(
         read_only=showcase_ids,
     )
     r0 = r_default if r_default is not None else data.default_r(has_gpu())
-    handlers = Handlers(manager, guard, root, space, r0, panels.panels())
+    handlers = Handlers(manager, guard, root, space, r0, panels.panels(), showcase_ids)
     with gr.Blocks(title="JAGG Studio") as demo:
         page = build_layout(handlers, SPACE_BACKBONES if space else BACKBONE_CHOICES, showcase_ids)
         wire(demo, page, handlers)
 
     demo.jagg_manager = manager  # type: ignore[attr-defined]
     demo.jagg_shared = handlers.shared  # type: ignore[attr-defined]
+    demo.jagg_handlers = handlers  # type: ignore[attr-defined]
     demo.jagg_runs_dir = root  # type: ignore[attr-defined]
     demo.jagg_guard = guard  # type: ignore[attr-defined]
     demo.jagg_showcase_ids = list(showcase_ids)  # type: ignore[attr-defined]
+    demo.jagg_css, demo.jagg_head = layout.CSS, layout.HEAD  # type: ignore[attr-defined]  # for launch()
     demo.jagg_stop_ticker = threading.Event()  # type: ignore[attr-defined]  # set() stops the queue ticker
     if background_ticks:
         _start_ticker(handlers.shared.tick, stop=demo.jagg_stop_ticker)
@@ -127,7 +129,7 @@ def build_layout(h: Handlers, backbones: tuple[str, ...], showcase_ids: list[int
         with gr.Tab("Compare", id="compare"):
             compare = layout.compare_tab(h.store, h.run_choices(), showcase_ids, shown)
         with gr.Tab("History", id="history"):
-            history = layout.history_tab(h.space)
+            history = layout.history_tab(h.space, backbones)
     return SimpleNamespace(
         tabs=tabs, new=new, live=live, compare=compare, history=history,
         run_seen=gr.State(None), list_seen=gr.State(None),
@@ -138,42 +140,72 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
     """Connect the components of :func:`build_layout` to the handlers, each public event by its api_name."""
     new, live, compare, history = page.new, page.live, page.compare, page.history
     launched = [new.launch_msg, new.launched_id, live.live_run]
-    new.launch_btn.click(_with_request(h.new.launch, FORM_FIELDS), new.form, launched, api_name="launch_run")
+    opens_live = (
+        lambda run_id: gr.update(selected="live") if run_id else gr.skip(),
+        new.launched_id,
+        page.tabs,
+    )
+    new.launch_btn.click(
+        _with_request(h.new.launch, FORM_FIELDS), new.form, launched, api_name="launch_run"
+    ).then(*opens_live, api_visibility="private")
     new.pair_btn.click(
         _with_request(h.new.launch_pair, FORM_FIELDS), new.form, launched, api_name="compare_exact_jagg"
-    )
+    ).then(*opens_live, api_visibility="private")
     speedup_inputs = [new.window, new.jagg_frac, new.strategy, new.r_input]
     for component in speedup_inputs:
         component.change(h.new.predict, speedup_inputs, new.prediction, api_visibility="private")
     gr.Button(visible=False).click(h.new.predict, speedup_inputs, new.prediction, api_name="predict_speedup")
 
-    # Live: the view's outputs are the registry's; the timer and the run picker also move the step slider.
-    view = [live.live_run, new.r_input]
-    refreshed = [*live.outputs, live.step_slider]
+    # Live: the view's outputs are the registry's; the timer and the run picker also move the step slider
+    # (and its images), and the metric picker's choices follow the run's logged keys.
+    view = [live.live_run, new.r_input, *live.view.inputs]
+    step_shown = [live.step_gallery, live.step_note]
+    refreshed = [*live.outputs, live.view.pick, *step_shown, live.step_slider]
     gr.Button(visible=False).click(h.live.live_view, view, live.outputs, api_name="live_view")
-    live.live_run.change(h.live.live_refresh, view, refreshed, api_visibility="private")
-    live.refresh_btn.click(h.live.live_refresh, view, refreshed, api_visibility="private")
-    live.cancel_btn.click(h.live.cancel, live.live_run, live.action_msg, api_name="cancel_run")
-    live.resume_btn.click(h.live.resume_live, live.live_run, live.action_msg, api_name="resume_live_run")
+    for trigger in (live.live_run.change, live.refresh_btn.click):
+        trigger(h.live.live_refresh, [*view, live.step_kind], refreshed, api_visibility="private")
+    for control in live.view.inputs:
+        control.change(h.live.live_view, view, live.outputs, api_visibility="private")
+    _wire_confirm(live.confirm, live.action_msg, h.live.confirmed, [])
+    live.cancel_btn.click(
+        lambda run: h.confirm.ask("cancel", run), live.live_run,
+        [live.confirm.question, live.confirm.row, live.confirm.pending], api_visibility="private",
+    )  # fmt: skip
+    live.resume_btn.click(
+        lambda run: h.confirm.ask("resume", run), live.live_run,
+        [live.confirm.question, live.confirm.row, live.confirm.pending], api_visibility="private",
+    )  # fmt: skip
+    # The API keeps the direct actions (a script has no one to ask).
+    gr.Button(visible=False).click(h.live.cancel, live.live_run, live.action_msg, api_name="cancel_run")
+    gr.Button(visible=False).click(
+        h.live.resume_live, live.live_run, live.action_msg, api_name="resume_live_run"
+    )
     filled = [*new.form, page.tabs, live.action_msg]
     live.duplicate_btn.click(h.new.duplicate, live.live_run, filled, api_name="duplicate_run")
     steps = [live.live_run, live.step_kind, live.step_slider]
-    shown = [live.step_gallery, live.step_note]
-    live.step_slider.change(h.live.step_images, steps, shown, api_name="step_images")
-    live.step_kind.change(h.live.step_images, steps, shown, api_visibility="private")
+    live.step_slider.change(h.live.step_images, steps, step_shown, api_name="step_images")
+    live.step_kind.change(h.live.step_images, steps, step_shown, api_visibility="private")
     gr.Timer(TICK_S).tick(
         h.live.on_tick,
-        [*view, page.run_seen, page.list_seen, live.step_slider],
+        [
+            live.live_run,
+            new.r_input,
+            page.run_seen,
+            page.list_seen,
+            live.step_slider,
+            live.step_kind,
+            *live.view.inputs,
+        ],  # fmt: skip
         [*refreshed, page.run_seen, live.live_run, page.list_seen],
         api_visibility="private",
         show_progress="hidden",
     )
 
-    compare.compare_btn.click(
-        h.history.compare, [compare.compare_runs, new.r_input],
-        [compare.compare_plot, compare.compare_table, compare.diff_table, compare.compare_gallery],
-        api_name="compare_runs",
-    )  # fmt: skip
+    compare_inputs = [compare.compare_runs, new.r_input, compare.view.x, compare.view.pick,
+                      compare.view.smoothing, compare.view.log_y, compare.level, compare.image_step]  # fmt: skip
+    compare.compare_btn.click(h.history.compare, compare_inputs, compare.outputs, api_name="compare_runs")
+    for control in (*compare.view.inputs, compare.level, compare.image_step):
+        control.change(h.history.compare, compare_inputs, compare.outputs, api_visibility="private")
     compare.report_btn.click(
         h.history.report, [compare.compare_runs, new.r_input], [compare.report_msg, compare.report_file],
         api_name="report_runs",
@@ -182,15 +214,41 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
         lambda: gr.update(choices=h.run_choices()), None, compare.compare_runs, api_visibility="private"
     )
 
-    history.history_btn.click(h.history.history, None, history.history_table, api_name="history")
+    filters = history.filters
+    history.history_btn.click(h.history.history, filters, history.history_table, api_name="history")
+    for control in filters:
+        control.change(h.history.history, filters, history.history_table, api_visibility="private")
+    history_seen = gr.State(None)
+    gr.Timer(TICK_S * 2).tick(
+        h.history.history_tick, [history_seen, *filters], [history.history_table, history_seen],
+        api_visibility="private", show_progress="hidden",
+    )  # fmt: skip
+    history.history_table.select(
+        h.history.pick_row, history.history_table, [history.target, history.note], api_visibility="private"
+    )
+    history.note_btn.click(
+        h.history.save_note, [history.target, history.note], [history.history_msg, history.history_table],
+        api_name="save_note",
+    )  # fmt: skip
+    _wire_confirm(history.confirm, history.history_msg, h.history.confirmed, [history.history_table])
     history.delete_btn.click(
+        lambda run, files: h.confirm.ask("delete", run, bool(files)), [history.target, history.delete_files],
+        [history.confirm.question, history.confirm.row, history.confirm.pending], api_visibility="private",
+    )  # fmt: skip
+    history.resume_btn.click(
+        lambda run: h.confirm.ask("resume", run), history.target,
+        [history.confirm.question, history.confirm.row, history.confirm.pending], api_visibility="private",
+    )  # fmt: skip
+    gr.Button(visible=False).click(
         h.history.delete, [history.target, history.delete_files], [history.history_msg, history.history_table],
         api_name="delete_run",
     )  # fmt: skip
     history.export_btn.click(
         h.history.export, history.target, [history.history_msg, history.export_files], api_name="export_run"
     )
-    history.resume_btn.click(h.history.resume, history.target, history.history_msg, api_name="resume_run")
+    gr.Button(visible=False).click(
+        h.history.resume, history.target, history.history_msg, api_name="resume_run"
+    )
     history.duplicate_btn.click(
         h.new.duplicate, history.target, [*new.form, page.tabs, history.history_msg], api_visibility="private"
     )
@@ -202,7 +260,24 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
         api_name="owner_file",
     )
     demo.load(h.live.on_load, new.r_input, [live.live_run, *refreshed], api_visibility="private")
-    demo.load(h.history.history, None, history.history_table, api_visibility="private")
+    demo.load(h.history.history, filters, history.history_table, api_visibility="private")
+
+
+def _wire_confirm(
+    confirm: SimpleNamespace, message: Any, confirmed: Callable[..., Any], more: list[Any]
+) -> None:
+    """Confirm does the pending action (``confirmed(pending, request)``); Keep forgets it."""
+
+    def yes(pending: Any, request: gr.Request = None) -> Any:  # type: ignore[assignment]
+        return confirmed(pending, request)
+
+    confirm.yes.click(
+        yes, confirm.pending, [message, confirm.row, confirm.pending, *more], api_visibility="private"
+    ).then(lambda: "", None, confirm.question, api_visibility="private")
+    confirm.no.click(
+        lambda: ("Nothing done.", gr.update(visible=False), None, ""), None,
+        [message, confirm.row, confirm.pending, confirm.question], api_visibility="private",
+    )  # fmt: skip
 
 
 def _with_request(handler: Callable[..., Any], names: tuple[str, ...]) -> Callable[..., Any]:

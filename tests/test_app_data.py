@@ -187,7 +187,31 @@ def test_history_frame(store):
         "jagg",
     )
     assert first["final reward"] == pytest.approx(0.5)
-    assert first["step"] == "3/4" and first["duration (s)"] >= 0
+    assert first["step"] == "3/4" and first["duration"].endswith(" s")
+    # a run paired with another shows its id as an integer, never "10.0"
+    assert str(hist["paired"].dtype) == "Int64"
+
+
+def test_history_durations_filters_and_notes(store, tmp_path):
+    from app import notes
+
+    s, ids, _ = store
+    assert [data.human_duration(x) for x in (None, 4.4, 65, 3 * 3600 + 4 * 60 + 9)] == [
+        "", "4 s", "1 min 05 s", "3 h 04 min",
+    ]  # fmt: skip
+    notes.set_note(tmp_path, ids["exact"], "the baseline, lr 1e-4")
+    hist = data.history_frame(s, notes.read_notes(tmp_path))
+    assert hist.set_index("id").at[ids["exact"], "note"] == "the baseline, lr 1e-4"
+    assert list(data.filter_history(hist, "BASELINE")["id"]) == [ids["exact"]]  # name or note, any case
+    assert list(data.filter_history(hist, strategy="jagg")["id"]) == [ids["jagg"]]
+    assert list(data.filter_history(hist, status="all", backbone="tiny-shapes")["id"]) == list(hist["id"])
+    assert data.filter_history(hist, "baseline", strategy="jagg").empty
+    with pytest.raises(ValueError, match="filter: must be one of status, backbone, strategy, got 'lr'"):
+        data.filter_history(hist, lr="1")
+    notes.set_note(tmp_path, ids["exact"], "")  # empty text removes the note
+    assert notes.read_notes(tmp_path) == {}
+    with pytest.raises(notes.NoteError, match="note: at most 2000 characters"):
+        notes.set_note(tmp_path, ids["exact"], "x" * 2001)
 
 
 def test_gallery_items_newest_first_with_captions(store):

@@ -250,7 +250,7 @@ def test_launch_restart_finish_and_cancel_through_the_api(app):
     total = next(t for t in traces if t["name"] == "total")
     assert _array(total["x"]) == [1, 2, 3]
     assert [t["name"] for t in json.loads(times["plot"])["data"]] == [
-        "sampling", "reward", "update forward", "update backward",
+        "sampling", "reward", "probe", "update forward", "update backward",
     ]  # fmt: skip
     # predicted for 6 trained steps, W = 4, r = 1.8, with the rollout's velocities (reuse_rollout_velocity auto,
     # the default, one update a rollout): groups of 4 and 2 → 6r / (2r + 2r)
@@ -292,7 +292,8 @@ def test_launch_restart_finish_and_cancel_through_the_api(app):
     assert _wait(lambda: not pid_alive(trainer_pid), 30), "the cancelled trainer is still alive"
 
     # Compare and export read the same history.
-    plot, table, diff, images = client.predict([run_id, second], 1.8, api_name="/compare_runs")
+    # (message, reward, metrics, time to reach, summary, diff, images, metric choices: the showcase box is layout)
+    _, plot, _, _, table, diff, images, _ = client.predict([run_id, second], 1.8, api_name="/compare_runs")
     assert len(table["data"]) == 2
     diff_fields = [r[0] for r in diff["data"]]
     assert "name" in diff_fields and "steps" in diff_fields and "window" not in diff_fields
@@ -421,6 +422,13 @@ def test_browser_resume_finishes_a_cancelled_run(app, cancelled_run):
     try:
         assert "cancelled" in driver.find_element(By.ID, "live-progress").text
         driver.find_element(By.XPATH, "//button[normalize-space()='Resume run']").click()
+        WebDriverWait(driver, 30).until(  # it asks first, naming the run
+            lambda d: (
+                f"Resume run #{cancelled_run} manage (cancelled)?"
+                in d.find_element(By.ID, "live-confirm-question").text
+            )
+        )
+        driver.find_element(By.ID, "live-confirm").click()
         WebDriverWait(driver, 30).until(
             lambda d: "resuming from its last checkpoint" in d.find_element(By.ID, "live-action-msg").text
         )

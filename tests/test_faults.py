@@ -232,7 +232,7 @@ def test_the_apps_history_and_compare_work_on_a_read_only_runs_folder(history, m
         assert demo.jagg_manager.store.read_only
         table = _handler(demo, "history")()
         assert sorted(table["name"].tolist()) == ["exact", "jagg"] and set(table["status"]) == {"finished"}
-        figure, frame, diff, pairs = _handler(demo, "compare_runs")([1, 2], 1.8)
+        _, _, figure, _, _, frame, diff, pairs, _ = _handler(demo, "compare_runs")([1, 2], 1.8)
         assert frame["final reward"].tolist() == [0.2, 0.2]
         assert (
             "read-only" in _handler(demo, "launch_run")(*ui_form().values(), None)[0]

@@ -38,7 +38,8 @@ from jagg_engine.store import open_store
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"
-PLOTLY_BANNER = "* plotly.js v"  # the first line of the inlined bundle
+PLOTLY_BANNER = "* plotly.js (basic - minified) v"  # the first line of the inlined partial bundle
+MAX_REPORT_BYTES = 1_500_000  # the two showcase runs' report, curves and 48 images included
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +89,7 @@ def test_two_runs_report_holds_config_diff_curves_speedup_time_and_images(two_ru
     assert f'<meta http-equiv="Content-Security-Policy" content="{CSP}">' in page
     assert "default-src 'none'" in CSP and "img-src data:" in CSP
     assert page.count(PLOTLY_BANNER) == 1
+    assert two_run_report.stat().st_size <= MAX_REPORT_BYTES, two_run_report.stat().st_size
     assert not re.search(r"<(script|img|link|iframe)[^>]+(src|href)=\"(?!data:)", page)
 
     # Config: the fields that differ (name, strategy) and both full configs.
@@ -235,7 +237,7 @@ def _read_only(path: Path) -> Path:
 
 
 def test_a_full_disk_leaves_no_partial_report_and_keeps_the_older_one(store, mounts, tmp_path):
-    """A 1 MiB tmpfs: the page (plotly.js alone is ~4.5 MB) cannot fit; the older report stays whole."""
+    """A 1 MiB tmpfs: the page (plotly.js's basic bundle alone is ~1.2 MB) cannot fit; the older report stays whole."""
     folder = mounts("-t", "tmpfs", "-o", "size=1m", "tmpfs", str(tmp_path / "full"))
     (folder / "report.html").write_text("older report")
     with pytest.raises(ReportError, match=r"^--out: cannot write .*report\.html: No space left on device$"):

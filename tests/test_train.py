@@ -72,11 +72,17 @@ def test_three_step_run_writes_history_and_learns_something(tmp_path):
         "time/update_backward",
         "time/update",
         "time/step",
+        "time/probe",
+        "time/wall",
         "count/forward",
         "count/backward",
     ):
         assert frame.loc[frame.step > 0, key].notna().all(), key
     assert frame.loc[frame.step.isin([0, 3]), "eval/reward/mean"].notna().all()
+    # the probe (step 2 below) is its own phase, not reward time; every step, eval included, has a clock time
+    assert frame.loc[frame.step == 2, "time/probe"].item() > 0
+    assert frame.loc[frame.step == 1, "time/probe"].item() < frame.loc[frame.step == 2, "time/probe"].item()
+    assert frame["time/wall"].is_monotonic_increasing and frame["time/wall"].notna().all()
     # JAGG, W = 4 on the 4 trained steps: one group → 1 grad forward, 1 backward a step, and the 2 inner
     # velocities taken from the rollout (reuse_rollout_velocity=auto, one optimizer step per rollout)
     assert frame.loc[frame.step > 0, "count/backward"].tolist() == [1.0, 1.0, 1.0]

@@ -298,6 +298,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             cfg = TrainConfig.from_dict(run["config"]).validate()
         except ConfigError as exc:
+            if args.resume is None:  # a queued run that cannot start: its reason is the run's error
+                _mark_failed(store, attach, str(exc))
             raise UsageError(str(exc)) from None
         run_id = attach
     else:

@@ -368,6 +368,7 @@ class Trainer:
         adv, all_rewards = self.advantages(total, groups)
         if not torch.isfinite(all_rewards).all():
             raise TrainingError(f"reward: non-finite reward at step {step}")
+        t_probe = time.perf_counter()
         # Routing and the fidelity probe see this rollout at the parameters that produce the applied gradient.
         routed = None
         if self.cfg.auto_route and (step == self.start_step or step % self.cfg.auto_route_every == 0):
@@ -386,7 +387,8 @@ class Trainer:
             "grad/norm": float(np.mean(grad_norms)),
             "lr": self.optimizer.param_groups[0]["lr"],
             "time/sampling": t1 - t0,
-            "time/reward": t2 - t1,
+            "time/reward": t_probe - t1,
+            "time/probe": t2 - t_probe,  # the fidelity probe and auto_route's probe (0 on other steps)
             "time/step": t3 - t0,
             "route/jagg_frac": self.update.jagg_frac,
             **memory_metrics(self.acc.device),
@@ -636,7 +638,7 @@ class Trainer:
         if done == 0 and cfg.eval_every:
             metrics0 = self.evaluate(0)
             if self.main:
-                self.store.log_step(self.run_id, 0, metrics0)
+                self.store.log_step(self.run_id, 0, {**metrics0, "time/wall": time.time()})
         bar = tqdm(
             range(done + 1, cfg.steps + 1),
             desc=f"run {self.run_id}",
@@ -655,6 +657,7 @@ class Trainer:
             if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
                 metrics.update(self.evaluate(step))
             if self.main:
+                metrics["time/wall"] = time.time()  # the step's clock time: the app's wall-time axis
                 self.store.log_step(self.run_id, step, metrics)
                 bar.set_postfix(
                     reward=f"{metrics['reward/mean']:.3f}", update=f"{metrics['time/update']:.2f}s"

@@ -1,0 +1,292 @@
+"""The metrics view: any logged metric against step, wall time or relative time, smoothed, on a linear or log
+scale; and the time at which a run first reaches a reward level. Pure functions (metrics frame → figure or
+table), no gradio: the Live and Compare tabs and tests call them.
+
+Conventions follow the trackers practitioners know: one line per run and metric, an exponential moving
+average with the raw curve faint behind it, x = Step | Wall time | Relative time (wandb's x-axis choices;
+trackio draws one plot per logged metric key, so a new key needs no UI code).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+X_AXES = ("step", "wall time", "relative time")
+WALL_KEY = "time/wall"  # Unix seconds when the trainer logged the step (eval included)
+DEFAULT_METRICS = ("loss/clipfrac", "grad/norm")
+_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+_DASHES = ("solid", "dash", "dot", "dashdot")
+
+
+@dataclass(frozen=True)
+class MetricView:
+    """What the metrics view draws: ``metrics`` (logged keys), ``smoothing`` in [0, 1) (EMA weight of the
+    past, 0 = raw), ``log_y``, ``x`` one of :data:`X_AXES`."""
+
+    metrics: tuple[str, ...] = DEFAULT_METRICS
+    smoothing: float = 0.6
+    log_y: bool = False
+    x: str = "step"
+
+
+def check_view(metrics: Any, smoothing: Any, log_y: Any, x: Any) -> MetricView:
+    """The controls' values → a MetricView; bad values raise ValueError in one line naming the control."""
+    if metrics is None:
+        metrics = ()
+    if isinstance(metrics, str):
+        metrics = (metrics,)
+    if not isinstance(metrics, (list, tuple)) or not all(isinstance(m, str) and m for m in metrics):
+        raise ValueError(f"metrics: must be a list of logged metric names, got {metrics!r}")
+    try:
+        s = float(0.0 if smoothing is None else smoothing)
+    except (TypeError, ValueError):
+        s = math.nan
+    if isinstance(smoothing, bool) or not 0.0 <= s < 1.0:
+        raise ValueError(f"smoothing: must be a number from 0 to below 1, got {smoothing!r}")
+    if x not in X_AXES:
+        raise ValueError(f"x axis: must be one of {', '.join(X_AXES)}, got {x!r}")
+    return MetricView(tuple(metrics), s, bool(log_y), str(x))
+
+
+def metric_keys(frames: Sequence[pd.DataFrame]) -> list[str]:
+    """Every metric key logged in any of the frames (the metric picker's choices), sorted; the step and the
+    timestamp are axes, not metrics."""
+    keys = {c for frame in frames for c in frame.columns if c not in ("step", WALL_KEY)}
+    return sorted(keys)
+
+
+def ema(values: Sequence[float], smoothing: float) -> np.ndarray:
+    """Debiased exponential moving average: ``m_t = w·m_{t−1} + (1−w)·v_t``, divided by ``1 − w^t`` so the
+    first points are not pulled toward 0 (TensorBoard's scalar smoothing, also wandb's "exponential moving
+    average"). NaNs are skipped and stay NaN. ``smoothing`` = w in [0, 1); 0 gives the raw values."""
+    out = np.full(len(values), np.nan)
+    last, n = 0.0, 0
+    for i, v in enumerate(values):
+        if v is None or not math.isfinite(float(v)):
+            continue
+        n += 1
+        last = smoothing * last + (1.0 - smoothing) * float(v)
+        out[i] = last / (1.0 - smoothing**n) if smoothing > 0 else float(v)
+    return out
+
+
+def x_values(frame: pd.DataFrame, run: Mapping[str, Any] | None, x: str) -> pd.Series:
+    """The x of each row of ``frame`` (one row per step):
+
+    - ``step``: the step number;
+    - ``wall time``: the clock time the step was logged (``time/wall``), as datetimes;
+    - ``relative time``: seconds since the run started (``time/wall`` − the run's ``started_at``).
+
+    A run logged before ``time/wall`` existed falls back to its training time: the running sum of
+    ``time/step`` (eval excluded), added to ``started_at`` for wall time. Rows without a time are NaN.
+    """
+    if x == "step":
+        return frame["step"].astype(float)
+    started = float((run or {}).get("started_at") or 0.0)
+    if WALL_KEY in frame.columns and frame[WALL_KEY].notna().any():
+        stamps = frame[WALL_KEY].astype(float)
+    elif "time/step" in frame.columns:
+        stamps = started + frame["time/step"].fillna(0.0).cumsum()
+        stamps[frame["step"] == 0] = started  # the eval before training
+    else:
+        return pd.Series(np.nan, index=frame.index)
+    if x == "relative time":
+        base = started if started else float(stamps.dropna().iloc[0]) if stamps.notna().any() else 0.0
+        return stamps - base
+    return pd.to_datetime(stamps, unit="s", utc=True)
+
+
+def training_seconds(frame: pd.DataFrame) -> pd.Series:
+    """Seconds of training up to and including each step: the running sum of ``time/step`` (sampling +
+    reward + update; eval excluded, as `jagg race` counts it). NaN where nothing is logged."""
+    if "time/step" not in frame.columns:
+        return pd.Series(np.nan, index=frame.index)
+    return frame["time/step"].fillna(0.0).cumsum()
+
+
+def axis_title(x: str) -> str:
+    return {"step": "step", "wall time": "wall time", "relative time": "relative time (s)"}[x]
+
+
+def integer_step_ticks(fig: go.Figure) -> None:
+    """Step axes tick at whole steps only (a step 2.5 does not exist): one tick per step over a short span,
+    plotly's own (integer) spacing beyond it."""
+    xs = [float(v) for t in fig.data for v in (t.x if t.x is not None else ()) if v is not None]
+    if xs and max(xs) - min(xs) <= 12:
+        fig.update_xaxes(tick0=0, dtick=1, tickformat="d")
+    else:
+        fig.update_xaxes(tickformat="d", nticks=12)
+
+
+def metrics_figure(
+    frames: Mapping[str, pd.DataFrame],
+    view: MetricView,
+    runs: Mapping[str, Mapping[str, Any]] | None = None,
+    title: str = "Metrics",
+) -> go.Figure:
+    """``view.metrics`` of each run (label → metrics frame; ``runs``: label → run row, for the time axes), one
+    stacked plot per metric sharing the x axis (trackio's one plot per key: a clip fraction and a gradient
+    norm do not share a scale): the smoothed line bold, the raw values faint behind it (only when smoothed),
+    a colour per run. Trace names: ``<label> · <metric>`` and ``… (raw)``."""
+    from plotly.subplots import make_subplots
+
+    keys = [k for k in view.metrics if any(k in f.columns and f[k].notna().any() for f in frames.values())]
+    if not keys:
+        wanted = ", ".join(view.metrics)
+        return _empty(title, f"not logged: {wanted}" if view.metrics else "pick a metric")
+    fig = make_subplots(rows=len(keys), cols=1, shared_xaxes=True, vertical_spacing=0.08, subplot_titles=keys)
+    for i, (label, frame) in enumerate(frames.items()):
+        color = _COLORS[i % len(_COLORS)]
+        xs = x_values(frame, (runs or {}).get(label), view.x)
+        for row, key in enumerate(keys, start=1):
+            if key not in frame.columns:
+                continue
+            keep = frame[key].notna() & xs.notna()
+            x, y = xs[keep], frame[key][keep].astype(float)
+            if view.log_y:  # log scale: only positive values have a place
+                pos = y > 0
+                x, y = x[pos], y[pos]
+            name = f"{label} · {key}" if label else key
+            if view.smoothing > 0:
+                fig.add_trace(
+                    go.Scatter(
+                        x=x, y=y, mode="lines", name=f"{name} (raw)", opacity=0.25, showlegend=False,
+                        line={"color": color, "width": 1}, hoverinfo="skip",
+                    ),
+                    row=row, col=1,
+                )  # fmt: skip
+            fig.add_trace(
+                go.Scatter(
+                    x=x, y=ema(list(y), view.smoothing), mode="lines+markers", name=name,
+                    line={"color": color, "width": 2}, marker={"size": 4},
+                ),
+                row=row, col=1,
+            )  # fmt: skip
+    fig.update_yaxes(type="log" if view.log_y else "linear")
+    fig.update_xaxes(title_text=axis_title(view.x), row=len(keys), col=1)
+    fig.update_layout(
+        title=title + (f" (EMA {view.smoothing:g})" if view.smoothing else ""),
+        height=120 + 200 * len(keys), margin={"l": 60, "r": 20, "t": 70, "b": 40},
+        legend={"orientation": "h", "y": -0.5 / len(keys) - 0.05},
+    )  # fmt: skip
+    if view.x == "step":
+        integer_step_ticks(fig)
+    return fig
+
+
+def _empty(title: str, note: str) -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(
+        title=title,
+        annotations=[
+            {"text": note, "showarrow": False, "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5}
+        ],
+        height=320,
+        xaxis={"visible": False},
+        yaxis={"visible": False},
+    )
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------- time to reach
+
+
+EVAL_KEY = "eval/reward/mean"
+
+
+def first_reach(frame: pd.DataFrame, level: float, key: str = EVAL_KEY) -> tuple[int, float] | None:
+    """(step, training seconds) of the first logged ``key`` (eval reward by default) at or above ``level``;
+    None if it never gets there. Training seconds exclude eval (:func:`training_seconds`)."""
+    if key not in frame.columns:
+        return None
+    seconds = training_seconds(frame)
+    hits = frame.index[frame[key].notna() & (frame[key] >= level)]
+    if len(hits) == 0:
+        return None
+    row = hits[0]
+    return int(frame.at[row, "step"]), float(seconds.at[row]) if seconds.notna().at[row] else math.nan
+
+
+def final_eval(frame: pd.DataFrame, key: str = EVAL_KEY) -> float | None:
+    """The run's last logged eval reward."""
+    if key not in frame.columns:
+        return None
+    values = frame[key].dropna()
+    return None if values.empty else float(values.iloc[-1])
+
+
+def default_level(
+    frames: Mapping[str, pd.DataFrame], strategies: Mapping[str, str]
+) -> tuple[float, str] | None:
+    """The reward level Compare measures time to by default: the final eval of the exact run among the picked
+    ones (else of the first run with an eval), and a phrase saying whose it is."""
+    order = sorted(frames, key=lambda label: strategies.get(label) != "exact")
+    for label in order:
+        value = final_eval(frames[label])
+        if value is not None:
+            return value, f"{label}'s final eval"
+    return None
+
+
+def reach_frame(frames: Mapping[str, pd.DataFrame], level: float) -> pd.DataFrame:
+    """Per run: the step and the training seconds (eval excluded) at which its eval reward first reaches
+    ``level``, the total training seconds, the time fraction, and its final eval."""
+    rows = []
+    for label, frame in frames.items():
+        hit = first_reach(frame, level)
+        total = training_seconds(frame)
+        total_s = float(total.iloc[-1]) if len(total) and total.notna().any() else None
+        rows.append(
+            {
+                "run": label,
+                "reaches at step": None if hit is None else hit[0],
+                "training time to reach (s)": None if hit is None else round(hit[1], 2),
+                "of its training time": None
+                if hit is None or not total_s
+                else f"{100 * hit[1] / total_s:.0f} %",
+                "final eval": None if final_eval(frame) is None else round(final_eval(frame), 4),
+            }
+        )
+    return pd.DataFrame(rows, columns=["run", "reaches at step", "training time to reach (s)",
+                                       "of its training time", "final eval"])  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------- window
+
+
+WINDOW_KEYS = ("sampler/window_start", "sampler/window_end")
+
+
+def window_figure(frame: pd.DataFrame, sampling_steps: int | None = None) -> go.Figure:
+    """The trained SDE window per step: the band of sampling-step indices from ``sampler/window_start`` to
+    ``sampler/window_end`` (end exclusive), high noise (index 0) at the top."""
+    title = "SDE window (sampling steps trained)"
+    if not set(WINDOW_KEYS) <= set(frame.columns):
+        return _empty(title, "no sampler/window_start, sampler/window_end logged")
+    rows = frame[["step", *WINDOW_KEYS]].dropna()
+    if rows.empty:
+        return _empty(title, "no sampler/window_start, sampler/window_end logged")
+    start, end = rows["sampler/window_start"], rows["sampler/window_end"]
+    fig = go.Figure(
+        [
+            go.Scatter(x=rows["step"], y=start, mode="lines", line={"shape": "hv", "color": "#1f77b4"},
+                       name="window start"),
+            go.Scatter(x=rows["step"], y=end, mode="lines", line={"shape": "hv", "color": "#1f77b4"},
+                       fill="tonexty", fillcolor="rgba(31,119,180,0.25)", name="window end (exclusive)"),
+        ]
+    )  # fmt: skip
+    top = sampling_steps if sampling_steps else float(end.max())
+    fig.update_layout(
+        title=title, xaxis_title="step", yaxis_title="sampling step (0 = highest noise)", height=300,
+        yaxis={"range": [top, 0], "dtick": 1}, margin={"l": 60, "r": 20, "t": 50, "b": 40},
+        legend={"orientation": "h", "y": -0.25},
+    )  # fmt: skip
+    integer_step_ticks(fig)
+    return fig

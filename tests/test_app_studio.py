@@ -1,0 +1,399 @@
+"""The studio's read side and handlers without a browser: the metrics view (EMA, log scale, time axes), time
+to reach a reward level, the SDE-window panel, exact run pickers, confirmation before Cancel / Resume / Delete,
+compare pairs validated as a pair, an honest Compare, and the step slider following a new eval."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from PIL import Image
+
+from app import data, form, metrics, panels, ui
+from app.report import _runs_section
+from jagg_engine.store import open_store
+from jagg_engine.train.config import ConfigError, TrainConfig
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _handler(demo, name: str):
+    return next(f.fn for f in demo.fns.values() if f.api_name == name or f.fn.__name__ == name)
+
+
+def _png(path: Path, color) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (8, 8), color).save(path)
+
+
+def _log_eval(store, root: Path, run_id: int, step: int, color) -> None:
+    rows = []
+    for prompt in ("a circle", "b square"):
+        rel = f"samples/eval/step_{step:05d}/{prompt[0]}_seed0.png"
+        _png(root / f"run-{run_id:04d}" / rel, color)
+        rows.append({"kind": "eval", "prompt": prompt, "seed": 0, "reward": 0.5, "path": rel})
+    store.log_samples(run_id, step, rows)
+
+
+def _run(
+    store, root: Path, name: str, steps: int, strategy: str = "jagg", evals: tuple[int, ...] = ()
+) -> int:
+    """A finished run of ``steps`` steps: metrics every step (clock time 10 s apart), eval images at ``evals``."""
+    cfg = {**TrainConfig().to_dict(), "steps": steps, "strategy": strategy, "output_dir": str(root.resolve())}
+    run_id = store.create_run(name, cfg, None)
+    (root / f"run-{run_id:04d}").mkdir(parents=True)
+    store.set_run_dir(run_id, root / f"run-{run_id:04d}")
+    store.set_status(run_id, "running", pid=None)
+    t0 = 1_700_000_000.0
+    for step in range(steps + 1):
+        row = {"time/wall": t0 + 10 * step}
+        if step:
+            row |= {
+                "reward/mean": 0.1 * step,
+                "loss/clipfrac": 0.01 * step,
+                "grad/norm": 1.0 / step,
+                "time/step": 8.0,
+            }
+        if step in evals:
+            row["eval/reward/mean"] = (0.2 if strategy == "exact" else 0.3) * step
+            _log_eval(store, root, run_id, step, (30 * step, 0, 0))
+        store.log_step(run_id, step, row)
+    store.set_times(run_id, t0 - 5, t0 - 5, t0 + 10 * steps)
+    store.set_status(run_id, "finished")
+    return run_id
+
+
+# ---------------------------------------------------------------------------------------------- metrics view
+
+
+def test_ema_is_debiased_and_zero_smoothing_is_the_raw_curve():
+    # m1 = 0.5·0 = 0 → 0 / (1 − 0.5) = 0; m2 = 0.5·0 + 0.5·1 = 0.5 → 0.5 / (1 − 0.25) = 2/3 (by hand)
+    np.testing.assert_allclose(metrics.ema([0.0, 1.0], 0.5), [0.0, 2 / 3])
+    np.testing.assert_allclose(metrics.ema([3.0, 3.0, 3.0], 0.9), [3.0, 3.0, 3.0])  # no pull toward 0
+    np.testing.assert_allclose(metrics.ema([1.0, 5.0, 2.0], 0.0), [1.0, 5.0, 2.0])
+    out = metrics.ema([1.0, float("nan"), 3.0], 0.5)
+    assert np.isnan(out[1]) and out[2] == pytest.approx((0.25 + 1.5) / 0.75)
+
+
+def test_bad_view_controls_are_one_line_naming_the_control():
+    with pytest.raises(ValueError, match=r"smoothing: must be a number from 0 to below 1, got 1\.0"):
+        metrics.check_view(["grad/norm"], 1.0, False, "step")
+    with pytest.raises(ValueError, match="x axis: must be one of step, wall time, relative time, got 'time'"):
+        metrics.check_view(["grad/norm"], 0.5, False, "time")
+    with pytest.raises(ValueError, match="metrics: must be a list of logged metric names"):
+        metrics.check_view([3], 0.5, False, "step")
+
+
+def test_metrics_figure_smooths_over_a_faint_raw_curve_on_log_or_time_axes():
+    frame = pd.DataFrame(
+        {
+            "step": [0, 1, 2, 3],
+            "loss/clipfrac": [np.nan, 0.0, 0.2, 0.1],
+            "grad/norm": [np.nan, 4.0, 1.0, 2.0],
+            "time/step": [np.nan, 8.0, 8.0, 8.0],
+            "time/wall": [100.0, 110.0, 120.0, 135.0],
+        }
+    )
+    run = {"started_at": 95.0}
+    view = metrics.MetricView(("loss/clipfrac", "grad/norm"), 0.5, False, "step")
+    fig = metrics.metrics_figure({"#1": frame}, view, runs={"#1": run})
+    names = [t.name for t in fig.data]
+    assert names == [
+        "#1 · loss/clipfrac (raw)",
+        "#1 · loss/clipfrac",
+        "#1 · grad/norm (raw)",
+        "#1 · grad/norm",
+    ]
+    raw, smooth = fig.data[2], fig.data[3]
+    assert raw.opacity == 0.25 and list(raw.y) == [4.0, 1.0, 2.0]
+    np.testing.assert_allclose(smooth.y, metrics.ema([4.0, 1.0, 2.0], 0.5))
+    assert list(smooth.x) == [1.0, 2.0, 3.0] and fig.layout.xaxis.dtick == 1  # whole steps only
+    # smoothing 0: the raw values only, drawn once
+    fig0 = metrics.metrics_figure({"#1": frame}, metrics.MetricView(("grad/norm",), 0.0, False, "step"))
+    assert [list(t.y) for t in fig0.data] == [[4.0, 1.0, 2.0]]
+    # log scale: a log axis, and the value 0 (no place on it) left out
+    log = metrics.metrics_figure({"#1": frame}, metrics.MetricView(("loss/clipfrac",), 0.0, True, "step"))
+    assert log.layout.yaxis.type == "log" and list(log.data[0].y) == [0.2, 0.1]
+    # wall time: the step's clock time; relative time: seconds since the run started
+    wall = metrics.metrics_figure(
+        {"#1": frame}, metrics.MetricView(("grad/norm",), 0.0, False, "wall time"), {"#1": run}
+    )
+    assert [pd.Timestamp(x).timestamp() for x in wall.data[0].x] == [110.0, 120.0, 135.0]
+    rel = metrics.metrics_figure(
+        {"#1": frame}, metrics.MetricView(("grad/norm",), 0.0, False, "relative time"), {"#1": run}
+    )
+    assert list(rel.data[0].x) == [15.0, 25.0, 40.0] and rel.layout.xaxis.title.text == "relative time (s)"
+    # a run logged before time/wall: its training time (eval excluded) stands in
+    old = frame.drop(columns=["time/wall"])
+    assert list(metrics.x_values(old, run, "relative time")) == [0.0, 8.0, 16.0, 24.0]
+    missing = metrics.metrics_figure({"#1": frame}, metrics.MetricView(("loss/kl",), 0.0, False, "step"))
+    assert not missing.data and "not logged: loss/kl" in missing.layout.annotations[0].text
+    assert metrics.metric_keys([frame]) == ["grad/norm", "loss/clipfrac", "time/step"]
+
+
+def test_time_to_reach_counts_training_seconds_to_the_first_eval_at_the_level():
+    exact = pd.DataFrame({"step": [0, 1, 2, 3, 4], "time/step": [np.nan, 10.0, 10.0, 10.0, 10.0],
+                          "eval/reward/mean": [0.1, np.nan, 0.5, np.nan, 0.8]})  # fmt: skip
+    jagg = pd.DataFrame({"step": [0, 1, 2, 3, 4], "time/step": [np.nan, 6.0, 6.0, 6.0, 6.0],
+                         "eval/reward/mean": [0.1, np.nan, 0.9, np.nan, 1.0]})  # fmt: skip
+    frames = {"#1 exact": exact, "#2 jagg": jagg}
+    level, whose = metrics.default_level(frames, {"#1 exact": "exact", "#2 jagg": "jagg"})
+    assert (level, whose) == (0.8, "#1 exact's final eval")
+    table = metrics.reach_frame(frames, level).set_index("run")
+    assert (
+        table.at["#1 exact", "reaches at step"] == 4
+        and table.at["#1 exact", "training time to reach (s)"] == 40
+    )
+    assert (
+        table.at["#2 jagg", "reaches at step"] == 2
+        and table.at["#2 jagg", "training time to reach (s)"] == 12
+    )
+    assert table.at["#2 jagg", "of its training time"] == "50 %" and table.at["#2 jagg", "final eval"] == 1.0
+    never = metrics.reach_frame(frames, 5.0)
+    assert never["reaches at step"].isna().all()
+
+
+def test_step_axes_tick_whole_steps_memory_starts_at_zero_and_the_probe_is_its_own_phase():
+    frame = pd.DataFrame({"step": [1, 2, 3], "memory/rss_bytes": [2**30, 2**30, 2**30],
+                          "time/sampling": [1.0] * 3, "time/reward": [0.1] * 3, "time/probe": [0.0, 30.0, 0.0]})  # fmt: skip
+    memory = panels.memory_figure(frame)
+    assert memory.layout.yaxis.rangemode == "tozero" and memory.layout.xaxis.dtick == 1
+    times = data.time_breakdown_figure(frame)
+    probe = next(t for t in times.data if t.name == "probe")
+    assert list(probe.y) == [0.0, 30.0, 0.0] and next(t for t in times.data if t.name == "reward").y[1] == 0.1
+    assert times.layout.xaxis.dtick == 1
+
+
+# ---------------------------------------------------------------------------------------------- an app over runs
+
+
+@pytest.fixture
+def studio(tmp_path):
+    """An app over runs #1–#11: #1 a 6-step jagg run, #2 a 4-step exact run (eval images at 0, 2, 4 and 6),
+    #3–#11 short runs; and the shipped showcase left out (showcase_dir=None) unless a test adds it."""
+    root = tmp_path / "runs"
+    with open_store(root) as store:
+        ids = [
+            _run(store, root, "six", 6, "jagg", evals=(0, 2, 4, 6)),
+            _run(store, root, "four", 4, "exact", evals=(0, 2, 4)),
+        ]
+        ids += [_run(store, root, f"r{n}", 1) for n in range(3, 12)]
+        assert ids == list(range(1, 12))
+    demo = ui.build_app(root, background_ticks=False, showcase_dir=None)
+    try:
+        yield demo, root
+    finally:
+        demo.jagg_manager.shutdown()
+
+
+def test_a_picker_takes_an_exact_id_or_label_never_a_substring(studio):
+    demo, _ = studio
+    runs = demo.jagg_manager.store.list_runs()
+    assert (
+        form.match_run("1", runs) == 1
+        and form.match_run("#11", runs) == 11
+        and form.match_run(" 2 ", runs) == 2
+    )
+    assert form.match_run(data.run_label(runs[-1]), runs) == runs[-1]["id"]  # the whole label
+    assert form.match_run("#4 r4", runs) == 4  # the label without its status (it changes while a run trains)
+    assert form.match_run("", runs) is None
+    with pytest.raises(ConfigError, match=r"^run id: must be a whole number from 1 to \d+, got 'r1'$"):
+        form.match_run("r1", runs)  # "r1" is in "r10" and "r11": not a name, so no run
+    assert form.match_run("12", runs) == 12  # an id: whether run #12 exists is the handler's to say
+    assert _handler(demo, "live_view")("12", 1.8)[0] == "No run #12."
+    progress = _handler(demo, "live_view")("1", 1.8)[0]
+    assert progress.startswith("**Run #1 six**")
+    assert _handler(demo, "live_view")("r1", 1.8)[0].startswith("**Error:** run id: must be a whole number")
+
+
+def test_cancel_resume_and_delete_ask_first_naming_the_run(studio):
+    demo, _ = studio
+    store = demo.jagg_manager.store
+    queued = store.create_run("waiting", {**TrainConfig().to_dict(), "steps": 2}, None)
+    handlers = demo.jagg_handlers
+    question, row, pending = handlers.confirm.ask("cancel", queued)
+    assert question.startswith(f"**Cancel run #{queued} waiting (queued)?**") and row["visible"] is True
+    assert store.get_run(queued)["status"] == "queued"  # asking changes nothing
+    assert handlers.confirm.keep()[0] == "Nothing done." and store.get_run(queued)["status"] == "queued"
+    answer, row, left = handlers.live.confirmed(pending)
+    assert store.get_run(queued)["status"] == "cancelled" and row["visible"] is False and left is None, answer
+    question, _, pending = handlers.confirm.ask("delete", 3, True)
+    assert question.startswith("**Delete run #3 r3 (finished) and its folder?**")
+    message, _, _, table = handlers.history.confirmed(pending)
+    assert message == "Run #3 deleted with its folder." and 3 not in set(table["id"])
+    assert handlers.confirm.ask("resume", 99)[0] == "**Error:** run id: no run #99"
+
+
+def test_compare_shows_only_the_picked_runs_each_at_its_own_last_eval(studio):
+    demo, _ = studio
+    compare = _handler(demo, "compare_runs")
+    message, showcase, reward, metric_plot, reach, summary, diff, gallery, picker = compare([1, 2, 99], 1.8)
+    assert message.startswith("**Not shown:** runs: no run #99 ") and "\n" not in message  # one line
+    assert showcase["visible"] is False
+    assert {t.name.split(" · ")[0] for t in reward["value"].data} == {"#1 jagg", "#2 exact"}
+    assert [t.name for t in metric_plot["value"].data if "(raw)" not in t.name] == [
+        "#1 jagg · loss/clipfrac", "#1 jagg · grad/norm", "#2 exact · loss/clipfrac", "#2 exact · grad/norm",
+    ]  # fmt: skip
+    assert len(summary) == 2 and "grad/norm" in picker["choices"]
+    # each run at its own first and last eval: the 6-step run's step 6 beside the 4-step run's step 4
+    steps = [caption.split(" · ")[1] for _, caption in gallery["value"][:4]]
+    assert steps == ["step 0", "step 0", "step 6", "step 4"] and gallery["columns"] == 4
+    # time to reach the exact run's final eval (0.2 × 4 = 0.8): the jagg run (0.3 × step) at step 4
+    assert "Time to reach eval reward 0.8 (#2 exact's final eval)" in message
+    assert reach.set_index("run").at["#1 jagg", "reaches at step"] == 4
+    # images at a chosen step too, and another level
+    *_, gallery, _ = compare([1, 2], 1.8, "step", ["grad/norm"], 0.0, False, "1.2", "2")
+    assert [c.split(" · ")[1] for _, c in gallery["value"][:6]][4:] == ["step 2", "step 2"]
+    message, *_ = compare([1, 2], 1.8, "step", ["grad/norm"], 0.0, False, "lots")
+    assert message == "**Error:** reward level: must be a number or empty, got 'lots'"
+
+
+def test_compare_shows_the_showcase_box_only_for_the_showcase_runs(tmp_path):
+    root = tmp_path / "runs"
+    demo = ui.build_app(root, background_ticks=False)  # with the shipped showcase: runs #1 and #2
+    try:
+        with open_store(root) as store:
+            a, b = _run(store, root, "a", 2, evals=(0, 2)), _run(store, root, "b", 2, evals=(0, 2))
+        compare = _handler(demo, "compare_runs")
+        assert compare(demo.jagg_showcase_ids, 1.8)[1]["visible"] is True
+        assert compare([a, b], 1.8)[1]["visible"] is False
+    finally:
+        demo.jagg_manager.shutdown()
+
+
+def test_the_window_panel_draws_the_logged_window_position(tmp_path):
+    root = tmp_path / "runs"
+    with open_store(root) as store:
+        run_id = store.create_run("sliding", TrainConfig().to_dict(), root / "run-0001")
+        for step, start in ((1, 0), (2, 0), (3, 2), (4, 4)):
+            store.log_step(run_id, step, {"sampler/window_start": start, "sampler/window_end": start + 4})
+    demo = ui.build_app(root, background_ticks=False, showcase_dir=None)
+    try:
+        names = [p.name for p in panels.panels()]
+        figure = _handler(demo, "live_view")(run_id, 1.8)[1 + names.index("window")]
+        start, end = figure.data
+        assert list(start.y) == [0, 0, 2, 4] and list(end.y) == [4, 4, 6, 8] and end.fill == "tonexty"
+        assert list(figure.layout.yaxis.range) == [TrainConfig().sampling_steps, 0]  # high noise on top
+    finally:
+        demo.jagg_manager.shutdown()
+
+
+def test_the_slider_on_the_newest_step_shows_a_new_evals_images(studio):
+    demo, root = studio
+    store = demo.jagg_manager.store
+    on_tick = _handler(demo, "on_tick")
+    live = store.create_run("live", TrainConfig().to_dict(), root / "run-0012")
+    store.set_status(live, "running", pid=None)
+    _log_eval(store, root, live, 2, "red")
+    first = on_tick(live, 1.8, None, None, None, "eval")
+    slider, seen, runs_seen = first[-4], first[-3], first[-1]
+    assert slider["value"] == 2 and "step **2**" in first[-5]
+    # a train image at step 4 comes first (the slider moves to 4, the nearest eval is still step 2)...
+    _png(root / "run-0012" / "samples/train/step_00004/0.png", "white")
+    store.log_samples(
+        live, 4, [{"kind": "train", "prompt": "c", "seed": None, "path": "samples/train/step_00004/0.png"}]
+    )
+    store.log_step(live, 4, {"reward/mean": 0.5})
+    ticks = iter(range(100, 10_000, 10))
+    demo.jagg_shared.clock = lambda: float(next(ticks))  # every call a new tick: nothing read is reused
+    second = on_tick(live, 1.8, seen, runs_seen, 2, "eval")
+    assert second[-4]["value"] == 4 and "step **2**" in second[-5]
+    # ...then the eval at step 4: the slider's value stays 4, and the images are step 4's now
+    _log_eval(store, root, live, 4, "blue")
+    third = on_tick(live, 1.8, second[-3], second[-1], 4, "eval")
+    assert "step **4**" in third[-5] and all(c.startswith("step 4 · ") for _, c in third[-6])
+
+
+# ---------------------------------------------------------------------------------------------- pairs and failures
+
+
+def test_a_pair_is_validated_as_a_pair_before_either_run_is_queued(studio):
+    demo, _ = studio
+    before = len(demo.jagg_manager.store.list_runs())
+    values = {**dict(zip(form.FORM_FIELDS, [None] * len(form.FORM_FIELDS)))}
+    values.update(name="p", backbone="tiny-shapes", model_path="", rewards="shapes-dense: 1", algorithm="flow-grpo",
+                  window=4, jagg_frac=1.0, strategy="jagg", steps=2, group_size=4, lr=1e-4, seed=0, processes=1,
+                  overrides="probe_every=2")  # fmt: skip
+    message, run_id, _ = _handler(demo, "compare_exact_jagg")(*values.values(), None)  # no request
+    assert message == (
+        "**Not launched.** the pair's exact run: probe_every: probes compare JAGG with exact; needs strategy "
+        "jagg or endpoint"
+    )
+    assert run_id is None and len(demo.jagg_manager.store.list_runs()) == before
+    with pytest.raises(ConfigError, match="^the pair's exact run: probe_every"):
+        form.pair_configs(TrainConfig().apply_overrides(["probe_every=2"]))
+
+
+def test_the_overrides_example_works_as_typed(tmp_path):
+    cfg = form.form_config(tmp_path, "x", "tiny-shapes", "", "shapes-dense: 1", "flow-grpo", 4, 1.0, "jagg", 2, 4,
+                           1e-4, 0, 1, form.OVERRIDES_EXAMPLE)  # fmt: skip
+    assert cfg.sampling_steps == 8 and cfg.eval_every == 5
+
+
+def test_the_reports_runs_table_shows_the_paired_run_as_an_integer(tmp_path):
+    root = tmp_path / "runs"
+    with open_store(root) as store:
+        a, b = _run(store, root, "a", 1), _run(store, root, "b", 1)
+        store.set_paired(b, a)
+        page = _runs_section(store, [a, b])
+    heads = re.findall(r"<th>([^<]*)</th>", page)
+    rows = [re.findall(r"<td>([^<]*)</td>", row) for row in page.split("<tbody>", 1)[1].split("</tr>")[:-1]]
+    assert [row[heads.index("paired")] for row in rows] == ["–", str(a)]  # not "1.0"
+
+
+def test_a_queued_run_that_cannot_start_records_its_reason(tmp_path):
+    root = tmp_path / "runs"
+    with open_store(root) as store:
+        bad = {**TrainConfig().to_dict(), "strategy": "exact", "probe_every": 2, "output_dir": str(root)}
+        run_id = store.create_run("bad", bad, root / "run-0001")
+    proc = subprocess.run(
+        [sys.executable, "-m", "jagg_engine.cli", "train", "--run-id", str(run_id), "--runs-dir", str(root)],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    with open_store(root) as store:
+        run = store.get_run(run_id)
+    assert run["status"] == "failed"
+    assert run["error"] == "probe_every: probes compare JAGG with exact; needs strategy jagg or endpoint"
+
+
+def test_history_refreshes_when_a_run_moves_and_a_row_click_picks_its_run(studio):
+    import gradio as gr
+
+    demo, root = studio
+    history = demo.jagg_handlers.history
+    table, seen = history.history_tick(None, "", "all", "all", "all")
+    assert len(table) == 11 and table["duration"].str.contains(r"\d+ (?:s|min|h)").all()
+    assert history.history_tick(seen, "", "all", "all", "all")[0] == {"__type__": "update"}  # nothing moved
+    ticks = iter(range(100, 10_000, 10))
+    demo.jagg_shared.clock = lambda: float(next(ticks))  # a new tick each read
+    store = demo.jagg_manager.store
+    run_id = store.create_run("new", TrainConfig().to_dict(), None)
+    table, _ = history.history_tick(seen, "", "all", "all", "all")
+    assert run_id in set(table["id"])  # a new run shows without pressing Refresh
+    assert list(history.history("six", "all", "all", "all")["id"]) == [1]
+    assert list(history.history("", "finished", "all", "exact")["id"]) == [2]
+    message, _ = history.save_note(2, "the exact baseline")
+    assert message == "Note of run #2 saved."
+    row = list(table["id"]).index(2)
+    picked = history.pick_row(table, gr.SelectData(None, {"index": [row, 3], "value": "x", "selected": True}))
+    assert picked == (2, "the exact baseline")
+
+
+def test_the_space_header_and_reward_hint_tell_the_truth(tmp_path):
+    from app.space import SPACE_REWARDS
+
+    demo = ui.build_app(tmp_path / "runs", space_mode=True, background_ticks=False, showcase_dir=None)
+    try:
+        props = [c["props"] for c in demo.config["components"]]
+        header = next(p["value"] for p in props if "JAGG Studio" in str(p.get("value", "")))
+        assert "reloading the page loses control of them" in header
+        hint = next(p["info"] for p in props if p.get("label") == "rewards (name: weight, …)")
+        assert hint == ", ".join(SPACE_REWARDS) and "pickscore" not in hint
+    finally:
+        demo.jagg_manager.shutdown()
