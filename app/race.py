@@ -362,7 +362,7 @@ def summarise(curves: Mapping[str, Mapping[int, Curve]], baseline: str) -> dict[
 def _secs(t: float | None) -> str:
     if t is None:
         return "—"
-    return f"{t:.3g} s" if t < 100 else f"{t:.0f} s"
+    return f"{t:.{2 if t < 10 else 1 if t < 100 else 0}f} s"
 
 
 def markdown_table(summary: Mapping[str, Any]) -> str:
@@ -688,9 +688,9 @@ def _run_heat(
             )
             while True:
                 steps = {r: max(0, int(store.get_run(r)["last_step"] or 0)) for r in procs}
-                bar.n = done_before + sum(steps.values())
-                bar.set_postfix_str(", ".join(f"{names[r]} {steps[r]}" for r in procs), refresh=False)
-                bar.refresh()
+                if done_before + sum(steps.values()) != bar.n:  # a line per step, also into a log file
+                    bar.set_postfix_str(", ".join(f"{names[r]} {steps[r]}" for r in procs), refresh=False)
+                    bar.update(done_before + sum(steps.values()) - bar.n)
                 for run_id, proc in procs.items():
                     code = proc.poll()
                     if code not in (None, 0) or (code == 0 and store.get_run(run_id)["status"] != "finished"):
