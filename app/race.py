@@ -1,7 +1,7 @@
 """`jagg race`: time to quality. Variants of one config trained side by side; eval reward against training time.
 
     jagg race CONFIG --variant NAME:key=value,... [--variant ...] --seeds 0,1,2 --out DIR [key=value ...]
-    jagg race --report-only --out DIR
+    jagg race --report-only --out DIR [--baseline NAME]
 
 Each variant is the config with its own ``key=value`` overrides on top of the trailing ones (which apply to
 every variant, as ``jagg train`` takes them; a variant's own value wins); the FIRST variant is the baseline.
@@ -30,7 +30,8 @@ seed's own curve against the same level: per-seed times, their mean and min–ma
 it. The ratio is that time over the baseline's seed-mean training time at its final eval.
 
 Outputs in DIR: ``race.json`` (plan, runs, curves, figures), ``race.svg`` (the curves, a self-contained file
-a README shows), ``race.md`` (the Markdown table, also printed). No torch here; the trainers are processes.
+a README shows), ``race.md`` (the Markdown table, also printed). ``--report-only --baseline NAME`` measures
+against another variant (race-vs-NAME.*). No torch here; the trainers are processes.
 """
 
 from __future__ import annotations
@@ -346,10 +347,13 @@ def summarise(curves: Mapping[str, Mapping[int, Curve]], baseline: str) -> dict[
                 "curves_per_seed": {str(seed): c.to_dict() for seed, c in per_seed.items()},
             }
         )
+    start = base_mean.values[0] if base_mean.steps[0] == 0 else None
     return {
         "baseline": baseline,
         "level": level,
         "level_step": base_mean.steps[-1],
+        "baseline_start": start,  # the step-0 eval: at or above it, the level was reached before any training
+        "baseline_improved": start is None or level > start,
         "baseline_time_s": base_time,
         "method": METHOD,
         "variants": results,
@@ -378,6 +382,12 @@ def markdown_table(summary: Mapping[str, Any]) -> str:
         " [min–max] | training time: mean |",
         "|---|---|---|---|---|---|",
     ]
+    if not summary.get("baseline_improved", True):
+        lines[1:1] = [
+            "",
+            f"Note: {base}'s final eval is not above its step-0 eval ({summary['baseline_start']:.4f}): the"
+            " baseline did not improve, so the curves start at or above the level and the times say nothing.",
+        ]
     for r in summary["variants"]:
         per = r["time_to_level_per_seed_s"]
         span = "—" if per["min"] is None else f"{_secs(per['min'])} – {_secs(per['max'])}"
@@ -447,7 +457,7 @@ def race_svg(summary: Mapping[str, Any], width: int = 900, height: int = 460) ->
             f'<line x1="{px(t):.1f}" y1="{top}" x2="{px(t):.1f}" y2="{height - bottom}" stroke="#eee"/>'
             f'<text x="{px(t):.1f}" y="{height - bottom + 16}" text-anchor="middle">{label}</text>'
         )
-    for y, label in _ticks(y0, y1):
+    for y, label in _ticks(y0, y1, 6):
         out.append(
             f'<line x1="{left}" y1="{py(y):.1f}" x2="{width - right}" y2="{py(y):.1f}" stroke="#eee"/>'
             f'<text x="{left - 6}" y="{py(y) + 4:.1f}" text-anchor="end">{label}</text>'
@@ -520,13 +530,20 @@ def _write_atomic(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def report(out: Path, plan: dict[str, Any] | None = None) -> dict[str, Any]:
+def report(
+    out: Path, plan: dict[str, Any] | None = None, baseline: str | None = None
+) -> tuple[dict[str, Any], list[Path]]:
     """Rebuild the race's figures from its store (``out/runs/jagg.db``) and plan (``out/race.json``): write
-    race.json (the plan with the results), race.svg and race.md; return the summary. Only finished runs count."""
+    race.json (the plan with the results), race.svg and race.md; return the summary and the files written.
+    Only finished runs count. ``baseline``: another variant as the baseline, written to race-vs-NAME.json
+    (the summary), .svg and .md beside the race's own files, which stay as they are."""
     plan = plan if plan is not None else json.loads((out / RACE_JSON).read_text(encoding="utf-8"))
+    names = [v["name"] for v in plan["variants"]]
+    if baseline is not None and baseline not in names:
+        raise UsageError(f"--baseline: {baseline!r} is not a variant of this race; one of {', '.join(names)}")
     store = open_store(out / "runs")
     try:
-        curves: dict[str, dict[int, Curve]] = {v["name"]: {} for v in plan["variants"]}
+        curves: dict[str, dict[int, Curve]] = {name: {} for name in names}
         for entry in plan["runs"]:
             run = store.get_run(entry["run_id"])
             if run is None:
@@ -544,14 +561,20 @@ def report(out: Path, plan: dict[str, Any] | None = None) -> dict[str, Any]:
                     ) from None
     finally:
         store.close()
-    summary = summarise(curves, plan["variants"][0]["name"])
-    plan["heats"] = _heats(plan)
-    plan["summary"] = summary
-    table = markdown_table(summary)
-    _write_atomic(out / RACE_JSON, json.dumps(plan, indent=1))
-    _write_atomic(out / RACE_SVG, race_svg(summary))
-    _write_atomic(out / RACE_MD, f"```bash\n{plan['command']}\n```\n\n{table}")
-    return summary
+    if baseline is not None and baseline != names[0]:
+        summary = summarise(curves, baseline)
+        stem = f"race-vs-{baseline}"
+        files = [out / f"{stem}.json", out / f"{stem}.svg", out / f"{stem}.md"]
+        _write_atomic(files[0], json.dumps({"command": plan["command"], "summary": summary}, indent=1))
+    else:
+        summary = summarise(curves, names[0])
+        plan["heats"] = _heats(plan)
+        plan["summary"] = summary
+        files = [out / RACE_JSON, out / RACE_SVG, out / RACE_MD]
+        _write_atomic(files[0], json.dumps(plan, indent=1))
+    _write_atomic(files[1], race_svg(summary))
+    _write_atomic(files[2], f"```bash\n{plan['command']}\n```\n\n{markdown_table(summary)}")
+    return summary, files
 
 
 def _threads_logged(run: Mapping[str, Any]) -> int | None:
@@ -681,11 +704,8 @@ def _run_heat(
                 run_id, proc = _start(store, runs_dir, cfg, env)
                 procs[run_id], names[run_id] = proc, name
                 record(name, cfg.seed, run_id)
-            bar.write(
-                "  ".join(
-                    f"{names[r]} seed {group[0][1].seed}: run {r} (pid {p.pid})" for r, p in procs.items()
-                )
-            )
+            started = ", ".join(f"{names[r]} run {r} (pid {p.pid})" for r, p in procs.items())
+            bar.write(f"seed {group[0][1].seed}: {started}", file=sys.stderr)
             while True:
                 steps = {r: max(0, int(store.get_run(r)["last_step"] or 0)) for r in procs}
                 if done_before + sum(steps.values()) != bar.n:  # a line per step, also into a log file
@@ -784,7 +804,7 @@ def race(
         bar.close()
         store.close()
     plan["status"] = "finished"
-    return report(out, plan)
+    return report(out, plan)[0]
 
 
 # ------------------------------------------------------------------------------------------------ CLI
@@ -826,6 +846,12 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--report-only", action="store_true", help="rebuild race.json/.svg/.md of --out DIR from its store"
     )
+    p.add_argument(
+        "--baseline",
+        default=None,
+        metavar="NAME",
+        help="with --report-only: measure against this variant instead of the first (race-vs-NAME.json/.svg/.md)",
+    )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -866,15 +892,20 @@ def run(args: argparse.Namespace) -> int:
         if args.report_only:
             if not (out / RACE_JSON).is_file() or not (out / "runs" / DB_NAME).is_file():
                 raise UsageError(f"--out: {out} holds no race ({RACE_JSON} and runs/{DB_NAME})")
-            summary = report(out)
+            summary, files = report(out, baseline=args.baseline)
         else:
+            if args.baseline is not None:
+                raise UsageError(
+                    "--baseline: only with --report-only; a race's baseline is its first --variant"
+                )
             variants = [parse_variant(text) for text in args.variant or []]
             seeds = parse_seeds(args.seeds)
             command = shlex.join(["jagg", "race", *sys.argv[2:]]) if sys.argv[1:2] == ["race"] else ""
             summary = race(args.config, args.overrides, variants, seeds, out, args.threads, command)
+            files = [out / RACE_JSON, out / RACE_SVG, out / RACE_MD]
     except RaceError as exc:
         print(f"jagg race: error: {exc}", file=sys.stderr)
         return 1
     print(markdown_table(summary))
-    print(f"jagg race: {out / RACE_JSON}, {out / RACE_SVG}, {out / RACE_MD}", file=sys.stderr)
+    print(f"jagg race: {', '.join(map(str, files))}", file=sys.stderr)
     return 0

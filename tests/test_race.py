@@ -173,6 +173,8 @@ def test_a_bad_trailing_override_seed_list_or_flag_is_one_line_too(tmp_path, cap
         (["--threads", "0"], "--threads"),
         (["configs/tiny-shapes-cpu.yaml", "--threads", "0"], "--threads"),  # a flag after the CONFIG
         (["configs/tiny-shapes-cpu.yaml", "--bogus"], "unrecognized option '--bogus'"),
+        (["--baseline", "b"], "--baseline: only with --report-only"),
+        (["--report-only"], "holds no race"),
     ]
     for extra, words in cases:
         assert exit_code([*base, *extra]) == 2, extra
@@ -263,6 +265,20 @@ def test_a_tiny_race_through_the_command_writes_json_plot_and_table(tmp_path):
     again = jagg_race("--report-only", "--out", str(out))
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((out / "race.json").read_text())["summary"] == s and (out / "race.svg").is_file()
+    # ... and measures against another variant, beside the race's own files.
+    vs = jagg_race("--report-only", "--out", str(out), "--baseline", "jagg")
+    assert vs.returncode == 0, vs.stderr[-3000:]
+    other = json.loads((out / "race-vs-jagg.json").read_text())["summary"]
+    jagg = next(v for v in s["variants"] if v["variant"] == "jagg")
+    assert other["baseline"] == "jagg" and other["level"] == pytest.approx(jagg["final_eval_seed_mean"])
+    assert (out / "race-vs-jagg.svg").is_file() and "| jagg (baseline) |" in (
+        out / "race-vs-jagg.md"
+    ).read_text()
+    assert json.loads((out / "race.json").read_text())["summary"] == s
+    bad = jagg_race("--report-only", "--out", str(out), "--baseline", "nope")
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "jagg race: error: --baseline: 'nope' is not a variant of this race; one of exact, jagg"
+    ]
 
 
 @pytest.mark.slow
@@ -298,3 +314,15 @@ def test_ctrl_c_stops_every_run_of_the_race(tmp_path):
     assert not any(pid_alive(pid, at) for pid, at in pids)
     assert json.loads((out / "race.json").read_text())["status"] == "interrupted"
     assert os.path.isfile(out / "race.json")
+
+
+def test_a_baseline_that_did_not_improve_is_said_so():
+    flat = {
+        "exact": {0: Curve((0, 2), (0.0, 9.0), (1.0, 0.9))},
+        "jagg": {0: Curve((0, 2), (0.0, 7.0), (1.0, 0.8))},
+    }
+    s = summarise(flat, "exact")
+    assert s["baseline_start"] == 1.0 and not s["baseline_improved"]
+    assert [v["time_to_level_s"] for v in s["variants"]] == [0.0, 0.0]  # both start above the level
+    assert "did not improve" in race.markdown_table(s)
+    assert summarise({"exact": {0: Curve((0, 2), (0.0, 9.0), (1.0, 1.1))}}, "exact")["baseline_improved"]
