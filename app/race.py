@@ -725,7 +725,7 @@ def _run_heat(
                     break
                 time.sleep(POLL_S)
             done_before += sum(int(cfg.steps) for _, cfg in group)
-        except (KeyboardInterrupt, _Stop):
+        except BaseException:  # Ctrl-C, SIGTERM, a failed run, or an error of the race itself: no orphans
             _stop(store, procs, STOP_GRACE_S)
             raise
 

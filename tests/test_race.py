@@ -326,3 +326,52 @@ def test_a_baseline_that_did_not_improve_is_said_so():
     assert [v["time_to_level_s"] for v in s["variants"]] == [0.0, 0.0]  # both start above the level
     assert "did not improve" in race.markdown_table(s)
     assert summarise({"exact": {0: Curve((0, 2), (0.0, 9.0), (1.0, 1.1))}}, "exact")["baseline_improved"]
+
+
+CRASHING_SDE = """
+from jagg_engine.sde import register_sde
+
+
+def crash(sampler, v, z, j, sigmas, prev_sample=None, noise=None, generator=None):
+    raise RuntimeError("boom")
+
+
+register_sde("crash-sde", crash)
+"""
+
+
+@pytest.mark.slow
+def test_a_run_that_fails_stops_the_race_in_one_line(tmp_path):
+    (tmp_path / "crashing_sde.py").write_text(CRASHING_SDE)  # an SDE kind that raises at the first rollout
+    out = tmp_path / "race"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    cmd = [
+        sys.executable,
+        "-m",
+        "jagg_engine.cli",
+        "race",
+        "--seeds",
+        "0",
+        "--out",
+        str(out),
+        "--threads",
+        "1",
+    ]
+    cmd += [
+        "--variant",
+        "exact:strategy=exact",
+        "--variant",
+        "crash:plugins=[crashing_sde],algorithm=crash-sde",
+    ]
+    proc = subprocess.run([*cmd, "steps=500", *TINY], capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "jagg race: error: variant 'crash' seed 0 (run 2) ended failed: RuntimeError: boom"
+    )
+    assert last.endswith("run-0002/train.log)")
+    store = open_store(out / "runs")
+    exact = store.get_run(1)
+    assert exact["status"] == "cancelled" and exact["last_step"] < 500  # stopped, not left training
+    assert not pid_alive(exact["pid"], exact["pid_at"])
+    assert json.loads((out / "race.json").read_text())["status"] == "failed"
