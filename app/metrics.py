@@ -19,7 +19,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 X_AXES = ("step", "wall time", "relative time")
-WALL_KEY = "time/wall"  # Unix seconds when the trainer logged the step (eval included)
+WALL_KEY = "time/unix"  # Unix seconds at the end of the step's update (the trainer's TrainingClock)
 DEFAULT_METRICS = ("loss/clipfrac", "grad/norm")
 _COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 _DASHES = ("solid", "dash", "dot", "dashdot")
@@ -81,10 +81,10 @@ def x_values(frame: pd.DataFrame, run: Mapping[str, Any] | None, x: str) -> pd.S
     """The x of each row of ``frame`` (one row per step):
 
     - ``step``: the step number;
-    - ``wall time``: the clock time the step was logged (``time/wall``), as datetimes;
-    - ``relative time``: seconds since the run started (``time/wall`` − the run's ``started_at``).
+    - ``wall time``: the clock time the step was logged (``time/unix``), as datetimes;
+    - ``relative time``: seconds since the run started (``time/unix`` − the run's ``started_at``).
 
-    A run logged before ``time/wall`` existed falls back to its training time: the running sum of
+    A run logged before ``time/unix`` existed falls back to its training time: the running sum of
     ``time/step`` (eval excluded), added to ``started_at`` for wall time. Rows without a time are NaN.
     """
     if x == "step":
@@ -104,8 +104,13 @@ def x_values(frame: pd.DataFrame, run: Mapping[str, Any] | None, x: str) -> pd.S
 
 
 def training_seconds(frame: pd.DataFrame) -> pd.Series:
-    """Seconds of training up to and including each step: the running sum of ``time/step`` (sampling +
-    reward + update; eval excluded, as `jagg race` counts it). NaN where nothing is logged."""
+    """Seconds of training up to and including each step, eval excluded: the trainer's
+    ``time/train_elapsed`` (the clock `jagg race` reads; 0 at step 0), or for a history logged before it the
+    running sum of ``time/step`` (sampling + reward + update). NaN where nothing is logged."""
+    if "time/train_elapsed" in frame.columns and frame["time/train_elapsed"].notna().any():
+        seconds = frame["time/train_elapsed"].astype(float).copy()
+        seconds[frame["step"] == 0] = 0.0
+        return seconds
     if "time/step" not in frame.columns:
         return pd.Series(np.nan, index=frame.index)
     return frame["time/step"].fillna(0.0).cumsum()

@@ -105,18 +105,20 @@ class PairPlan:
     reason: str
 
 
-def plan_pair(processes: int, cores: int, gpu: bool) -> PairPlan:
+def plan_pair(processes: int, cores: int, gpu: bool, runs: int = 2) -> PairPlan:
     """Side by side when the machine has room for both runs at once: a CPU machine (on a GPU the runs would
     fight for its memory and kernels) with at least one core per training process of each run; the cores are
-    split evenly, so each process gets ``cores // (2 × processes)`` threads and neither run waits on the other."""
-    processes = max(1, int(processes))
+    split evenly, so each process gets ``cores // (2 × processes)`` threads and neither run waits on the other.
+    ``runs``: the same rule for that many runs at once (``jagg race`` starts its variants together)."""
+    processes, runs = max(1, int(processes)), max(1, int(runs))
     if gpu:
         return PairPlan(SEQUENTIAL, 0, "a GPU machine: each run has the GPU to itself")
-    if cores < 2 * processes:
+    if cores < runs * processes:
+        count = "two" if runs == 2 else str(runs)
         return PairPlan(
-            SEQUENTIAL, 0, f"{cores} CPU core(s): too few for two runs of {processes} process(es) at once"
+            SEQUENTIAL, 0, f"{cores} CPU core(s): too few for {count} runs of {processes} process(es) at once"
         )
-    threads = cores // (2 * processes)
+    threads = cores // (runs * processes)
     per = f"{threads} CPU thread{'s' if threads > 1 else ''}"
     return PairPlan(SIDE_BY_SIDE, threads, f"{per} each of the {cores} cores")
 

@@ -1,4 +1,4 @@
-"""The `jagg` command: probe | eval | bench | train | runs | export | report.
+"""The `jagg` command: probe | eval | bench | train | runs | export | report | race.
 
 Every user error (a bad flag value, an unknown backbone or strategy) ends with exit code 2 and ONE line
 ``jagg <command>: error: <field>: <what is allowed>`` — no traceback, nothing half-written.
@@ -156,6 +156,12 @@ def _commands() -> dict[str, tuple[str, Callable, Callable]]:
         "report": (
             "write runs as one self-contained HTML file (config, curves, speedup, images)",
             "app.report",
+            "add_arguments",
+            "run",
+        ),
+        "race": (
+            "time to quality: variants side by side, eval reward against training time, over seeds",
+            "app.race",
             "add_arguments",
             "run",
         ),

@@ -26,6 +26,9 @@ Metric keys are namespaced with "/" (cleanrl style):
     loss/policy, loss/approx_kl, loss/clipfrac, loss/kl
     grad/norm, lr
     time/sampling, time/reward, time/update_forward, time/update_backward, time/update, time/step (seconds)
+    time/train_elapsed, time/unix, time/eval       training wall seconds from step 1 to the end of this step's
+                                                   update, evals left out; the Unix time of that instant; an
+                                                   eval's own seconds (steps with an eval)
     count/forward, count/backward                  transformer passes in the update phase
     memory/rss_bytes, memory/peak_cuda_bytes       the main process: resident set size; peak CUDA memory of the step
 :data:`FINAL_REWARD_KEYS` is the order in which a run's "final reward" is looked up.

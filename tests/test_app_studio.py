@@ -51,7 +51,7 @@ def _run(
     store.set_status(run_id, "running", pid=None)
     t0 = 1_700_000_000.0
     for step in range(steps + 1):
-        row = {"time/wall": t0 + 10 * step}
+        row = {"time/unix": t0 + 10 * step}
         if step:
             row |= {
                 "reward/mean": 0.1 * step,
@@ -96,7 +96,7 @@ def test_metrics_figure_smooths_over_a_faint_raw_curve_on_log_or_time_axes():
             "loss/clipfrac": [np.nan, 0.0, 0.2, 0.1],
             "grad/norm": [np.nan, 4.0, 1.0, 2.0],
             "time/step": [np.nan, 8.0, 8.0, 8.0],
-            "time/wall": [100.0, 110.0, 120.0, 135.0],
+            "time/unix": [100.0, 110.0, 120.0, 135.0],
         }
     )
     run = {"started_at": 95.0}
@@ -128,8 +128,8 @@ def test_metrics_figure_smooths_over_a_faint_raw_curve_on_log_or_time_axes():
         {"#1": frame}, metrics.MetricView(("grad/norm",), 0.0, False, "relative time"), {"#1": run}
     )
     assert list(rel.data[0].x) == [15.0, 25.0, 40.0] and rel.layout.xaxis.title.text == "relative time (s)"
-    # a run logged before time/wall: its training time (eval excluded) stands in
-    old = frame.drop(columns=["time/wall"])
+    # a run logged before time/unix: its training time (eval excluded) stands in
+    old = frame.drop(columns=["time/unix"])
     assert list(metrics.x_values(old, run, "relative time")) == [0.0, 8.0, 16.0, 24.0]
     missing = metrics.metrics_figure({"#1": frame}, metrics.MetricView(("loss/kl",), 0.0, False, "step"))
     assert not missing.data and "not logged: loss/kl" in missing.layout.annotations[0].text

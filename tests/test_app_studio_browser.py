@@ -49,7 +49,7 @@ def _fill(root: Path) -> None:
             store.set_status(run_id, "running", pid=None)
             t0 = time.time() - 600
             for step in range(steps + 1):
-                row = {"time/wall": t0 + 10 * step}
+                row = {"time/unix": t0 + 10 * step}
                 if step:
                     row |= {"reward/mean": 0.1 * step, "loss/clipfrac": 0.05 * step, "grad/norm": 2.0 / step,
                             "time/step": 9.0, "sampler/window_start": step - 1, "sampler/window_end": step + 3}  # fmt: skip

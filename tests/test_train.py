@@ -73,7 +73,7 @@ def test_three_step_run_writes_history_and_learns_something(tmp_path):
         "time/update",
         "time/step",
         "time/probe",
-        "time/wall",
+        "time/unix",
         "count/forward",
         "count/backward",
     ):
@@ -82,7 +82,7 @@ def test_three_step_run_writes_history_and_learns_something(tmp_path):
     # the probe (step 2 below) is its own phase, not reward time; every step, eval included, has a clock time
     assert frame.loc[frame.step == 2, "time/probe"].item() > 0
     assert frame.loc[frame.step == 1, "time/probe"].item() < frame.loc[frame.step == 2, "time/probe"].item()
-    assert frame["time/wall"].is_monotonic_increasing and frame["time/wall"].notna().all()
+    assert frame["time/unix"].is_monotonic_increasing and frame["time/unix"].notna().all()
     # JAGG, W = 4 on the 4 trained steps: one group → 1 grad forward, 1 backward a step, and the 2 inner
     # velocities taken from the rollout (reuse_rollout_velocity=auto, one optimizer step per rollout)
     assert frame.loc[frame.step > 0, "count/backward"].tolist() == [1.0, 1.0, 1.0]
@@ -215,6 +215,51 @@ def test_non_finite_reward_stops_the_run_and_keeps_the_checkpoint(tmp_path):
     assert run["status"] == "failed" and "non-finite reward at step 3" in run["error"]
     assert steps_logged(store, run_id) == [1, 2]
     assert (tmp_path / "run" / "checkpoints" / "step_00002" / "manifest.json").is_file()
+
+
+def test_training_time_leaves_evals_out_and_goes_on_after_a_resume(tmp_path):
+    """time/train_elapsed (the `jagg race` axis): wall time of training only, carried over a crash and resume."""
+    from jagg_engine.rewards.registry import register_reward
+    from jagg_engine.train.config import load_config
+    from jagg_engine.train.trainer import train
+
+    state = {"calls": 0, "crash": True}
+
+    @register_reward("test-crash-at-step-3")
+    def _factory():
+        def score(images, prompts):
+            state["calls"] += 1  # eval 0, step 1, eval 1, step 2, eval 2, then step 3's rollout
+            if state["crash"] and state["calls"] == 6:
+                raise RuntimeError("simulated crash")
+            return torch.arange(len(prompts), dtype=torch.float32) * 0.01
+
+        return score
+
+    overrides = [
+        "steps=4",
+        *SMALL,
+        "eval_every=1",
+        "checkpoint_every=1",
+        "rewards={test-crash-at-step-3: 1.0}",
+    ]
+    cfg = load_config(None, overrides)
+    store = open_store(tmp_path)
+    run_id = store.create_run("crash", cfg.to_dict(), tmp_path / "run")
+    assert train(run_id, str(tmp_path)) == 1
+    assert "simulated crash" in store.get_run(run_id)["error"]
+    state["crash"] = False
+    assert train(run_id, str(tmp_path), resume=True) == 0
+
+    t = store.metrics_frame(run_id).set_index("step")
+    elapsed, unix, evals = t["time/train_elapsed"], t["time/unix"], t["time/eval"]
+    assert t.index.tolist() == [0, 1, 2, 3, 4] and evals.notna().all()
+    assert elapsed.loc[1:].notna().all() and elapsed.loc[1:].is_monotonic_increasing and elapsed[1] > 0
+    # Between two steps of one process, the wall time is the training time plus the eval between them.
+    for step in (2, 4):
+        wall = unix[step] - unix[step - 1]
+        assert abs(wall - (elapsed[step] - elapsed[step - 1] + evals[step - 1])) < 0.2, step
+    # Across the resume the clock goes on from step 2's value; the crashed attempt and the restart are left out.
+    assert 0 < elapsed[3] - elapsed[2] < unix[3] - unix[2] - evals[2]
 
 
 def test_fsdp2_two_processes_train_and_checkpoint_full_weights(tmp_path):

@@ -11,6 +11,11 @@ machine 0 has the store: global rank 0 reads the run and sends its id and config
 Step numbering: step 0 is the evaluation before training; step s = 1 … steps is one rollout batch and one
 optimizer step. A checkpoint taken after step s resumes at step s + 1; the prompts and noise of step s are
 drawn from generators seeded by (seed, s, rank), so a resumed run replays exactly the steps it missed.
+
+Training time (:class:`TrainingClock`): each step logs ``time/train_elapsed``, the wall seconds of training
+from step 1 to the end of this step's update with every eval left out, and ``time/unix``, the Unix time of
+that instant; an eval logs its own seconds as ``time/eval``. A curve of eval reward against training time is
+thus rebuilt from the store alone (``jagg race``).
 """
 
 from __future__ import annotations
@@ -213,6 +218,26 @@ def update_metrics(results: list[UpdateResult]) -> dict[str, float]:
         out["loss/clipfrac_offpolicy"] = float(np.mean([r["loss/clipfrac"] for r in later]))
         out["loss/ratio_dev_offpolicy"] = float(np.mean([abs(r["loss/ratio_mean"] - 1) for r in later]))
     return out
+
+
+class TrainingClock:
+    """Wall time spent training, evals left out. It starts when the first step starts (after the model is built
+    and the step-0 eval) from ``elapsed`` seconds (a resumed run's value at its checkpoint's step; NaN when that
+    was never logged). :meth:`lap` counts everything since the last lap or :meth:`restart` (the step, and the
+    previous step's logging and checkpoint); :meth:`restart` after an eval leaves the eval out."""
+
+    def __init__(self, elapsed: float = 0.0):
+        self.elapsed = elapsed
+        self.mark = time.perf_counter()
+
+    def lap(self) -> dict[str, float]:
+        now = time.perf_counter()
+        self.elapsed += now - self.mark
+        self.mark = now
+        return {"time/train_elapsed": self.elapsed, "time/unix": time.time()}
+
+    def restart(self) -> None:
+        self.mark = time.perf_counter()
 
 
 # ------------------------------------------------------------------------------------------------ trainer
@@ -434,6 +459,7 @@ class Trainer:
         """
         if not (self.main or self.fsdp):
             return {}
+        started = time.perf_counter()
         prompts = [p for _ in self.cfg.eval_seeds for p in self.eval_prompts]
         seeds = [s for s in self.cfg.eval_seeds for _ in self.eval_prompts]
         noise = torch.stack(
@@ -475,6 +501,7 @@ class Trainer:
         metrics = {
             "eval/reward/mean": float(totals.mean()),
             "eval/reward/std": float(totals.std(unbiased=False)),
+            "time/eval": time.perf_counter() - started,  # sampling, scoring, images and their rows
         }
         for k in parts_all[0]:
             metrics[f"eval/reward/{k}/mean"] = float(torch.cat([p[k] for p in parts_all]).mean())
@@ -618,6 +645,16 @@ class Trainer:
         return state.step
 
     # -------------------------------------------------------------------------------- the loop
+    def elapsed_at(self, done: int) -> float:
+        """Training seconds logged at step ``done`` (``time/train_elapsed``): where a resumed run's clock goes
+        on. 0 before step 1; NaN when the step has no such row (a history older than the key)."""
+        if done == 0 or not self.main:
+            return 0.0
+        step, value = self.store.last_values(self.run_id, ["time/train_elapsed"]).get(
+            "time/train_elapsed", (None, None)
+        )
+        return float(value) if step == done and value is not None else math.nan
+
     def should_stop(self) -> bool:
         from accelerate.utils import broadcast_object_list
 
@@ -638,7 +675,7 @@ class Trainer:
         if done == 0 and cfg.eval_every:
             metrics0 = self.evaluate(0)
             if self.main:
-                self.store.log_step(self.run_id, 0, {**metrics0, "time/wall": time.time()})
+                self.store.log_step(self.run_id, 0, {**metrics0, "time/unix": time.time()})
         bar = tqdm(
             range(done + 1, cfg.steps + 1),
             desc=f"run {self.run_id}",
@@ -649,15 +686,17 @@ class Trainer:
             dynamic_ncols=True,
         )
         last = done
+        clock = TrainingClock(self.elapsed_at(done))
         for step in bar:
             if self.should_stop():
                 self.save_checkpoint(last)
                 return "cancelled"
             metrics = self.train_step(step)
+            metrics.update(clock.lap())
             if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
                 metrics.update(self.evaluate(step))
+                clock.restart()
             if self.main:
-                metrics["time/wall"] = time.time()  # the step's clock time: the app's wall-time axis
                 self.store.log_step(self.run_id, step, metrics)
                 bar.set_postfix(
                     reward=f"{metrics['reward/mean']:.3f}", update=f"{metrics['time/update']:.2f}s"
