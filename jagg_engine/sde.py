@@ -369,9 +369,9 @@ class SamplerConfig:
                 stochastic (CPS).
     cps_log_prob: "flow-grpo" | "gaussian" — the CPS log-prob form (module docstring); other kinds ignore it.
     ode_solver: "euler" | "dpmpp-2m" — the solver of the ODE steps outside the SDE window (:func:`ode_segment`).
-    ode_steps_before, ode_steps_after: steps of the ODE segment before / after the SDE window, at most the
-                schedule's own count there (None = that count); fewer steps re-space the segment
-                (:meth:`grid`), MixGRPO-Flash's compressed ODE part.
+    ode_steps_before, ode_steps_after: steps of the ODE segment before / after the SDE window, re-spaced
+                (:meth:`grid`; fewer is MixGRPO-Flash's compressed ODE part); None = the schedule's own count
+                there. A window at the first (last) step has no segment before (after) it: ignored.
     """
 
     kind: str = "flow-grpo"
@@ -421,8 +421,8 @@ class SamplerConfig:
         if not steps:
             return SamplingGrid(base, [], (self.num_steps, self.num_steps))
         start, end, T = steps[0], steps[-1] + 1, self.num_steps
-        n_before = start if self.ode_steps_before is None else min(self.ode_steps_before, start)
-        n_after = T - end if self.ode_steps_after is None else min(self.ode_steps_after, T - end)
+        n_before = 0 if start == 0 else self.ode_steps_before or start
+        n_after = 0 if end == T else self.ode_steps_after or T - end
         before = respace(base, 0, start, n_before, self.shift)  # (n_before + 1,), ends at σ_start
         after = respace(base, end, T, n_after, self.shift)  # (n_after + 1,), starts at σ_end
         sigmas = torch.cat([before[:-1], base[start:end], after])  # (T' + 1,)

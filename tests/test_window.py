@@ -1,6 +1,9 @@
 """Windowed GRPO: the sliding SDE window (its schedule, and the JAGG update at every position against plain
 autograd), the shared group prefix, and the dpmpp-2m solver outside the window against diffusers' scheduler."""
 
+import os
+import signal
+
 import pytest
 import torch
 from diffusers import DPMSolverMultistepScheduler
@@ -353,7 +356,61 @@ def test_dpmpp_2m_at_half_the_steps_is_closer_than_euler_on_a_toy_field():
 def test_respace_keeps_the_endpoints_and_is_the_schedule_of_the_segment():
     sigmas = make_sigmas(12, 3.0)
     assert torch.equal(respace(sigmas, 3, 9, 6, 3.0), sigmas[3:10])  # same count: the schedule itself
+    torch.testing.assert_close(respace(sigmas, 0, 12, 24, 3.0), make_sigmas(24, 3.0), rtol=0, atol=1e-12)
     half = respace(sigmas, 0, 12, 6, 3.0)
     torch.testing.assert_close(half, make_sigmas(6, 3.0), rtol=0, atol=1e-12)  # every other point
     seg = respace(sigmas, 8, 12, 3, 3.0)
     assert seg[0] == sigmas[8] and seg[-1] == sigmas[12] and (seg[:-1] > seg[1:]).all()
+
+
+# ---------------------------------------------------------------------------------------------- the trainer
+
+WINDOWED = [
+    "sde_window_schedule=sliding",
+    "window=2",
+    "window_shift_every=1",
+    "group_noise=shared",
+    "ode_solver=dpmpp-2m",
+    "ode_steps_after=1",
+]
+
+
+def measured(frame):
+    """A run's metrics without its measurements (time/, memory/): what must be bit-identical."""
+    return frame[[c for c in frame.columns if not c.startswith(("time/", "memory/"))]]
+
+
+@pytest.mark.slow
+def test_sliding_window_run_killed_and_resumed_is_bit_identical(tmp_path):
+    """A sliding-window run (shared prefix, dpmpp-2m after the window) killed with SIGKILL during step 3 and
+    resumed logs exactly the metrics of the same run uninterrupted: the window schedule, the prompts and the
+    noise are functions of the step. Each step logs its window and its sampling forwards."""
+    from test_train import SMALL, jagg, steps_logged, wait_for
+
+    from jagg_engine.store import open_store
+
+    args = ["steps=5", "checkpoint_every=1", *SMALL, *WINDOWED]
+    straight = jagg(*args, runs_dir=tmp_path / "a")
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    store_a = open_store(tmp_path / "a")
+    expected = measured(store_a.metrics_frame(store_a.list_runs()[0]["id"]))
+    trained = expected[expected.step > 0]
+    # window 2 sliding over steps 0-3 of 6 (last start 2), one shift a step, then back to 0
+    assert trained["sampler/window_start"].tolist() == [0, 1, 2, 0, 1]
+    assert trained["sampler/window_end"].tolist() == [2, 3, 4, 2, 3]
+    # forwards per sample: the prefix once per group of 4, the window's 2 steps, 1 dpmpp-2m step after it
+    assert trained["count/sampling_forward"].tolist() == [3, 3.25, 3.5, 3, 3.25]
+
+    proc = jagg(*args, runs_dir=tmp_path / "b", wait=False)
+    store = open_store(tmp_path / "b")
+    assert wait_for(
+        lambda: store.list_runs() and steps_logged(store, store.list_runs()[0]["id"])[-1:] == [2]
+    ), proc.stderr.read() if proc.poll() is not None else "timeout"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    run_id = store.list_runs()[0]["id"]
+    store.check_liveness()
+    resumed = jagg("--resume", str(run_id), runs_dir=tmp_path / "b")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after = measured(store.metrics_frame(run_id))
+    assert after.equals(expected), (after, expected)

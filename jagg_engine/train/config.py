@@ -172,14 +172,14 @@ class TrainConfig:
     )
     ode_steps_before: int | None = _f(
         None,
-        "Steps of the ODE part before the SDE window, at most the schedule's own count there (re-spaced);"
-        " null = that count.",
+        "Steps of the ODE part before the SDE window (re-spaced); null = the schedule's own count there."
+        " Ignored while the window has no ODE part before it.",
         low=1,
     )
     ode_steps_after: int | None = _f(
         None,
-        "Steps of the ODE part after the SDE window, at most the schedule's own count there (re-spaced);"
-        " null = that count.",
+        "Steps of the ODE part after the SDE window (re-spaced); null = the schedule's own count there."
+        " Ignored while the window has no ODE part after it.",
         low=1,
     )
     cfg_scale: float = _f(
