@@ -67,6 +67,10 @@ def test_config_window_at_each_step():
     assert cfg.sampler_config(4).sde_steps() == [3, 4, 5, 6]
     capped = cfg.apply_overrides(["window_last_start=3"]).validate()
     assert [capped.sde_window_at(s)[0] for s in (1, 4, 7)] == [1, 3, 1]
+    # ODE steps are capped at the schedule's own count on each side of the window
+    fewer = cfg.apply_overrides(["ode_steps_before=2", "ode_steps_after=5"]).validate()
+    assert len(fewer.sampler_config(1).grid().sigmas) - 1 == 1 + 4 + 5  # window 1-5: 1 step before, 7 after
+    assert len(fewer.sampler_config(7).grid().sigmas) - 1 == 2 + 4 + 3  # window 5-9: 5 before, 3 after
     fixed = cfg.apply_overrides(["sde_window_schedule=fixed"]).validate()
     assert fixed.sde_window_at(7) == (1, 9) and fixed.sampler_config(7).sde_steps() == list(range(1, 9))
 
@@ -389,7 +393,8 @@ def test_sliding_window_run_killed_and_resumed_is_bit_identical(tmp_path):
 
     from jagg_engine.store import open_store
 
-    args = ["steps=5", "checkpoint_every=1", *SMALL, *WINDOWED]
+    quiet = ["eval_every=0", "sample_every=0", "probe_every=0"]
+    args = ["steps=5", "checkpoint_every=1", *SMALL, *quiet, *WINDOWED]
     straight = jagg(*args, runs_dir=tmp_path / "a")
     assert straight.returncode == 0, straight.stderr[-3000:]
     store_a = open_store(tmp_path / "a")

@@ -172,14 +172,14 @@ class TrainConfig:
     )
     ode_steps_before: int | None = _f(
         None,
-        "Steps of the ODE part before the SDE window (re-spaced); null = the schedule's own count there."
-        " Ignored while the window has no ODE part before it.",
+        "Steps of the ODE part before the SDE window (re-spaced), at most the schedule's own count there;"
+        " null = that count.",
         low=1,
     )
     ode_steps_after: int | None = _f(
         None,
-        "Steps of the ODE part after the SDE window (re-spaced); null = the schedule's own count there."
-        " Ignored while the window has no ODE part after it.",
+        "Steps of the ODE part after the SDE window (re-spaced), at most the schedule's own count there;"
+        " null = that count.",
         low=1,
     )
     cfg_scale: float = _f(
@@ -340,12 +340,14 @@ class TrainConfig:
         )
 
     def sampler_config(self, step: int | None = None) -> Any:
-        """The sampler of training step ``step`` (from 1; None = the first): its SDE window moves under sliding."""
+        """The sampler of training step ``step`` (from 1; None = the first): its SDE window moves under sliding.
+        ode_steps_before / ode_steps_after are capped at the schedule's own count of ODE steps there, so a
+        sliding window near either end never costs more ODE steps than the schedule has."""
         from jagg_engine.sde import SamplerConfig  # lazy: the engine module is owned elsewhere
 
         all_steps = self.sde_window_start is None and self.sde_window_end is None
         sliding = self.sde_window_schedule == "sliding"
-        return SamplerConfig(
+        sampler = SamplerConfig(
             kind=self.algorithm,
             num_steps=self.sampling_steps,
             eta=self.eta,
@@ -353,9 +355,14 @@ class TrainConfig:
             sde_window=None if all_steps and not sliding else self.sde_window_at(step or 1),
             cps_log_prob=self.cps_log_prob,
             ode_solver=self.ode_solver,
-            ode_steps_before=self.ode_steps_before,
-            ode_steps_after=self.ode_steps_after,
         )
+        steps = sampler.sde_steps()
+        own = (steps[0], self.sampling_steps - steps[-1] - 1) if steps else (0, 0)
+        before, after = (
+            None if n is None else min(n, m) or None
+            for n, m in zip((self.ode_steps_before, self.ode_steps_after), own)
+        )
+        return dataclasses.replace(sampler, ode_steps_before=before, ode_steps_after=after)
 
     def update_config(self) -> Any:
         from jagg_engine.jagg import UpdateConfig  # lazy: the engine module is owned elsewhere
