@@ -261,27 +261,37 @@ class DPMSolverSegment:
     """DPM-Solver++(2M) over one ODE segment σ_first … σ_last of a grid, with the flow parametrisation:
     diffusers' ``DPMSolverMultistepScheduler`` (algorithm_type "dpmsolver++", solver_order 2, use_flow_sigmas,
     prediction_type "flow_prediction": x̂0 = z − σ·v̂, α = 1 − σ) stepping on exactly the segment's σ. Each
-    segment starts a fresh multistep history (its first step is first order) and its last step is first order
-    (``lower_order_final``), as the scheduler does over a whole schedule. MixGRPO-Flash samples its ODE part
-    with this solver (Tencent-Hunyuan/MixGRPO, fastvideo/utils/sampling_utils.py, ``dpm_step``).
+    segment starts a fresh multistep history (its first step is first order); see :func:`dpm_solver_config`
+    for its last step. MixGRPO-Flash samples its ODE part with this solver (Tencent-Hunyuan/MixGRPO,
+    fastvideo/utils/sampling_utils.py, ``dpm_step``).
     """
 
     def __init__(self, sigmas: torch.Tensor, first: int, last: int) -> None:
         from diffusers import DPMSolverMultistepScheduler  # lazy: only this solver needs diffusers
 
         self.first = first
-        self.scheduler = DPMSolverMultistepScheduler(
-            algorithm_type="dpmsolver++",
-            solver_order=2,
-            use_flow_sigmas=True,
-            prediction_type="flow_prediction",
-            final_sigmas_type="zero",
-        )
+        self.scheduler = DPMSolverMultistepScheduler(**dpm_solver_config(float(sigmas[last])))
         set_flow_sigmas(self.scheduler, sigmas[first : last + 1])
 
     def step(self, v: torch.Tensor, z: torch.Tensor, j: int) -> torch.Tensor:
         out = self.scheduler.step(v, self.scheduler.timesteps[j - self.first], z, return_dict=False)[0]
         return out.to(z.dtype)
+
+
+def dpm_solver_config(sigma_end: float) -> dict[str, Any]:
+    """The ``DPMSolverMultistepScheduler`` options of a dpmpp-2m segment ending at σ = ``sigma_end``.
+
+    A segment ending at σ = 0 (after the window) takes its last step at first order, as the scheduler does at
+    the end of sampling (``final_sigmas_type="zero"``: λ = log(α/σ) is infinite there, the step returns x̂0).
+    A segment ending inside the schedule (before the window) keeps second order to its end
+    (``lower_order_final=False``): its last step is not the end of sampling.
+    """
+    options: dict[str, Any] = dict(
+        algorithm_type="dpmsolver++", solver_order=2, use_flow_sigmas=True, prediction_type="flow_prediction"
+    )
+    if sigma_end > 0:
+        return {**options, "final_sigmas_type": "sigma_min", "lower_order_final": False}
+    return {**options, "final_sigmas_type": "zero"}
 
 
 def set_flow_sigmas(scheduler: Any, sigmas: torch.Tensor) -> None:

@@ -281,12 +281,12 @@ def toy_velocity(z, t, cond=None):
 
 def scheduler_reference(z, sigmas):
     """The segment σ_0 … σ_n solved by diffusers' own ``DPMSolverMultistepScheduler.step`` loop, every latent."""
-    scheduler = DPMSolverMultistepScheduler(
-        algorithm_type="dpmsolver++",
-        solver_order=2,
-        use_flow_sigmas=True,
-        prediction_type="flow_prediction",
+    options = dict(
+        algorithm_type="dpmsolver++", solver_order=2, use_flow_sigmas=True, prediction_type="flow_prediction"
     )
+    if sigmas[-1] > 0:  # a part before the window: second order to its end
+        options.update(final_sigmas_type="sigma_min", lower_order_final=False)
+    scheduler = DPMSolverMultistepScheduler(**options)
     set_flow_sigmas(scheduler, sigmas)
     out = [z]
     for i, t in enumerate(scheduler.timesteps):
