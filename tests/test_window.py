@@ -419,3 +419,37 @@ def test_sliding_window_run_killed_and_resumed_is_bit_identical(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     after = measured(store.metrics_frame(run_id))
     assert after.equals(expected), (after, expected)
+
+
+@pytest.mark.slow
+def test_ode_solver_check_script_on_tiny_shapes(tmp_path):
+    """README's dpmpp-2m figure, on 2 prompts: at window 0-4 (8 ODE steps after it) dpmpp-2m at 4 is closer to
+    the 4×-step Euler images than Euler at 4; where each ODE part has 2 steps the two solvers agree."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    spec = importlib.util.spec_from_file_location(
+        "ode_solver_check", root / "scripts" / "ode_solver_check.py"
+    )
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "ode.json"
+    argv = [
+        str(root / "configs/tiny-shapes-cpu.yaml"),
+        "--windows",
+        "0-4,4-8",
+        "--prompts",
+        "2",
+        "--json",
+        str(out),
+    ]
+    assert script.main(argv) == 0
+    rows = {(r["window"], r["way"]): r for r in json.loads(out.read_text())}
+    assert rows["0-4", "dpmpp-2m n/2"]["ode_steps"] == rows["0-4", "euler n/2"]["ode_steps"] == 4
+    assert rows["0-4", "dpmpp-2m n/2"]["rms_to_reference"] < rows["0-4", "euler n/2"]["rms_to_reference"]
+    assert rows["0-4", "dpmpp-2m n/2"]["closer_than_euler_half"] == 1.0
+    assert rows["4-8", "dpmpp-2m n/2"]["rms_to_reference"] == pytest.approx(
+        rows["4-8", "euler n/2"]["rms_to_reference"], abs=0.05
+    )
