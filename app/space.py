@@ -113,6 +113,16 @@ TUNABLE = (
     "adv_std",
     "beta",
     "lora_alpha",
+    # the windowed schedules (README, "Windowed GRPO"): none costs more than the shipped window; the ODE step
+    # counts are capped at the schedule's own
+    "sde_window_schedule",
+    "window_shift_every",
+    "window_stride",
+    "window_last_start",
+    "group_noise",
+    "ode_solver",
+    "ode_steps_before",
+    "ode_steps_after",
 )
 
 

@@ -225,6 +225,130 @@ def ode_step(v: torch.Tensor, z: torch.Tensor, sigma: float | torch.Tensor, sigm
     return z + (sigma_next - sigma) * v
 
 
+# ----------------------------------------------------------------------------------------------------------
+# Outside the SDE window: the grid of the ODE segments and their solvers
+
+ODE_SOLVERS = ("euler", "dpmpp-2m")
+
+
+class SamplingGrid(NamedTuple):
+    sigmas: torch.Tensor  # (T' + 1,) the σ a rollout walks, ODE segments re-spaced
+    sde_steps: list[int]  # the SDE (trained) steps, indices into ``sigmas``
+    window: tuple[int, int]  # the SDE window [start, end) in the schedule's own step indices
+
+
+def unshift_sigmas(sigmas: torch.Tensor, shift: float) -> torch.Tensor:
+    """The inverse of :func:`shift_sigmas`: u = σ' / (s − (s − 1)·σ')."""
+    return sigmas / (shift - (shift - 1) * sigmas)
+
+
+def respace(sigmas: torch.Tensor, a: int, b: int, n: int, shift: float = 1.0) -> torch.Tensor:
+    """The schedule's segment σ_a … σ_b re-spaced to ``n`` steps: n + 1 points, σ_a and σ_b kept exactly, the
+    inner ones uniform in the unshifted time u (linear interpolation of u over the step index), then shifted.
+
+    As MixGRPO-Flash rebuilds its ODE part after the window (Tencent-Hunyuan/MixGRPO,
+    fastvideo/utils/sampling_utils.py, ``dpm_apply_strategy == "post"``: ``linspace`` in t, then
+    ``sd3_time_shift``); for this project's shifted-uniform schedule it is exactly the n-step schedule of the
+    segment. n = b − a returns ``sigmas[a : b + 1]`` itself. Shapes: sigmas (T + 1,) → (n + 1,).
+    """
+    if n == b - a:
+        return sigmas[a : b + 1]
+    u = unshift_sigmas(sigmas.to(torch.float64), shift)  # (T + 1,)
+    x = torch.linspace(float(a), float(b), n + 1, dtype=torch.float64)  # fractional step indices
+    lo = x.floor().long().clamp(max=len(u) - 2)
+    frac = x - lo
+    out = shift_sigmas(u[lo] + frac * (u[lo + 1] - u[lo]), shift).to(sigmas.dtype)
+    out[0], out[-1] = sigmas[a], sigmas[b]
+    return out
+
+
+class EulerSegment:
+    """Euler over an ODE segment: z' = z + (σ_{j+1} − σ_j)·v̂ (:func:`ode_step`)."""
+
+    def __init__(self, sigmas: torch.Tensor, first: int, last: int) -> None:
+        self.sigmas = sigmas
+
+    def step(self, v: torch.Tensor, z: torch.Tensor, j: int) -> torch.Tensor:
+        return ode_step(v, z, self.sigmas[j], self.sigmas[j + 1])
+
+
+class DPMSolverSegment:
+    """DPM-Solver++(2M) over one ODE segment σ_first … σ_last of a grid, with the flow parametrisation:
+    diffusers' ``DPMSolverMultistepScheduler`` (algorithm_type "dpmsolver++", solver_order 2, use_flow_sigmas,
+    prediction_type "flow_prediction": x̂0 = z − σ·v̂, α = 1 − σ) stepping on exactly the segment's σ. Each
+    segment starts a fresh multistep history (its first step is first order); see :func:`dpm_solver_config`
+    for its last step. MixGRPO-Flash samples its ODE part with this solver (Tencent-Hunyuan/MixGRPO,
+    fastvideo/utils/sampling_utils.py, ``dpm_step``).
+    """
+
+    def __init__(self, sigmas: torch.Tensor, first: int, last: int) -> None:
+        from diffusers import DPMSolverMultistepScheduler  # lazy: only this solver needs diffusers
+
+        self.first = first
+        self.scheduler = DPMSolverMultistepScheduler(**dpm_solver_config(float(sigmas[last])))
+        set_flow_sigmas(self.scheduler, sigmas[first : last + 1])
+
+    def step(self, v: torch.Tensor, z: torch.Tensor, j: int) -> torch.Tensor:
+        out = self.scheduler.step(v, self.scheduler.timesteps[j - self.first], z, return_dict=False)[0]
+        return out.to(z.dtype)
+
+
+def dpm_solver_config(sigma_end: float) -> dict[str, Any]:
+    """The ``DPMSolverMultistepScheduler`` options of a dpmpp-2m segment ending at σ = ``sigma_end``.
+
+    A segment ending at σ = 0 (after the window) takes its last step at first order, as the scheduler does at
+    the end of sampling (``final_sigmas_type="zero"``: λ = log(α/σ) is infinite there, the step returns x̂0).
+    A segment ending inside the schedule (before the window) keeps second order to its end
+    (``lower_order_final=False``): its last step is not the end of sampling.
+    """
+    options: dict[str, Any] = dict(
+        algorithm_type="dpmsolver++", solver_order=2, use_flow_sigmas=True, prediction_type="flow_prediction"
+    )
+    if sigma_end > 0:
+        return {**options, "final_sigmas_type": "sigma_min", "lower_order_final": False}
+    return {**options, "final_sigmas_type": "zero"}
+
+
+def set_flow_sigmas(scheduler: Any, sigmas: torch.Tensor) -> None:
+    """Point a diffusers flow scheduler at the σ grid ``sigmas`` (n + 1,) and reset its state: the state
+    ``set_timesteps`` leaves (empty multistep history, step index from 0), with these σ (kept in their dtype,
+    on the CPU as diffusers keeps them) and timesteps σ·num_train_timesteps."""
+    scheduler.set_timesteps(num_inference_steps=len(sigmas) - 1)
+    scheduler.sigmas = sigmas.detach().cpu()
+    scheduler.timesteps = sigmas[:-1].detach().cpu() * scheduler.config.num_train_timesteps
+    scheduler.num_inference_steps = len(sigmas) - 1
+    scheduler.set_begin_index(0)
+
+
+ODE_SEGMENTS = {"euler": EulerSegment, "dpmpp-2m": DPMSolverSegment}
+
+
+def ode_segment(solver: str, sigmas: torch.Tensor, first: int, last: int) -> EulerSegment | DPMSolverSegment:
+    """The solver of the ODE steps first … last − 1 of the grid ``sigmas`` (one segment: no SDE step inside)."""
+    if solver not in ODE_SEGMENTS:
+        raise ValueError(f"ode_solver: must be one of {', '.join(ODE_SOLVERS)}, got {solver!r}")
+    return ODE_SEGMENTS[solver](sigmas, first, last)
+
+
+def sliding_window(step: int, first: int, last: int, width: int, every: int, stride: int) -> tuple[int, int]:
+    """The SDE window [start, start + width) of training step ``step`` (from 1) under a sliding schedule.
+
+    MixGRPO's "progressive" schedule with overlap and roll-back (Tencent-Hunyuan/MixGRPO,
+    fastvideo/utils/grpo_states.py, ``GRPOTrainingStates.update_iteration``; ``iters_per_group`` = every,
+    ``prog_overlap_step`` = stride, ``roll_back``): the window starts at ``first``, moves ``stride`` steps
+    toward low noise every ``every`` training steps, and after its last start (the largest first + k·stride
+    <= ``last``) rolls back to ``first``. A pure function of the step, so a resumed run continues it exactly.
+    """
+    if step < 1 or every < 1 or stride < 1 or last < first or width < 1:
+        raise ValueError(
+            f"sliding window: needs step, every, stride, width >= 1 and last >= first, got "
+            f"step={step} every={every} stride={stride} width={width} first={first} last={last}"
+        )
+    positions = (last - first) // stride + 1
+    start = first + ((step - 1) // every % positions) * stride
+    return start, start + width
+
+
 # The steps of the registered SDE kinds (:mod:`jagg_engine.sde_kinds`): step j of a sampler, read from its
 # schedule ``sigmas`` (T + 1,) and its options; ``draw`` is prev_sample / noise / generator (keywords).
 # Shapes: v, z (B, ...) → StepOutput with log_prob (B,).
@@ -271,6 +395,10 @@ class SamplerConfig:
     cps_log_prob: "flow-grpo" | "gaussian" — the CPS log-prob form (module docstring); other kinds ignore it.
     schedule:   σ_0 … σ_T given explicitly (T + 1 values, decreasing, e.g. a diffusers pipeline's scheduler
                 grid: :func:`explicit_sigmas`), or None = uniform then shifted by ``shift`` (:func:`make_sigmas`).
+    ode_solver: "euler" | "dpmpp-2m" — the solver of the ODE steps outside the SDE window (:func:`ode_segment`).
+    ode_steps_before, ode_steps_after: steps of the ODE segment before / after the SDE window, re-spaced
+                (:meth:`grid`; fewer is MixGRPO-Flash's compressed ODE part); None = the schedule's own count
+                there. A window at the first (last) step has no segment before (after) it: ignored.
     """
 
     kind: str = "flow-grpo"
@@ -280,6 +408,9 @@ class SamplerConfig:
     sde_window: tuple[int, int] | None = None
     cps_log_prob: str = "flow-grpo"
     schedule: tuple[float, ...] | None = None
+    ode_solver: str = "euler"
+    ode_steps_before: int | None = None
+    ode_steps_after: int | None = None
 
     def __post_init__(self) -> None:
         get_sde(self.kind)  # an unknown kind raises, never falls back to another
@@ -297,11 +428,35 @@ class SamplerConfig:
                 raise ValueError(
                     f"sde_window: must satisfy 0 <= start < end <= {self.num_steps}, got {self.sde_window}"
                 )
+        if self.ode_solver not in ODE_SOLVERS:
+            raise ValueError(f"ode_solver: must be one of {', '.join(ODE_SOLVERS)}, got {self.ode_solver!r}")
+        for name in ("ode_steps_before", "ode_steps_after"):
+            n = getattr(self, name)
+            if n is not None and (isinstance(n, bool) or int(n) != n or n < 1):
+                raise ValueError(f"{name}: must be an integer >= 1 or None, got {n}")
 
     def sigmas(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         if self.schedule is not None:
             return explicit_sigmas(self.schedule, self.num_steps, dtype)
         return make_sigmas(self.num_steps, self.shift, dtype)
+
+    def grid(self, dtype: torch.dtype = torch.float64) -> SamplingGrid:
+        """The σ grid a rollout walks: the schedule :meth:`sigmas` with its ODE segment before the SDE window
+        re-spaced to ``ode_steps_before`` steps and the one after it to ``ode_steps_after`` (:func:`respace`);
+        the window's own steps are the schedule's. With both None it is :meth:`sigmas` and :meth:`sde_steps`
+        unchanged. Shapes: sigmas (T' + 1,), T' = before + window + after steps.
+        """
+        base = self.sigmas(dtype)
+        steps = self.sde_steps()
+        if not steps:
+            return SamplingGrid(base, [], (self.num_steps, self.num_steps))
+        start, end, T = steps[0], steps[-1] + 1, self.num_steps
+        n_before = 0 if start == 0 else self.ode_steps_before or start
+        n_after = 0 if end == T else self.ode_steps_after or T - end
+        before = respace(base, 0, start, n_before, self.shift)  # (n_before + 1,), ends at σ_start
+        after = respace(base, end, T, n_after, self.shift)  # (n_after + 1,), starts at σ_end
+        sigmas = torch.cat([before[:-1], base[start:end], after])  # (T' + 1,)
+        return SamplingGrid(sigmas, list(range(n_before, n_before + end - start)), (start, end))
 
     def sde_steps(self) -> list[int]:
         """Indices of the stochastic (trained) steps, in denoising order."""
@@ -558,6 +713,8 @@ class Trajectory:
     cond:       batch-first conditioning pytree
     velocities: (T, B, *S) or None — v̂_j as sampled (kept with ``store_velocities=True``)
     policy:     the policy that sampled, with the velocities (see :class:`PolicyState`)
+    forwards:   model calls made while sampling, in calls over the whole batch (a call on b of the B
+                samples counts b / B): T' without a shared prefix
     """
 
     latents: torch.Tensor
@@ -567,6 +724,7 @@ class Trajectory:
     cond: Cond
     velocities: torch.Tensor | None = None
     policy: PolicyState | None = None
+    forwards: float = 0.0
 
     @property
     def batch_size(self) -> int:
@@ -582,6 +740,7 @@ class Trajectory:
             cond=index_cond(self.cond, index),
             velocities=None if self.velocities is None else self.velocities[:, index],
             policy=self.policy,
+            forwards=self.forwards,
         )
 
 
@@ -594,78 +753,130 @@ def rollout(
     generator: torch.Generator | None = None,
     store_velocities: bool = False,
     micro_batch: int | None = None,
+    prefix_group: int | None = None,
 ) -> Trajectory:
     """Sample a batch from z_0 = ``noise`` (B, *S), recording latents and old log-probs.
 
-    SDE steps add noise drawn from ``generator`` for the whole batch before the first model call,
-    ε (n_sde, B, *S), so sample i's trajectory is a function of (noise[i], ε[:, i]) whatever the split into
-    micro-batches of ``micro_batch`` samples (None = one call per step for the whole batch). ODE steps (outside
-    the SDE window) are deterministic. With ``store_velocities`` the v̂_j and the sampling policy's state are kept.
+    The rollout walks the sampler's :meth:`SamplerConfig.grid` (T' steps). SDE steps add noise drawn from
+    ``generator`` for the whole batch before the first model call, ε (n_sde, B, *S), so sample i's trajectory
+    is a function of (noise[i], ε[:, i]) whatever the split into micro-batches of ``micro_batch`` samples
+    (None = one call per step for the whole batch). ODE steps (outside the SDE window) are deterministic,
+    solved by the sampler's ``ode_solver``. With ``store_velocities`` the v̂_j and the sampling policy's state
+    are kept.
+
+    Shared prefix (``prefix_group`` = G): samples g·G … g·G + G − 1 share their noise (DanceGRPO's
+    ``init_same_noise``), so their deterministic steps before the SDE window are the same: they are computed
+    once per group, on noise[::G], and broadcast to the G samples — 1/G of the prefix forwards. Noise that is
+    not shared within the groups is refused.
     """
     if micro_batch is not None and micro_batch < 1:
         raise ValueError(f"micro_batch: must be an integer >= 1 or None, got {micro_batch}")
     dtype = compute_dtype(noise.dtype)
-    sigmas = sampler.sigmas(dtype).to(noise.device)
-    sde_steps = sampler.sde_steps()
+    grid = sampler.grid(dtype)
+    sigmas = grid.sigmas.to(noise.device)
+    sde_steps = grid.sde_steps
     B = noise.shape[0]
     eps = torch.randn((len(sde_steps), *noise.shape), generator=generator, device=noise.device, dtype=dtype)
-    b = micro_batch or B
-    parts = []
-    for i in range(0, B, b):
-        index = slice(i, min(i + b, B))
-        part = _rollout_part(
-            model,
-            index_cond(cond, index),
-            noise[index].to(dtype),
-            eps[:, index],
-            sampler,
-            sigmas,
-            store_velocities,
+    z = noise.to(dtype)
+    prefix = sde_steps[0] if sde_steps and prefix_group and prefix_group > 1 else 0
+    run = {"model": model, "sampler": sampler, "sigmas": sigmas, "sde": sde_steps, "store": store_velocities}
+    head, calls = None, 0.0
+    if prefix:
+        G = int(prefix_group)
+        if B % G or not torch.equal(z, z[::G].repeat_interleave(G, 0)):
+            raise ValueError(
+                f"group_noise: a shared prefix needs the noise of each group of {G} samples to be the same"
+            )
+        head, c = _rollout_parts(
+            z[::G], index_cond(cond, slice(None, None, G)), eps[:, ::G], 0, prefix, micro_batch, **run
         )
-        parts.append(part)
-    latents, log_probs, velocities = (
-        None if parts[0][k] is None else torch.cat([p[k] for p in parts], 1) for k in range(3)
-    )
+        head = [None if x is None else x.repeat_interleave(G, 1) for x in head]  # (prefix (+1), B, …)
+        calls += c
+        z = head[0][-1]
+    tail, c = _rollout_parts(z, cond, eps, prefix, len(sigmas) - 1, micro_batch, **run)
+    calls += c
+    if head is not None:
+        tail = [
+            None if t is None else torch.cat([h[:-1] if k == 0 else h, t])
+            for k, (h, t) in enumerate(zip(head, tail))
+        ]
+    latents, log_probs, velocities = tail
     policy = None
     if store_velocities:
         policy = policy_state(model, noise.to(dtype), sigmas[0].expand(B), cond)
     return Trajectory(
-        latents=latents,  # (T + 1, B, *S)
-        log_probs=log_probs,  # (T, B)
+        latents=latents,  # (T' + 1, B, *S)
+        log_probs=log_probs,  # (T', B)
         sigmas=sigmas,
         sde_steps=sde_steps,
         cond=cond,
-        velocities=velocities,  # (T, B, *S) or None
+        velocities=velocities,  # (T', B, *S) or None
         policy=policy,
+        forwards=calls / B,
     )
 
 
-def _rollout_part(
-    model: VelocityFn,
-    cond: Cond,
+def _rollout_parts(
     z: torch.Tensor,
+    cond: Cond,
     eps: torch.Tensor,
+    first: int,
+    last: int,
+    micro_batch: int | None,
+    **run: Any,
+) -> tuple[list[torch.Tensor | None], float]:
+    """Steps first … last − 1 of the grid for the batch z (b, *S), in micro-batches: [latents (n + 1, b, *S),
+    log-probs (n, b), velocities (n, b, *S) or None], and the samples forwarded (Σ over model calls of their
+    batch size)."""
+    b_all = z.shape[0]
+    b = micro_batch or b_all
+    parts = []
+    for i in range(0, b_all, b):
+        index = slice(i, min(i + b, b_all))
+        parts.append(_rollout_part(z[index], index_cond(cond, index), eps[:, index], first, last, **run))
+    out = [None if parts[0][k] is None else torch.cat([p[k] for p in parts], 1) for k in range(3)]
+    return out, float(b_all * (last - first))
+
+
+def _rollout_part(
+    z: torch.Tensor,
+    cond: Cond,
+    eps: torch.Tensor,
+    first: int,
+    last: int,
+    model: VelocityFn,
     sampler: SamplerConfig,
     sigmas: torch.Tensor,
-    store_velocities: bool,
+    sde: list[int],
+    store: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The T steps of one micro-batch: z (b, *S), eps (n_sde, b, *S) → latents (T + 1, b, *S), log-probs
-    (T, b), velocities (T, b, *S) or None."""
+    """Steps first … last − 1 of the grid ``sigmas`` for one micro-batch: z (b, *S), eps (n_sde, b, *S) →
+    latents (n + 1, b, *S), log-probs (n, b), velocities (n, b, *S) or None. ODE steps go through one
+    :func:`ode_segment` per run of consecutive ODE steps."""
     b = z.shape[0]
-    sde = {j: k for k, j in enumerate(sampler.sde_steps())}
+    sde_index = {j: k for k, j in enumerate(sde)}
     latents, log_probs, velocities = [z], [], []
-    for j in range(sampler.num_steps):
+    segment = None
+    for j in range(first, last):
         v = model(z, sigmas[j].expand(b), cond)
-        if store_velocities:
+        if store:
             velocities.append(v.to(z.dtype))
-        if j in sde:
-            out = sampler.step(v, z, j, sigmas, noise=eps[sde[j]])
+        if j in sde_index:
+            out = sampler.step(v, z, j, sigmas, noise=eps[sde_index[j]])
             z, lp = out.prev_sample, out.log_prob
+            segment = None
         else:
-            z, lp = ode_step(v, z, sigmas[j], sigmas[j + 1]), torch.zeros(b, dtype=z.dtype, device=z.device)
+            if segment is None:
+                end = min([k for k in sde if k > j], default=len(sigmas) - 1)
+                segment = ode_segment(sampler.ode_solver, sigmas, j, end)
+            z, lp = segment.step(v, z, j), torch.zeros(b, dtype=z.dtype, device=z.device)
         latents.append(z)
         log_probs.append(lp)
-    return torch.stack(latents), torch.stack(log_probs), torch.stack(velocities) if store_velocities else None
+    return (
+        torch.stack(latents),
+        torch.stack(log_probs) if log_probs else z.new_zeros((0, b)),
+        (torch.stack(velocities) if velocities else z.new_zeros((0, *z.shape))) if store else None,
+    )
 
 
 @torch.no_grad()

@@ -17,7 +17,11 @@ What it does, for each model (SD3.5-medium first, the cheaper one, then FLUX.1-d
    peak CUDA memory and peak saved-activation bytes, measured vs cost-model speedup;
 3. trains 10 GRPO steps with a cheap reward (the mean of the final latent; no decoder): rollout, group
    advantages, ``policy_update`` (jagg, reuse on, the micro-batch of the shipped config), AdamW — the
-   engine calls the trainer makes, without the run store.
+   engine calls the trainer makes, without the run store;
+4. trains the windowed variant as many steps (``train_windowed``; ``configs/flux-mixgrpo.yaml``'s schedule
+   on W + 4 sampling steps): a sliding SDE window of W steps moving one step a training step, one JAGG group
+   with reuse, a shared initial noise per group whose steps before the window are sampled once, dpmpp-2m
+   after the window; each row adds the window and the sampling forwards.
 
 Everything lands in ``--out`` (default ``reports/gpu/``) as ``gpu-check.json``, rewritten atomically after
 every phase, so a run cut short still leaves its results. ``--budget-s`` (default 360) stops starting new
@@ -54,7 +58,7 @@ from jagg_engine.bench import bench_backbone  # noqa: E402
 from jagg_engine.devices import default_dtype  # noqa: E402
 from jagg_engine.grpo import group_advantages  # noqa: E402
 from jagg_engine.jagg import UpdateConfig, policy_update  # noqa: E402
-from jagg_engine.sde import SamplerConfig, rollout  # noqa: E402
+from jagg_engine.sde import SamplerConfig, rollout, sliding_window  # noqa: E402
 
 # SD3Transformer2DModel of stabilityai/stable-diffusion-3.5-medium (transformer/config.json): 2.2 B parameters.
 SD35_MEDIUM_CONFIG: dict[str, Any] = dict(
@@ -255,10 +259,38 @@ def measure(
     return report
 
 
+def windowed_sampler(spec: CheckSpec, window: int, step: int) -> SamplerConfig:
+    """The windowed variant's sampler at training step ``step`` (from 1), as configs/flux-mixgrpo.yaml samples
+    at a smaller scale: T = W + 4 steps, a sliding SDE window of W steps (one shift a step, over the steps
+    before the last two, MixGRPO's range), dpmpp-2m after the window at 2 steps."""
+    num_steps = window + 4
+    sde_window = sliding_window(step, 0, num_steps - 2 - window, window, 1, 1)
+    return SamplerConfig(
+        kind=spec.algorithm,
+        num_steps=num_steps,
+        eta=spec.eta,
+        shift=3.0,
+        sde_window=sde_window,
+        ode_solver="dpmpp-2m",
+        ode_steps_after=min(2, num_steps - sde_window[1]),
+    )
+
+
 def train(
-    model: CheckModel, steps: int, batch: int, group_size: int, window: int, seed: int, budget_end: float
+    model: CheckModel,
+    steps: int,
+    batch: int,
+    group_size: int,
+    window: int,
+    seed: int,
+    budget_end: float,
+    windowed: bool = False,
 ) -> list[dict[str, Any]]:
-    """``steps`` GRPO steps with the latent-mean reward; one row per step (stops at ``budget_end``)."""
+    """``steps`` GRPO steps with the latent-mean reward; one row per step (stops at ``budget_end``).
+
+    ``windowed``: the sliding window of :func:`windowed_sampler` with a shared initial noise per group, whose
+    steps before the window are sampled once per group (the rows add the window and the sampling forwards).
+    """
     spec = model.spec
     params = model.trainable_parameters()
     device = params[0].device
@@ -284,10 +316,21 @@ def train(
         groups = torch.arange(batch // group_size).repeat_interleave(group_size)
         cond = model.encode_prompts(prompts)
         noise = torch.randn(batch, *model.latent_shape, generator=gen).to(device)
+        if windowed:
+            sampler = windowed_sampler(spec, window, step + 1)
+            noise = noise[::group_size].repeat_interleave(group_size, 0)  # one noise per group
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         sde_gen = torch.Generator(device).manual_seed(seed * 1000 + step)  # SDE noise is drawn on the device
-        traj = rollout(model, cond, noise, sampler, generator=sde_gen, store_velocities=True)
+        traj = rollout(
+            model,
+            cond,
+            noise,
+            sampler,
+            generator=sde_gen,
+            store_velocities=True,
+            prefix_group=group_size if windowed else None,
+        )
         t1 = _now(device)
         reward = traj.latents[-1].flatten(1).mean(dim=1).float().cpu()  # (B,) the cheap reward
         adv = group_advantages(reward, groups).to(device)
@@ -307,6 +350,8 @@ def train(
             "update_s": t2 - t1,
             "step_s": t2 - t0,
         }
+        if windowed:
+            row.update(window=list(sampler.grid().window), sampling_forward=traj.forwards)
         if device.type == "cuda":
             row["peak_cuda_bytes"] = int(torch.cuda.max_memory_allocated(device))
         rows.append(row)
@@ -467,10 +512,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             except torch.cuda.OutOfMemoryError as exc:
                 entry["train_error"] = f"out of memory: {exc}"
             report.save()
+            try:  # the windowed variant (configs/flux-mixgrpo.yaml's schedule at W + 4 steps)
+                entry["train_windowed"] = train(
+                    model,
+                    args.train_steps,
+                    args.train_batch,
+                    args.group_size,
+                    args.window,
+                    args.seed,
+                    budget_end,
+                    windowed=True,
+                )
+            except torch.cuda.OutOfMemoryError as exc:
+                entry["train_windowed_error"] = f"out of memory: {exc}"
+            report.save()
             del model
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-        done = all(len(m["train"]) == args.train_steps for m in report.data["models"].values())
+        done = all(
+            len(m["train"]) == len(m.get("train_windowed", [])) == args.train_steps
+            for m in report.data["models"].values()
+        )
         report.data["status"] = "complete" if done else "budget spent"
     except Exception as exc:  # the partial report keeps what was measured, with the error
         report.data["status"] = f"error: {type(exc).__name__}: {exc}"

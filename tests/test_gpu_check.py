@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -94,3 +95,9 @@ def test_the_whole_check_runs_tiny_on_the_cpu(gpu_check, tmp_path):
         for row in entry["train"]:
             assert torch.isfinite(torch.tensor([row["reward_mean"], row["loss"], row["grad_norm"]])).all()
             assert row["reused"] > 0  # on-policy: the inner step's velocity comes from the rollout
+        # the windowed variant: W = 3 sliding over T = 7 (starts 0 … 2), prefix once per group of 2, 2 dpmpp-2m
+        # steps after the window
+        windowed = entry["train_windowed"]
+        assert [row["window"] for row in windowed] == [[0, 3], [1, 4]]
+        assert [row["sampling_forward"] for row in windowed] == [0 + 3 + 2, 1 / 2 + 3 + 2]
+        assert all(row["reused"] > 0 and math.isfinite(row["loss"]) for row in windowed)

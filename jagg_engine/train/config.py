@@ -53,6 +53,8 @@ ENDPOINT_BACKWARDS = ("joint", "sequential")
 ADV_STDS = ("group", "global", "centered", "group-unbiased")  # jagg_engine.grpo.ADV_STDS, without torch
 SCHEDULES = ("pipeline", "shifted-linear")
 PRECISIONS = ("fp32", "bf16")
+WINDOW_SCHEDULES = ("fixed", "sliding")
+GROUP_NOISES = ("independent", "shared")
 PROMPT_SUFFIXES = (".txt", ".jsonl")
 _WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".ckpt", ".bin", ".gguf")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -154,6 +156,38 @@ class TrainConfig:
     sde_window_start: int | None = _f(0, "First SDE (trained) step; null = 0.")
     sde_window_end: int | None = _f(
         8, "End (exclusive) of the SDE (trained) steps; null = sampling_steps. Steps outside run as ODE."
+    )
+    sde_window_schedule: str = _f(
+        "fixed",
+        "fixed: the SDE window is sde_window_start..sde_window_end every step. sliding (MixGRPO): the window is"
+        " `window` consecutive steps inside that range, starting at sde_window_start and moving window_stride"
+        " steps toward low noise every window_shift_every training steps; after window_last_start it rolls back.",
+    )
+    window_shift_every: int = _f(5, "sliding: training steps between two shifts of the window.", low=1)
+    window_stride: int = _f(1, "sliding: sampling steps the window moves per shift.", low=1)
+    window_last_start: int | None = _f(
+        None, "sliding: the last window start; null = the last start that fits (sde_window_end - window)."
+    )
+    group_noise: str = _f(
+        "independent",
+        "independent: every sample draws its initial noise; shared: the samples of a group share it (DanceGRPO),"
+        " and the ODE steps before the SDE window are computed once per group (1/group_size of their forwards).",
+    )
+    ode_solver: str = _f(
+        "euler",
+        "Solver of the ODE steps outside the SDE window: euler or dpmpp-2m (diffusers' DPM-Solver++ 2M).",
+    )
+    ode_steps_before: int | None = _f(
+        None,
+        "Steps of the ODE part before the SDE window (re-spaced), at most the schedule's own count there;"
+        " null = that count.",
+        low=1,
+    )
+    ode_steps_after: int | None = _f(
+        None,
+        "Steps of the ODE part after the SDE window (re-spaced), at most the schedule's own count there;"
+        " null = that count.",
+        low=1,
     )
     cfg_scale: float = _f(
         1.0, "Classifier-free guidance scale during rollouts (1 = no guidance); flux: its distilled guidance."
@@ -306,18 +340,47 @@ class TrainConfig:
         treats a one-step group as exact)."""
         return math.ceil(self.num_trained_steps / self.window)
 
-    def sampler_config(self) -> Any:
+    def window_last(self) -> int:
+        """sliding: the last window start (window_last_start, or the last start that fits)."""
+        end = self.sde_window()[1]
+        return end - self.window if self.window_last_start is None else self.window_last_start
+
+    def sde_window_at(self, step: int) -> tuple[int, int]:
+        """The SDE window [start, end) of training step ``step`` (from 1): the fixed window, or the sliding one
+        (:func:`jagg_engine.sde.sliding_window`, a pure function of the step)."""
+        if self.sde_window_schedule != "sliding":
+            return self.sde_window()
+        from jagg_engine.sde import sliding_window
+
+        start = self.sde_window()[0]
+        return sliding_window(
+            step, start, self.window_last(), self.window, self.window_shift_every, self.window_stride
+        )
+
+    def sampler_config(self, step: int | None = None) -> Any:
+        """The sampler of training step ``step`` (from 1; None = the first): its SDE window moves under sliding.
+        ode_steps_before / ode_steps_after are capped at the schedule's own count of ODE steps there, so a
+        sliding window near either end never costs more ODE steps than the schedule has."""
         from jagg_engine.sde import SamplerConfig  # lazy: the engine module is owned elsewhere
 
         all_steps = self.sde_window_start is None and self.sde_window_end is None
-        return SamplerConfig(
+        sliding = self.sde_window_schedule == "sliding"
+        sampler = SamplerConfig(
             kind=self.algorithm,
             num_steps=self.sampling_steps,
             eta=self.eta,
             shift=self.shift,
-            sde_window=None if all_steps else self.sde_window(),
+            sde_window=None if all_steps and not sliding else self.sde_window_at(step or 1),
             cps_log_prob=self.cps_log_prob,
+            ode_solver=self.ode_solver,
         )
+        steps = sampler.sde_steps()
+        own = (steps[0], self.sampling_steps - steps[-1] - 1) if steps else (0, 0)
+        before, after = (
+            None if n is None else min(n, m) or None
+            for n, m in zip((self.ode_steps_before, self.ode_steps_after), own)
+        )
+        return dataclasses.replace(sampler, ode_steps_before=before, ode_steps_after=after)
 
     def update_config(self) -> Any:
         from jagg_engine.jagg import UpdateConfig  # lazy: the engine module is owned elsewhere
@@ -521,6 +584,22 @@ class TrainConfig:
             raise ConfigError(
                 f"sde_window_end: must be in {start + 1}..{last} (after sde_window_start, at most {limit}), got {end}"
             )
+        _one_of("sde_window_schedule", self.sde_window_schedule, WINDOW_SCHEDULES)
+        _one_of("group_noise", self.group_noise, GROUP_NOISES)
+        from jagg_engine.sde import ODE_SOLVERS
+
+        _one_of("ode_solver", self.ode_solver, ODE_SOLVERS)
+        if self.window_last_start is not None and self.sde_window_schedule != "sliding":
+            raise ConfigError(
+                "window_last_start: only used with sde_window_schedule sliding; set it to null or use sliding"
+            )
+        if self.sde_window_schedule == "sliding" and self.window <= end - start:
+            first, fits = start, end - self.window
+            if not first <= self.window_last() <= fits:
+                raise ConfigError(
+                    f"window_last_start: must be in {first}..{fits} (sde_window_start .. sde_window_end - window),"
+                    f" got {self.window_last_start}"
+                )
 
     def _validate_update(self) -> None:
         """strategy, window, routing, reuse, the optimizer and the GRPO loss, the probe."""

@@ -296,9 +296,15 @@ class Trainer:
         return prompts, groups
 
     def sample(self, step: int, prompts: list[str]) -> Trajectory:
+        """This rank's rollout of step ``step`` with the step's sampler (its SDE window). With group_noise shared
+        the G samples of a prompt start from one noise and their steps before the window are computed once."""
         gen = step_generator(self.cfg, step, self.rank)
         sde_gen = step_generator(self.cfg, step, self.rank, self.acc.device)
-        noise = torch.randn(len(prompts), *self.model.latent_shape, generator=gen, dtype=torch.float32)
+        G, shared = self.cfg.group_size, self.cfg.group_noise == "shared"
+        n = len(prompts) // G if shared else len(prompts)
+        noise = torch.randn(n, *self.model.latent_shape, generator=gen, dtype=torch.float32)
+        if shared:
+            noise = noise.repeat_interleave(G, 0)  # (B, *S): one noise per group
         with torch.no_grad():
             cond = self.model.encode_prompts(prompts)
         reuse = self.update.reuse_rollout_velocity == "auto" and self.update.strategy == "jagg"
@@ -312,6 +318,7 @@ class Trainer:
             sde_gen,
             store_velocities=reuse,
             micro_batch=self.cfg.rollout_micro_batch,
+            prefix_group=G if shared else None,
         )
 
     def score(
@@ -386,6 +393,10 @@ class Trainer:
         if self.acc.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.acc.device)
         t0 = time.perf_counter()
+        # The step's sampler: under a sliding schedule its SDE window is a function of the step (a resumed run
+        # continues the schedule); the update, the probe and routing read the same one.
+        self.sampler = self.cfg.sampler_config(step)
+        window = self.cfg.sde_window_at(step)
         prompts, groups = self.step_prompts(step)
         traj = self.sample(step, prompts)
         t1 = time.perf_counter()
@@ -416,6 +427,9 @@ class Trainer:
             "time/probe": t2 - t_probe,  # the fidelity probe and auto_route's probe (0 on other steps)
             "time/step": t3 - t0,
             "route/jagg_frac": self.update.jagg_frac,
+            "sampler/window_start": float(window[0]),
+            "sampler/window_end": float(window[1]),
+            "count/sampling_forward": traj.forwards,
             **memory_metrics(self.acc.device),
         }
         if self.main and self.cfg.sample_every and step % self.cfg.sample_every == 0:
