@@ -177,7 +177,9 @@ class RunStore:
         """``PRAGMA quick_check`` (SQLite's O(N) structural check); raises :class:`CorruptIndexError`."""
         rows = self.db.execute("PRAGMA quick_check(1)").fetchall()
         if not rows or rows[0][0] != "ok":
-            raise CorruptIndexError(self._corrupt(f"quick_check: {rows[0][0] if rows else 'no answer'}"))
+            raise CorruptIndexError(
+                self._corrupt("quick_check: " + _one_line(rows[0][0] if rows else "no answer"))
+            )
 
     @property
     def runs_root(self) -> Path:
@@ -332,7 +334,8 @@ class RunStore:
                 ],
             )
             self._write_run_file(int(cur.lastrowid))
-            return int(cur.lastrowid)
+        self.checkpoint_wal()
+        return int(cur.lastrowid)
 
     def create_run_folder(
         self,
@@ -382,6 +385,7 @@ class RunStore:
                     )
                     folder.mkdir()  # exclusive: FileExistsError rolls the insert back
                     self._write_run_file(run_id)
+                self.checkpoint_wal()
                 return run_id, folder
             except FileExistsError:
                 continue
@@ -450,6 +454,7 @@ class RunStore:
                     [status, now, error, pid, pid_at, run_id],
                 )
             self._write_run_file(run_id)
+        self.checkpoint_wal()
 
     def claim(self, run_id: int, expected: Iterable[str], pid: int) -> None:
         """Mark the run running for the trainer ``pid`` only if its status is one of ``expected`` (what
@@ -471,6 +476,7 @@ class RunStore:
                     f"run {run_id}: is {status}, not {' or '.join(expected)}: another trainer has it; not started"
                 )
             self._write_run_file(run_id)
+        self.checkpoint_wal()
 
     def claim_launch(self, run_id: int, pid: int) -> bool:
         """Give a queued, never launched run (no pid) to the launcher ``pid``: a compare-and-set in one
@@ -583,6 +589,7 @@ class RunStore:
         ):
             raise StoreError(f"run {run_id}: is {run['status']} (pid {run['pid']}); cancel it first")
         with self._lock, self.db.conn:
+            self._write_run_file(run_id, deleted=True)  # a folder kept on disk is not brought back by reindex
             for table in ("metrics", "latest", "probes", "samples"):
                 self.db.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
             self.db.execute("UPDATE runs SET paired_run_id = NULL WHERE paired_run_id = ?", [run_id])
@@ -813,6 +820,8 @@ class RunStore:
                         " WHERE id = ? AND status = ? AND pid = ?",
                         [time.time(), error, run_id, status, pid],
                     )
+                    if cur.rowcount:
+                        self._write_run_file(run_id)
             except sqlite3.OperationalError as exc:
                 if _storage_refusal(exc):
                     continue  # a full disk or a folder turned read-only: the next look marks it
@@ -829,7 +838,7 @@ class RunStore:
         folder = Path(row[0])
         return folder if folder.is_dir() else None
 
-    def _write_run_file(self, run_id: int) -> None:
+    def _write_run_file(self, run_id: int, deleted: bool = False) -> None:
         """Rewrite ``<run_dir>/run.json`` from the run's row; called inside the transaction that changed the
         row (so writers of the row write the file in commit order). A run without a folder yet: nothing."""
         folder = self._folder_of(run_id)
@@ -838,7 +847,7 @@ class RunStore:
         row = dict(next(iter(self.db.query("SELECT * FROM runs WHERE id = ?", [run_id]))))
         row["config"] = json.loads(row["config"])
         row.pop("run_dir", None)  # the folder is where the file is
-        doc = {"format": RUN_FILE_FORMAT, **row}
+        doc = {"format": RUN_FILE_FORMAT, **row, **({"deleted": True} if deleted else {})}
         tmp = folder / f".{RUN_FILE}.{os.getpid()}.{threading.get_ident()}.tmp"
         try:
             tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
@@ -1196,6 +1205,9 @@ def reindex(runs_dir: str | os.PathLike[str]) -> ReindexReport:
                 doc, records = read_run_folder(folder)
             except StoreError as exc:
                 report.skipped.append(str(exc))
+                continue
+            if doc.get("deleted"):
+                report.skipped.append(f"{folder}: run {doc['id']} was deleted from the history")
                 continue
             if doc["uid"] in seen or new.get_run(doc["id"]) is not None:
                 report.skipped.append(
