@@ -233,6 +233,8 @@ class RunManager:
             run = self.store.get_run(run_id)
             if run is None:
                 raise StoreError(f"no run with id {run_id}")
+            if run["pid"] is not None and run.get("launcher") == "app":  # launched since it was read
+                raise ClaimError(f"run {run_id}: already started (pid {run['pid']}, {run['status']})")
             if run["status"] != "queued" or run["pid"] is not None or run.get("launcher") != "app":
                 raise StoreError(
                     f"run {run_id}: is {run['status']} (pid {run['pid']}); only a queued run starts"
