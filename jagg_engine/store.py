@@ -12,7 +12,7 @@ Tables
 ------
 runs     id, name, config (JSON of TrainConfig.to_dict()), status, pid, created_at, started_at, finished_at
          (Unix seconds), error, run_dir, cancel_requested (0/1), last_step, paired_run_id, launcher,
-         pair_mode
+         pair_mode, uid (unique, 32 hex digits: the run's identity in its folder and its checkpoints)
 metrics  (run_id, step, key) → value — long format, primary key (run_id, step, key): logging a step twice
          (a resumed run replaying steps after its last checkpoint) overwrites, never duplicates
 latest   (run_id, key) → step, value: each key's value at its largest step, kept in the same transaction as
@@ -70,6 +70,7 @@ write raises :class:`StoreError` in one line.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import math
@@ -81,7 +82,7 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -318,10 +319,12 @@ class RunStore:
             self._require(paired_run_id)
         now = time.time()
         with self._lock, self.db.conn:
+            self.db.execute("BEGIN IMMEDIATE")  # the id read and the insert in one write transaction
             cur = self.db.execute(
-                "INSERT INTO runs (name, config, status, created_at, run_dir, cancel_requested, paired_run_id,"
-                " launcher, pid, pid_at, uid) VALUES (?, ?, 'queued', ?, ?, 0, ?, ?, ?, ?, ?)",
+                "INSERT INTO runs (id, name, config, status, created_at, run_dir, cancel_requested, paired_run_id,"
+                " launcher, pid, pid_at, uid) VALUES (?, ?, ?, 'queued', ?, ?, 0, ?, ?, ?, ?, ?)",
                 [
+                    self._next_id(),
                     name,
                     json.dumps(dict(config)),
                     now,
@@ -360,11 +363,7 @@ class RunStore:
             try:
                 with self._lock, self.db.conn:
                     self.db.execute("BEGIN IMMEDIATE")
-                    (known,) = self.db.execute(
-                        "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'runs'), 0),"
-                        " COALESCE((SELECT MAX(id) FROM runs), 0))"
-                    ).fetchone()
-                    run_id = max(int(known), highest_folder_id(root)) + 1
+                    run_id = self._next_id()
                     folder = root / f"run-{run_id:04d}"
                     self.db.execute(
                         "INSERT INTO runs (id, name, config, status, created_at, run_dir, cancel_requested,"
@@ -390,6 +389,15 @@ class RunStore:
             except FileExistsError:
                 continue
         raise StoreError(f"runs folder {root}: no free run-NNNN folder name found")
+
+    def _next_id(self) -> int:
+        """The id of the next run: above every id the index ever gave (AUTOINCREMENT's sequence) and above
+        every ``run-NNNN`` folder of the root (an index that lost rows cannot hand out a folder's number)."""
+        (known,) = self.db.execute(
+            "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'runs'), 0),"
+            " COALESCE((SELECT MAX(id) FROM runs), 0))"
+        ).fetchone()
+        return max(int(known), highest_folder_id(self.runs_root)) + 1
 
     def set_run_dir(self, run_id: int, run_dir: str | os.PathLike[str]) -> None:
         """Record the run folder (when it is named after the id, it is known only after create_run)."""
@@ -613,7 +621,7 @@ class RunStore:
                 raise StoreError(f"metric keys must be non-empty strings, got {key!r}")
             number = float(value)
             rows.append((run_id, int(step), key, None if math.isnan(number) else number))
-        with self._lock, self.db.conn:
+        with self._logging_transaction():
             self._status(run_id)
             self._append_history(
                 run_id, {"kind": "metrics", "step": int(step), "values": {r[2]: r[3] for r in rows}}
@@ -664,7 +672,7 @@ class RunStore:
             )
             for p in probes
         ]
-        with self._lock, self.db.conn:
+        with self._logging_transaction():
             self._status(run_id)
             self._append_history(
                 run_id, {"kind": "probes", "step": int(step), "rows": [list(r[2:]) for r in rows]}
@@ -701,7 +709,7 @@ class RunStore:
                     None if reward is None else float(reward),
                 )
             )
-        with self._lock, self.db.conn:
+        with self._logging_transaction():
             self._status(run_id)
             self._append_history(
                 run_id, {"kind": "samples", "step": int(step), "rows": [list(r[1:]) for r in rows]}
@@ -720,7 +728,7 @@ class RunStore:
         fresh and nothing logged after the checkpoint by the crashed process survives.
         """
         self._check_writable()
-        with self._lock, self.db.conn:
+        with self._logging_transaction():
             self._status(run_id)
             self._append_history(run_id, {"kind": "truncate", "step": int(step)})
             for table in ("metrics", "latest", "probes", "samples"):
@@ -856,14 +864,33 @@ class RunStore:
             tmp.unlink(missing_ok=True)
             raise
 
+    @contextlib.contextmanager
+    def _logging_transaction(self) -> Iterator[None]:
+        """One transaction of rows and their history record: a failed append rolls the rows back, and a
+        failed commit (a full disk) cuts the record off the file again, so the folder and the index agree."""
+        with self._lock:
+            self._undo_append = None
+            try:
+                with self.db.conn:
+                    yield
+            except BaseException:
+                if self._undo_append is not None:
+                    with contextlib.suppress(OSError):
+                        os.truncate(*self._undo_append)  # shrinking a file needs no space
+                raise
+            finally:
+                self._undo_append = None
+
     def _append_history(self, run_id: int, record: dict[str, Any]) -> None:
-        """Append one record to ``<run_dir>/history.jsonl`` (inside the rows' transaction: a failed append
-        rolls them back). NaN is written as null, as SQLite stores it; ±inf as JSON's Infinity."""
+        """Append one record to ``<run_dir>/history.jsonl`` (inside :meth:`_logging_transaction`). NaN is
+        written as null, as SQLite stores it; ±inf as JSON's Infinity."""
         folder = self._folder_of(run_id)
         if folder is None:
             return
+        path = folder / HISTORY_FILE
         line = json.dumps(record, separators=(",", ":")) + "\n"
-        with open(folder / HISTORY_FILE, "a", encoding="utf-8") as fh:
+        self._undo_append = (path, path.stat().st_size if path.exists() else 0)
+        with open(path, "a", encoding="utf-8") as fh:
             fh.write(line)
 
     def uid(self, run_id: int) -> str:
