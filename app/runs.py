@@ -3,8 +3,8 @@
 The database is the source of truth, so nothing here needs to survive the app process:
 
 * A run is created ``queued`` with its validated config (``store.create_run_folder``, launcher ``app``) in a
-  NEW folder ``<runs_dir>/run-<id>`` (never one that exists); it has no pid until it is launched. The app starts only runs it queued
-  itself: a run that ``jagg train`` created in the same folder (launcher ``cli``, pid set at creation) is
+  NEW folder ``<runs_dir>/run-<id>`` (never one that exists); it has no pid until it is launched. The app
+  starts only runs it queued itself: a run that ``jagg train`` created in the same folder (launcher ``cli``, pid set at creation) is
   never taken for an unlaunched one, however long its model takes to load.
 * :meth:`RunManager.tick` (driven by the app's timer) marks dead runs failed (``check_liveness``), reaps
   finished children, escalates overdue cancels, and starts queued runs without a pid, oldest first, while
