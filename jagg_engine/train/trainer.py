@@ -224,7 +224,8 @@ class Trainer:
         self.world, self.rank = self.acc.num_processes, self.acc.process_index
         # Only global rank 0 opens the runs database; the other ranks (other machines too) never touch it.
         self.store: RunStore | None = open_store(runs_dir) if self.main else None
-        self.run_uid = self.store.uid(run_id) if self.main else None  # its checkpoints carry it
+        row = self.store.get_run(run_id) if self.main else None  # None: a harness without a run (tests)
+        self.run_uid = row["uid"] if row else None  # its checkpoints carry it
         if run_dir is None:
             run_dir = (self.store or open_store(runs_dir)).get_run(run_id)["run_dir"]
         self.run_dir = Path(run_dir)
@@ -588,7 +589,8 @@ class Trainer:
         checkpoints, and any past the run's last logged step); its step, or 0."""
         max_step = None
         if self.main:
-            max_step = max(self.store.get_run(self.run_id)["last_step"] or 0, 0)
+            row = self.store.get_run(self.run_id)
+            max_step = max(row["last_step"] or 0, 0) if row else None
         state = checkpoint.load_latest(
             self.checkpoint_dir(),
             self.rank,
