@@ -2,9 +2,9 @@
 
 The database is the source of truth, so nothing here needs to survive the app process:
 
-* A run is created ``queued`` with its validated config (``store.create_run``, launcher ``app``) and its
-  folder ``<runs_dir>/run-<id>``; it has no pid until it is launched. The app starts only runs it queued
-  itself: a run that ``jagg train`` created in the same folder (launcher ``cli``, pid set at creation) is
+* A run is created ``queued`` with its validated config (``store.create_run_folder``, launcher ``app``) in a
+  NEW folder ``<runs_dir>/run-<id>`` (never one that exists); it has no pid until it is launched. The app
+  starts only runs it queued itself: a run that ``jagg train`` created in the same folder (launcher ``cli``, pid set at creation) is
   never taken for an unlaunched one, however long its model takes to load.
 * :meth:`RunManager.tick` (driven by the app's timer) marks dead runs failed (``check_liveness``), reaps
   finished children, escalates overdue cancels, and starts queued runs without a pid, oldest first, while
@@ -14,6 +14,11 @@ The database is the source of truth, so nothing here needs to survive the app pr
   app and browser reloads. The trainer sets running / finished / failed / cancelled itself.
 * Resume (:meth:`RunManager.resume`) starts a failed or cancelled run again as ``jagg train --resume ID``
   (from its last checkpoint) when a slot is free; the trainer marks it running.
+* One trainer per run: an app takes a queued run with a compare-and-set of its pid
+  (``store.claim_launch``: the app's pid, then its child's), so several apps on one runs folder never start a
+  run twice; Resume is refused while this app's resume of the run is starting or another process holds the
+  run folder's lock (:class:`jagg_engine.store.RunLock`), and the resumed trainer records its own pid, so a
+  refused one never stands for the run.
 * A compare pair (:meth:`RunManager.create_pair`: exact and jagg, same config, prompts and seeds) runs side by
   side on a CPU machine with at least two cores per training process (:func:`plan_pair`): both runs start in the
   same tick or neither does, the cores are split evenly between their processes as torch threads
@@ -44,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jagg_engine.store import RunStore, StoreError, open_store, pid_alive
+from jagg_engine.store import ClaimError, RunLock, RunStore, StoreError, open_store, pid_alive
 
 CommandFactory = Callable[[int, Path], list[str]]
 KILL_GRACE_S = 5.0  # between SIGTERM and SIGKILL of an overdue run's process group
@@ -158,13 +163,10 @@ class RunManager:
     def create(self, config: Mapping[str, Any], paired_run_id: int | None = None) -> int:
         """Insert a queued run with a validated config (TrainConfig.to_dict()) and make its folder."""
         config = dict(config)
-        with self._lock:
-            run_id = self.store.create_run(
-                str(config.get("name", "run")), config, None, paired_run_id, launcher="app"
+        with self._lock:  # a new folder run-<id>, as `jagg train` names it; never an existing one
+            run_id, _ = self.store.create_run_folder(
+                str(config.get("name", "run")), config, paired_run_id, launcher="app"
             )
-            run_dir = self.runs_dir / f"run-{run_id:04d}"  # as `jagg train` names it
-            run_dir.mkdir(parents=True, exist_ok=True)
-            self.store.set_run_dir(run_id, run_dir)
         return run_id
 
     def pair_plan(self, config: Mapping[str, Any]) -> PairPlan:
@@ -233,14 +235,24 @@ class RunManager:
             run = self.store.get_run(run_id)
             if run is None:
                 raise StoreError(f"no run with id {run_id}")
+            if run["pid"] is not None and run.get("launcher") == "app":  # launched since it was read
+                raise ClaimError(f"run {run_id}: already started (pid {run['pid']}, {run['status']})")
             if run["status"] != "queued" or run["pid"] is not None or run.get("launcher") != "app":
                 raise StoreError(
                     f"run {run_id}: is {run['status']} (pid {run['pid']}); only a queued run starts"
                 )
-            return self._spawn(run, self.command(run_id, self.runs_dir))
+            if not self.store.claim_launch(run_id, os.getpid()):  # another app took it since the read
+                raise ClaimError(f"run {run_id}: another app started it")
+            try:
+                return self._spawn(run, self.command(run_id, self.runs_dir), claimed=True)
+            except BaseException:
+                self.store.replace_pid(run_id, os.getpid(), None)  # not launched: back in the queue's hands
+                raise
 
-    def _spawn(self, run: Mapping[str, Any], argv: list[str]) -> int:
-        """Start ``argv`` for ``run`` in its own process group, output appended to its stdout.log."""
+    def _spawn(self, run: Mapping[str, Any], argv: list[str], claimed: bool) -> int:
+        """Start ``argv`` for ``run`` in its own process group, output appended to its stdout.log. ``claimed``:
+        the run holds this app's pid (claim_launch), handed to the child; else (a resume) the trainer records
+        its own pid when it claims the run."""
         run_dir = Path(run["run_dir"])
         run_dir.mkdir(parents=True, exist_ok=True)
         with (run_dir / "stdout.log").open("ab") as log:
@@ -254,7 +266,8 @@ class RunManager:
                 env=self._env(run),
             )
         self._children[run["id"]] = proc
-        self.store.set_pid(run["id"], proc.pid)
+        if claimed:
+            self.store.replace_pid(run["id"], os.getpid(), proc.pid)
         return proc.pid
 
     def _env(self, run: Mapping[str, Any]) -> dict[str, str] | None:
@@ -274,6 +287,11 @@ class RunManager:
                 raise StoreError(f"no run with id {run_id}")
             if run["status"] not in ("failed", "cancelled"):
                 raise StoreError(f"run {run_id}: is {run['status']}; only a failed or cancelled run resumes")
+            if run_id in self.resuming():
+                pid = self._children[run_id].pid
+                raise ClaimError(f"run {run_id}: already resuming (pid {pid}); not started again")
+            if run["run_dir"] and RunLock.held_elsewhere(run["run_dir"]):
+                raise ClaimError(f"run {run_id}: another trainer holds its folder; not started again")
             busy = self._busy_slots()
             if self._slot(run) not in busy and len(busy) >= self.max_concurrent:
                 raise StoreError(
@@ -282,7 +300,7 @@ class RunManager:
                 )
             # A cancel deadline left from the process that ended the run must not stop the resumed one.
             self._cancel_deadline.pop(run_id, None)
-            pid = self._spawn(run, self.resume_command(run_id, self.runs_dir))
+            pid = self._spawn(run, self.resume_command(run_id, self.runs_dir), claimed=False)
             self._resuming.add(run_id)
             return f"run {run_id}: resuming from its last checkpoint (pid {pid})"
 
@@ -374,6 +392,8 @@ class RunManager:
             for run in runs:
                 self.start(run["id"])
                 done.append(run["id"])
+        except ClaimError:
+            return done  # another app on this runs folder started it: its trainer is that app's
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
             for run_id in done:

@@ -37,6 +37,7 @@ from app.handlers import TICK_S, Handlers
 from app.runs import CommandFactory, RunManager, train_command, train_resume_command
 from app.space import OWNER_PASSWORD_ENV, SPACE_BACKBONES, SpaceGuard, SpaceLimits, space_mode_from_env
 from jagg_engine.backbones import BACKBONES
+from jagg_engine.store import CorruptIndexError
 from jagg_engine.train.config import TrainConfig
 
 BACKBONE_CHOICES = tuple(name for name, spec in BACKBONES.items() if spec.in_app)  # the registry's app flag
@@ -80,13 +81,16 @@ def build_app(
     """
     space = space_mode_from_env() if space_mode is None else space_mode
     root = Path(runs_dir).resolve()
-    manager = RunManager(
-        root,
-        command=command,
-        max_concurrent=max_concurrent,
-        cancel_timeout=cancel_timeout,
-        resume_command=resume_command,
-    )
+    try:
+        manager = RunManager(
+            root,
+            command=command,
+            max_concurrent=max_concurrent,
+            cancel_timeout=cancel_timeout,
+            resume_command=resume_command,
+        )
+    except CorruptIndexError as exc:  # the app starts and says so (one line: the file and `jagg reindex`)
+        return index_error_app(root, str(exc))
     manager.tick()
     showcase_ids = showcase.install(manager.store, root, showcase_dir) if showcase_dir is not None else []
     guard = SpaceGuard(
@@ -112,6 +116,20 @@ def build_app(
     demo.jagg_stop_ticker = threading.Event()  # type: ignore[attr-defined]  # set() stops the queue ticker
     if background_ticks:
         _start_ticker(handlers.shared.tick, stop=demo.jagg_stop_ticker)
+    return demo
+
+
+def index_error_app(root: Path, message: str) -> gr.Blocks:
+    """The page of an app whose run index cannot be opened: the one-line message, nothing else to break."""
+    with gr.Blocks(title="JAGG Studio") as demo:
+        gr.Markdown("# JAGG Studio")
+        gr.Textbox(
+            value=message, label="The run index cannot be opened", interactive=False, elem_id="index-error"
+        )
+    demo.jagg_manager = None  # type: ignore[attr-defined]
+    demo.jagg_runs_dir = root  # type: ignore[attr-defined]
+    demo.jagg_index_error = message  # type: ignore[attr-defined]
+    demo.jagg_stop_ticker = threading.Event()  # type: ignore[attr-defined]
     return demo
 
 

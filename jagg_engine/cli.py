@@ -1,7 +1,9 @@
-"""The `jagg` command: probe | eval | bench | train | runs | export | report | race.
+"""The `jagg` command: probe | eval | bench | train | runs | export | reindex | report | race.
 
 Every user error (a bad flag value, an unknown backbone or strategy) ends with exit code 2 and ONE line
-``jagg <command>: error: <field>: <what is allowed>`` — no traceback, nothing half-written.
+``jagg <command>: error: <field>: <what is allowed>`` — no traceback, nothing half-written. So does a corrupt
+``jagg.db`` (the line names it and ``jagg reindex``). A reader that closes the pipe early (``jagg runs | head``)
+ends the command quietly.
 """
 
 from __future__ import annotations
@@ -153,6 +155,12 @@ def _commands() -> dict[str, tuple[str, Callable, Callable]]:
             "add_export_arguments",
             "run_export",
         ),
+        "reindex": (
+            "rebuild the run index (jagg.db) from the run folders",
+            "jagg_engine.runs_cli",
+            "add_reindex_arguments",
+            "run_reindex",
+        ),
         "report": (
             "write runs as one self-contained HTML file (config, curves, speedup, images)",
             "app.report",
@@ -196,6 +204,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(run(args) or 0)
     except UsageError as exc:
+        print(f"jagg {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # the reader went away (`jagg runs | head`): no traceback, no flush error at exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # a shell's code for SIGPIPE
+    except Exception as exc:
+        from jagg_engine.store import CorruptIndexError
+
+        if not isinstance(exc, CorruptIndexError):
+            raise
         print(f"jagg {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

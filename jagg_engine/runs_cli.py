@@ -1,7 +1,9 @@
-"""`jagg runs` (a table of the run history) and `jagg export RUN_ID` (CSV + JSON of one run).
+"""`jagg runs` (a table of the run history), `jagg export RUN_ID` (CSV + JSON of one run) and `jagg reindex`
+(rebuild ``jagg.db`` from the run folders).
 
-Both read ``<runs_dir>/jagg.db`` (runs_dir default ``runs``) and never create it. jagg_engine/cli.py adds
-these subcommands with the ``add_*_arguments`` functions and dispatches to ``run_runs`` / ``run_export``.
+The first two read ``<runs_dir>/jagg.db`` (runs_dir default ``runs``) and never create it; a corrupt one is one
+line naming it and ``jagg reindex``. jagg_engine/cli.py adds these subcommands with the ``add_*_arguments``
+functions and dispatches to ``run_runs`` / ``run_export`` / ``run_reindex``.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .store import DB_NAME, StoreError, open_store
+from .store import DB_NAME, StoreError, open_store, reindex
 
 COLUMNS = (
     "id",
@@ -36,6 +38,28 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_id", type=int, metavar="RUN_ID", help="id shown by `jagg runs`")
     parser.add_argument("--runs-dir", default="runs", help="runs root holding jagg.db (default: runs)")
     parser.add_argument("--out", default=".", help="folder for the CSV and JSON files (default: .)")
+
+
+def add_reindex_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--runs-dir", default="runs", help="runs root holding the run-NNNN folders (default: runs)"
+    )
+
+
+def run_reindex(args: argparse.Namespace) -> int:
+    """Rebuild ``jagg.db`` from the run folders; the old index (if any) is kept beside it, renamed."""
+    try:
+        report = reindex(args.runs_dir)
+    except (StoreError, OSError) as exc:
+        print(f"jagg reindex: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    rows = sum(report.runs.values())
+    print(f"reindexed {len(report.runs)} run(s), {rows} metric row(s) into {Path(args.runs_dir) / DB_NAME}")
+    if report.previous is not None:
+        print(f"the previous index is kept as {report.previous}")
+    for line in report.skipped:
+        print(f"skipped: {line}")
+    return 0
 
 
 def run_runs(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ Tables
 ------
 runs     id, name, config (JSON of TrainConfig.to_dict()), status, pid, created_at, started_at, finished_at
          (Unix seconds), error, run_dir, cancel_requested (0/1), last_step, paired_run_id, launcher,
-         pair_mode
+         pair_mode, uid (unique, 32 hex digits: the run's identity in its folder and its checkpoints)
 metrics  (run_id, step, key) → value — long format, primary key (run_id, step, key): logging a step twice
          (a resumed run replaying steps after its last checkpoint) overwrites, never duplicates
 latest   (run_id, key) → step, value: each key's value at its largest step, kept in the same transaction as
@@ -50,6 +50,22 @@ Pair modes: ``runs.pair_mode`` says how the app schedules the two runs of a comp
 ``side-by-side`` (both start together and share the CPU, its threads split between them) or ``sequential``
 (one after the other).
 
+The run folder stands on its own; ``jagg.db`` is an index of the folders. Each run folder holds
+``run.json`` (the run's row: a unique ``uid`` beyond the integer id, its config, status, times, pid), rewritten
+atomically in the same transaction as every change of that row, and ``history.jsonl``, an append-only log of
+its metrics, probes, samples and truncations, appended in the same transaction as the rows (before the commit:
+a failed append rolls the rows back). :func:`reindex` (``jagg reindex``) rebuilds a lost or corrupt ``jagg.db``
+from the folders. A new run never takes an existing folder: its id is above every ``run-NNNN`` folder of the
+root and its folder is made with an exclusive ``mkdir`` (:meth:`RunStore.create_run_folder`). The WAL is
+checkpointed after every logged step, so deleting the ``-wal`` file can lose at most the step in flight.
+
+Integrity: at open, ``PRAGMA quick_check``; a corrupt or unopenable ``jagg.db`` (a flipped header, a malformed
+page, a directory in its place) raises :class:`CorruptIndexError`, one line naming the file and the way out.
+
+One trainer per run: :meth:`RunStore.claim` moves a run to running only from the statuses its trainer expects
+(a compare-and-set in one transaction), :meth:`RunStore.claim_launch` gives a queued run to one launcher,
+and :class:`RunLock` (``fcntl.flock`` on the run folder) is held by the trainer for its whole life.
+
 Read-only: on a folder it cannot write (a read-only mount, a full disk where the WAL files cannot be made),
 :func:`open_store` opens the database read-only (``mode=ro``, else ``immutable=1``); reads work and every
 write raises :class:`StoreError` in one line.
@@ -57,6 +73,8 @@ write raises :class:`StoreError` in one line.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
 import os
@@ -66,7 +84,9 @@ import sqlite3
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterable, Mapping
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -88,12 +108,25 @@ PAIR_MODES = ("side-by-side", "sequential")
 FINAL_REWARD_KEYS = ("eval/reward/mean", "reward/mean")
 DB_NAME = "jagg.db"
 LOG_NAME = "train.log"
+RUN_FILE = "run.json"  # the run's identity and row, in its folder
+HISTORY_FILE = "history.jsonl"  # the run's append-only log of metrics, probes, samples and truncations
+RUN_FOLDER = re.compile(r"^run-(\d{4,})$")
+REINDEX_HINT = "rebuild it from the run folders with `jagg reindex --runs-dir {root}`"
 BUSY_TIMEOUT_S = 10.0
 LOG_TAIL_LINES = 20
 
 
 class StoreError(ValueError):
     """A request the store refuses (unknown run, forbidden status change); the message is one line."""
+
+
+class CorruptIndexError(StoreError):
+    """``jagg.db`` cannot be used (corrupt, not a database, a directory); one line naming the file and
+    ``jagg reindex``."""
+
+
+class ClaimError(StoreError):
+    """Another trainer or launcher has this run; the refused one leaves the run's status alone."""
 
 
 class RunStore:
@@ -104,6 +137,8 @@ class RunStore:
         cannot be written (see "Read-only" above), True = always, False = never (a write-less folder raises)."""
         self.path = Path(db_path)
         self._lock = threading.RLock()
+        if self.path.exists() and not self.path.is_file():
+            raise CorruptIndexError(self._corrupt("is not a file"))
         self.read_only = bool(read_only) or (read_only is None and _unwritable(self.path))
         if not self.read_only:
             try:
@@ -111,14 +146,44 @@ class RunStore:
                 conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
                 conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
                 self.db = sqlite_utils.Database(conn)
+                self._check_integrity()
                 self.db.enable_wal()
+                self.db.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
                 self.ensure_schema()
                 return
-            except (sqlite3.OperationalError, OSError) as exc:
+            except sqlite3.DatabaseError as exc:
+                if (
+                    isinstance(exc, sqlite3.OperationalError)
+                    and _storage_refusal(exc)
+                    and self.path.is_file()
+                ):
+                    if read_only is False:
+                        raise
+                    self.read_only = True
+                elif isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+                    raise
+                else:
+                    raise CorruptIndexError(self._corrupt(_one_line(exc))) from None
+            except OSError as exc:
                 if read_only is False or not _storage_refusal(exc) or not self.path.is_file():
                     raise
                 self.read_only = True
-        self.db = sqlite_utils.Database(_connect_read_only(self.path))
+        try:
+            self.db = sqlite_utils.Database(_connect_read_only(self.path))
+            self._check_integrity()
+        except sqlite3.DatabaseError as exc:
+            raise CorruptIndexError(self._corrupt(_one_line(exc))) from None
+
+    def _corrupt(self, why: str) -> str:
+        return f"{self.path}: {why}; the run index is unusable: " + REINDEX_HINT.format(root=self.path.parent)
+
+    def _check_integrity(self) -> None:
+        """``PRAGMA quick_check`` (SQLite's O(N) structural check); raises :class:`CorruptIndexError`."""
+        rows = self.db.execute("PRAGMA quick_check(1)").fetchall()
+        if not rows or rows[0][0] != "ok":
+            raise CorruptIndexError(
+                self._corrupt("quick_check: " + _one_line(rows[0][0] if rows else "no answer"))
+            )
 
     @property
     def runs_root(self) -> Path:
@@ -156,7 +221,8 @@ class RunStore:
                 " last_step INTEGER,"
                 " paired_run_id INTEGER,"
                 " launcher TEXT,"
-                " pair_mode TEXT)"
+                " pair_mode TEXT,"
+                " uid TEXT)"
             )
             self.db["metrics"].create(
                 {"run_id": int, "step": int, "key": str, "value": float},
@@ -203,7 +269,12 @@ class RunStore:
                 "pair_mode" not in self.db["runs"].columns_dict
             ):  # before pair_mode: pairs ran one after the other
                 self.db.execute("ALTER TABLE runs ADD COLUMN pair_mode TEXT")
+            if "uid" not in self.db["runs"].columns_dict:  # before uid: every run gets one now
+                self.db.execute("ALTER TABLE runs ADD COLUMN uid TEXT")
+            for (run_id,) in self.db.execute("SELECT id FROM runs WHERE uid IS NULL").fetchall():
+                self.db.execute("UPDATE runs SET uid = ? WHERE id = ?", [new_uid(), run_id])
             self._ensure_latest()
+            self.db.execute("CREATE UNIQUE INDEX IF NOT EXISTS runs_uid ON runs (uid)")
             self.db.execute("CREATE INDEX IF NOT EXISTS runs_status ON runs (status)")
             self.db.execute("CREATE INDEX IF NOT EXISTS samples_step ON samples (run_id, step)")
 
@@ -251,10 +322,12 @@ class RunStore:
             self._require(paired_run_id)
         now = time.time()
         with self._lock, self.db.conn:
+            self.db.execute("BEGIN IMMEDIATE")  # the id read and the insert in one write transaction
             cur = self.db.execute(
-                "INSERT INTO runs (name, config, status, created_at, run_dir, cancel_requested, paired_run_id,"
-                " launcher, pid, pid_at) VALUES (?, ?, 'queued', ?, ?, 0, ?, ?, ?, ?)",
+                "INSERT INTO runs (id, name, config, status, created_at, run_dir, cancel_requested, paired_run_id,"
+                " launcher, pid, pid_at, uid) VALUES (?, ?, ?, 'queued', ?, ?, 0, ?, ?, ?, ?, ?)",
                 [
+                    self._next_id(),
                     name,
                     json.dumps(dict(config)),
                     now,
@@ -263,9 +336,71 @@ class RunStore:
                     launcher,
                     pid,
                     now if pid is not None else None,
+                    new_uid(),
                 ],
             )
-            return int(cur.lastrowid)
+            self._write_run_file(int(cur.lastrowid))
+        self.checkpoint_wal()
+        return int(cur.lastrowid)
+
+    def create_run_folder(
+        self,
+        name: str,
+        config: Mapping[str, Any],
+        paired_run_id: int | None = None,
+        launcher: str | None = None,
+        pid: int | None = None,
+    ) -> tuple[int, Path]:
+        """A new run in a NEW folder ``<runs root>/run-<id>``: the id is above every id the index knows and
+        every ``run-NNNN`` folder of the root (an index that lost rows cannot hand out a taken number), and the
+        folder is made with an exclusive mkdir in the insert's transaction (a folder made meanwhile by another
+        index moves the id on). Writes its ``run.json``. Returns (id, folder)."""
+        self._check_writable()
+        if launcher is not None and launcher not in LAUNCHERS:
+            raise StoreError(f"launcher: must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
+        if paired_run_id is not None:
+            self._require(paired_run_id)
+        root = self.runs_root.resolve()
+        for _ in range(1000):
+            now = time.time()
+            try:
+                with self._lock, self.db.conn:
+                    self.db.execute("BEGIN IMMEDIATE")
+                    run_id = self._next_id()
+                    folder = root / f"run-{run_id:04d}"
+                    self.db.execute(
+                        "INSERT INTO runs (id, name, config, status, created_at, run_dir, cancel_requested,"
+                        " paired_run_id, launcher, pid, pid_at, uid)"
+                        " VALUES (?, ?, ?, 'queued', ?, ?, 0, ?, ?, ?, ?, ?)",
+                        [
+                            run_id,
+                            name,
+                            json.dumps(dict(config)),
+                            now,
+                            str(folder),
+                            paired_run_id,
+                            launcher,
+                            pid,
+                            now if pid is not None else None,
+                            new_uid(),
+                        ],
+                    )
+                    folder.mkdir()  # exclusive: FileExistsError rolls the insert back
+                    self._write_run_file(run_id)
+                self.checkpoint_wal()
+                return run_id, folder
+            except FileExistsError:
+                continue
+        raise StoreError(f"runs folder {root}: no free run-NNNN folder name found")
+
+    def _next_id(self) -> int:
+        """The id of the next run: above every id the index ever gave (AUTOINCREMENT's sequence) and above
+        every ``run-NNNN`` folder of the root (an index that lost rows cannot hand out a folder's number)."""
+        (known,) = self.db.execute(
+            "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'runs'), 0),"
+            " COALESCE((SELECT MAX(id) FROM runs), 0))"
+        ).fetchone()
+        return max(int(known), highest_folder_id(self.runs_root)) + 1
 
     def set_run_dir(self, run_id: int, run_dir: str | os.PathLike[str]) -> None:
         """Record the run folder (when it is named after the id, it is known only after create_run)."""
@@ -273,6 +408,7 @@ class RunStore:
         self._require(run_id)
         with self._lock, self.db.conn:
             self.db.execute("UPDATE runs SET run_dir = ? WHERE id = ?", [_abs_or_none(run_dir), run_id])
+            self._write_run_file(run_id)
 
     def set_paired(self, run_id: int, paired_run_id: int | None) -> None:
         self._check_writable()
@@ -281,6 +417,7 @@ class RunStore:
             self._require(paired_run_id)
         with self._lock, self.db.conn:
             self.db.execute("UPDATE runs SET paired_run_id = ? WHERE id = ?", [paired_run_id, run_id])
+            self._write_run_file(run_id)
 
     def set_pair_mode(self, run_id: int, mode: str | None) -> None:
         """How the app schedules ``run_id`` and its paired run (:data:`PAIR_MODES`; None: not a pair)."""
@@ -290,6 +427,7 @@ class RunStore:
             raise StoreError(f"pair_mode: must be one of {', '.join(PAIR_MODES)}, got {mode!r}")
         with self._lock, self.db.conn:
             self.db.execute("UPDATE runs SET pair_mode = ? WHERE id = ?", [mode, run_id])
+            self._write_run_file(run_id)
 
     def set_status(self, run_id: int, status: str, error: str | None = None, pid: int | None = None) -> None:
         """Move a run to ``status`` (see the transition table); sets times, pid, error and clears flags.
@@ -326,6 +464,57 @@ class RunStore:
                     " pid = COALESCE(?, pid), pid_at = COALESCE(?, pid_at) WHERE id = ?",
                     [status, now, error, pid, pid_at, run_id],
                 )
+            self._write_run_file(run_id)
+        self.checkpoint_wal()
+
+    def claim(self, run_id: int, expected: Iterable[str], pid: int) -> None:
+        """Mark the run running for the trainer ``pid`` only if its status is one of ``expected`` (what
+        the trainer was started for: queued, or failed/cancelled for a resume): a compare-and-set in one
+        transaction. Raises :class:`ClaimError` (the status untouched) when another trainer took it."""
+        self._check_writable()
+        expected = tuple(expected)
+        marks = ", ".join("?" for _ in expected)
+        now = time.time()
+        with self._lock, self.db.conn:
+            cur = self.db.execute(
+                "UPDATE runs SET status = 'running', started_at = COALESCE(started_at, ?), finished_at = NULL,"
+                f" error = NULL, cancel_requested = 0, pid = ?, pid_at = ? WHERE id = ? AND status IN ({marks})",
+                [now, pid, now, run_id, *expected],
+            )
+            if cur.rowcount != 1:
+                status = self._status(run_id)
+                raise ClaimError(
+                    f"run {run_id}: is {status}, not {' or '.join(expected)}: another trainer has it; not started"
+                )
+            self._write_run_file(run_id)
+        self.checkpoint_wal()
+
+    def claim_launch(self, run_id: int, pid: int) -> bool:
+        """Give a queued, never launched run (no pid) to the launcher ``pid``: a compare-and-set in one
+        transaction. False when another launcher (an app on the same folder) got it first."""
+        self._check_writable()
+        with self._lock, self.db.conn:
+            cur = self.db.execute(
+                "UPDATE runs SET pid = ?, pid_at = ? WHERE id = ? AND status = 'queued' AND pid IS NULL"
+                " AND cancel_requested = 0",
+                [pid, time.time(), run_id],
+            )
+            if cur.rowcount == 1:
+                self._write_run_file(run_id)
+            return cur.rowcount == 1
+
+    def replace_pid(self, run_id: int, old: int, new: int | None) -> bool:
+        """Set the run's pid to ``new`` only while it is ``old`` (a launcher hands its claim to its child, or
+        gives it back with None when the child could not start)."""
+        self._check_writable()
+        with self._lock, self.db.conn:
+            cur = self.db.execute(
+                "UPDATE runs SET pid = ?, pid_at = ? WHERE id = ? AND pid = ?",
+                [new, None if new is None else time.time(), run_id, old],
+            )
+            if cur.rowcount == 1:
+                self._write_run_file(run_id)
+            return cur.rowcount == 1
 
     def set_pid(self, run_id: int, pid: int | None) -> None:
         """Record the process that runs (or will run) this run, e.g. right after the app spawns it."""
@@ -336,6 +525,7 @@ class RunStore:
                 "UPDATE runs SET pid = ?, pid_at = ? WHERE id = ?",
                 [pid, time.time() if pid is not None else None, run_id],
             )
+            self._write_run_file(run_id)
 
     def set_times(
         self, run_id: int, created_at: float, started_at: float | None, finished_at: float | None
@@ -347,6 +537,8 @@ class RunStore:
                 "UPDATE runs SET created_at = ?, started_at = ?, finished_at = ? WHERE id = ?",
                 [created_at, started_at, finished_at, run_id],
             )
+            if not self.read_only:
+                self._write_run_file(run_id)
 
     def request_cancel(self, run_id: int) -> None:
         """Ask a run to stop; the trainer polls :meth:`cancel_requested` between steps."""
@@ -408,6 +600,7 @@ class RunStore:
         ):
             raise StoreError(f"run {run_id}: is {run['status']} (pid {run['pid']}); cancel it first")
         with self._lock, self.db.conn:
+            self._write_run_file(run_id, deleted=True)  # a folder kept on disk is not brought back by reindex
             for table in ("metrics", "latest", "probes", "samples"):
                 self.db.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
             self.db.execute("UPDATE runs SET paired_run_id = NULL WHERE paired_run_id = ?", [run_id])
@@ -431,8 +624,11 @@ class RunStore:
                 raise StoreError(f"metric keys must be non-empty strings, got {key!r}")
             number = float(value)
             rows.append((run_id, int(step), key, None if math.isnan(number) else number))
-        with self._lock, self.db.conn:
+        with self._logging_transaction():
             self._status(run_id)
+            self._append_history(
+                run_id, {"kind": "metrics", "step": int(step), "values": {r[2]: r[3] for r in rows}}
+            )
             self.db.conn.executemany(
                 "INSERT INTO metrics (run_id, step, key, value) VALUES (?, ?, ?, ?)"
                 " ON CONFLICT (run_id, step, key) DO UPDATE SET value = excluded.value",
@@ -448,6 +644,18 @@ class RunStore:
                 "UPDATE runs SET last_step = MAX(COALESCE(last_step, ?), ?) WHERE id = ?",
                 [step, step, run_id],
             )
+        self.checkpoint_wal()
+
+    def checkpoint_wal(self) -> None:
+        """Copy the WAL into the database file now (PASSIVE: never waits on readers), so the ``-wal`` file
+        holds at most the steps since; ``journal_size_limit`` keeps the file itself small."""
+        if self.read_only:
+            return
+        with self._lock:
+            try:
+                self.db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            except sqlite3.OperationalError:
+                pass  # busy: the next step's checkpoint copies both
 
     def log_probes(self, run_id: int, step: int, probes: Iterable[Mapping[str, Any]]) -> None:
         """Gradient-fidelity rows: each has group_index, t_start, t_end, cosine, rel_error and optionally
@@ -467,8 +675,11 @@ class RunStore:
             )
             for p in probes
         ]
-        with self._lock, self.db.conn:
+        with self._logging_transaction():
             self._status(run_id)
+            self._append_history(
+                run_id, {"kind": "probes", "step": int(step), "rows": [list(r[2:]) for r in rows]}
+            )
             self.db.conn.executemany(
                 "INSERT INTO probes (run_id, step, batch, group_index, method, t_start, t_end, cosine, rel_error)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -501,8 +712,11 @@ class RunStore:
                     None if reward is None else float(reward),
                 )
             )
-        with self._lock, self.db.conn:
+        with self._logging_transaction():
             self._status(run_id)
+            self._append_history(
+                run_id, {"kind": "samples", "step": int(step), "rows": [list(r[1:]) for r in rows]}
+            )
             self.db.conn.executemany(
                 "INSERT INTO samples (run_id, path, step, kind, prompt, seed, reward) VALUES (?, ?, ?, ?, ?, ?, ?)"
                 " ON CONFLICT (run_id, path) DO UPDATE SET step = excluded.step, kind = excluded.kind,"
@@ -517,8 +731,9 @@ class RunStore:
         fresh and nothing logged after the checkpoint by the crashed process survives.
         """
         self._check_writable()
-        with self._lock, self.db.conn:
+        with self._logging_transaction():
             self._status(run_id)
+            self._append_history(run_id, {"kind": "truncate", "step": int(step)})
             for table in ("metrics", "latest", "probes", "samples"):
                 self.db.execute(f"DELETE FROM {table} WHERE run_id = ? AND step > ?", [run_id, step])
             self._refill_latest(run_id)  # keys whose latest row went: their value at the new last step
@@ -616,6 +831,8 @@ class RunStore:
                         " WHERE id = ? AND status = ? AND pid = ?",
                         [time.time(), error, run_id, status, pid],
                     )
+                    if cur.rowcount:
+                        self._write_run_file(run_id)
             except sqlite3.OperationalError as exc:
                 if _storage_refusal(exc):
                     continue  # a full disk or a folder turned read-only: the next look marks it
@@ -623,6 +840,69 @@ class RunStore:
             if cur.rowcount:
                 failed.append(run_id)
         return failed
+
+    # ------------------------------------------------------------------ the run folder
+    def _folder_of(self, run_id: int) -> Path | None:
+        row = self.db.execute("SELECT run_dir FROM runs WHERE id = ?", [run_id]).fetchone()
+        if row is None or not row[0]:
+            return None
+        folder = Path(row[0])
+        return folder if folder.is_dir() else None
+
+    def _write_run_file(self, run_id: int, deleted: bool = False) -> None:
+        """Rewrite ``<run_dir>/run.json`` from the run's row; called inside the transaction that changed the
+        row (so writers of the row write the file in commit order). A run without a folder yet: nothing."""
+        folder = self._folder_of(run_id)
+        if folder is None:
+            return
+        row = dict(next(iter(self.db.query("SELECT * FROM runs WHERE id = ?", [run_id]))))
+        row["config"] = json.loads(row["config"])
+        row.pop("run_dir", None)  # the folder is where the file is
+        doc = {"format": RUN_FILE_FORMAT, **row, **({"deleted": True} if deleted else {})}
+        tmp = folder / f".{RUN_FILE}.{os.getpid()}.{threading.get_ident()}.tmp"
+        try:
+            tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+            os.replace(tmp, folder / RUN_FILE)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    @contextlib.contextmanager
+    def _logging_transaction(self) -> Iterator[None]:
+        """One transaction of rows and their history record: a failed append rolls the rows back, and a
+        failed commit (a full disk) cuts the record off the file again, so the folder and the index agree."""
+        with self._lock:
+            self._undo_append = None
+            try:
+                with self.db.conn:
+                    yield
+            except BaseException:
+                if self._undo_append is not None:
+                    with contextlib.suppress(OSError):
+                        os.truncate(*self._undo_append)  # shrinking a file needs no space
+                raise
+            finally:
+                self._undo_append = None
+
+    def _append_history(self, run_id: int, record: dict[str, Any]) -> None:
+        """Append one record to ``<run_dir>/history.jsonl`` (inside :meth:`_logging_transaction`). NaN is
+        written as null, as SQLite stores it; ±inf as JSON's Infinity."""
+        folder = self._folder_of(run_id)
+        if folder is None:
+            return
+        path = folder / HISTORY_FILE
+        line = json.dumps(record, separators=(",", ":")) + "\n"
+        self._undo_append = (path, path.stat().st_size if path.exists() else 0)
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(line)
+
+    def uid(self, run_id: int) -> str:
+        """The run's unique id (its checkpoints carry it)."""
+        with self._lock:
+            row = self.db.execute("SELECT uid FROM runs WHERE id = ?", [run_id]).fetchone()
+        if row is None:
+            raise StoreError(f"no run with id {run_id}")
+        return row[0]
 
     # ------------------------------------------------------------------ helpers
     def _check_writable(self) -> None:
@@ -679,6 +959,27 @@ class RunStore:
         if resolved == root or not resolved.is_relative_to(root):
             return None
         return resolved
+
+
+RUN_FILE_FORMAT = 1
+WAL_SIZE_LIMIT = 1 << 20  # bytes the -wal file is truncated to after a checkpoint
+
+
+def new_uid() -> str:
+    return uuid.uuid4().hex
+
+
+def highest_folder_id(root: Path) -> int:
+    """The largest N of the ``run-NNNN`` entries of ``root`` (0 when there is none)."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return 0
+    return max((int(m.group(1)) for n in names if (m := RUN_FOLDER.match(n))), default=0)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def open_store(runs_dir: str | os.PathLike[str], read_only: bool | None = None) -> RunStore:
@@ -797,3 +1098,223 @@ def _slug(name: str) -> str:
 
 def _abs_or_none(value: str | os.PathLike[str] | None) -> str | None:
     return None if value is None else str(Path(value).resolve())
+
+
+# ------------------------------------------------------------------------------------------------ one trainer
+
+
+class RunLock:
+    """An exclusive OS lock (``fcntl.flock``) on a run folder, held by the one trainer of that run for as long
+    as it lives (the kernel drops it when the process dies, even by ``kill -9``). Taken without waiting: a
+    second trainer gets :class:`ClaimError` naming the holder's pid (from ``<run_dir>/.trainer.pid``).
+    Re-entrant within a process (the launcher and the trainer it runs in-process share it)."""
+
+    PID_FILE = ".trainer.pid"
+    _held: dict[str, RunLock] = {}
+    _held_lock = threading.Lock()
+
+    def __init__(self, folder: Path, fd: int):
+        self.folder, self._fd, self._count = folder, fd, 1
+
+    @classmethod
+    def acquire(cls, folder: str | os.PathLike[str], what: str = "run") -> RunLock:
+        folder = Path(folder).resolve()
+        key = str(folder)
+        with cls._held_lock:
+            held = cls._held.get(key)
+            if held is not None:
+                held._count += 1
+                return held
+            fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                holder = ""
+                try:
+                    holder = f" (pid {int((folder / cls.PID_FILE).read_text().strip())})"
+                except (OSError, ValueError):
+                    pass
+                raise ClaimError(f"{what}: another trainer holds {folder}{holder}; not started") from None
+            try:
+                (folder / cls.PID_FILE).write_text(f"{os.getpid()}\n")
+            except OSError:
+                pass  # a folder that takes no writes still locks; the pid only names the holder
+            lock = cls(folder, fd)
+            cls._held[key] = lock
+            return lock
+
+    @staticmethod
+    def held_elsewhere(folder: str | os.PathLike[str]) -> bool:
+        """Whether another process holds the lock of ``folder`` now (a probe: taken and dropped at once)."""
+        folder = Path(folder).resolve()
+        if str(folder) in RunLock._held:
+            return False
+        try:
+            fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # closing drops a lock taken here
+        return False
+
+    def release(self) -> None:
+        with self._held_lock:
+            self._count -= 1
+            if self._count > 0:
+                return
+            self._held.pop(str(self.folder), None)
+            os.close(self._fd)
+
+
+# ------------------------------------------------------------------------------------------------ reindex
+
+
+@dataclass
+class ReindexReport:
+    """What :func:`reindex` did: runs brought back (id → metric rows), folders skipped with why, and where the
+    previous index was moved (None when there was none)."""
+
+    runs: dict[int, int] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    previous: Path | None = None
+
+
+def read_run_folder(folder: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A run folder's ``run.json`` and its ``history.jsonl`` records (a torn last line, from a process killed
+    mid-write, is dropped). Raises StoreError when the folder has no readable identity."""
+    try:
+        doc = json.loads((folder / RUN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise StoreError(f"{folder / RUN_FILE}: unreadable ({_one_line(exc)})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("id"), int) or not doc.get("uid"):
+        raise StoreError(f"{folder / RUN_FILE}: no run id and uid")
+    records = []
+    try:
+        text = (folder / HISTORY_FILE).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        text = ""
+    for line in text.splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return doc, records
+
+
+def reindex(runs_dir: str | os.PathLike[str]) -> ReindexReport:
+    """Rebuild ``<runs_dir>/jagg.db`` from the run folders (``run.json`` + ``history.jsonl``).
+
+    The new index is built beside the old one and renamed over it; the old ``jagg.db`` and its ``-wal``/``-shm``
+    files (a corrupt file, a directory, a stale index) are moved to ``jagg.db.before-reindex-<time>`` first,
+    never deleted. Refused (StoreError) while a trainer holds a run folder: it writes to the index being
+    replaced."""
+    root = Path(runs_dir).resolve()
+    if not root.is_dir():
+        raise StoreError(f"runs dir: {root} is not a folder")
+    folders = sorted(
+        (p for p in root.iterdir() if RUN_FOLDER.match(p.name) and p.is_dir() and not p.is_symlink()),
+        key=lambda p: int(RUN_FOLDER.match(p.name).group(1)),
+    )
+    busy = [p.name for p in folders if RunLock.held_elsewhere(p)]
+    if busy:
+        raise StoreError(f"runs dir: {', '.join(busy)} training now; stop it before `jagg reindex`")
+    report = ReindexReport()
+    building = root / f".{DB_NAME}.reindex"
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{building}{suffix}").unlink(missing_ok=True)
+    new = RunStore(building, read_only=False)
+    seen: dict[str, Path] = {}
+    try:
+        for folder in folders:
+            try:
+                doc, records = read_run_folder(folder)
+            except StoreError as exc:
+                report.skipped.append(str(exc))
+                continue
+            if doc.get("deleted"):
+                report.skipped.append(f"{folder}: run {doc['id']} was deleted from the history")
+                continue
+            if doc["uid"] in seen or new.get_run(doc["id"]) is not None:
+                report.skipped.append(
+                    f"{folder}: run {doc['id']} ({doc['uid']}) already indexed from {seen.get(doc['uid'])}"
+                )
+                continue
+            seen[doc["uid"]] = folder
+            report.runs[doc["id"]] = _index_folder(new, folder, doc, records)
+        new.checkpoint_wal()
+    finally:
+        new.close()
+    db = root / DB_NAME
+    if db.exists() or db.is_symlink():
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        report.previous = root / f"{DB_NAME}.before-reindex-{stamp}"
+        for suffix in ("", "-wal", "-shm"):
+            old = Path(f"{db}{suffix}")
+            if old.exists() or old.is_symlink():
+                os.replace(old, f"{report.previous}{suffix}")
+    os.replace(building, db)
+    for suffix in ("-wal", "-shm"):
+        Path(f"{building}{suffix}").unlink(missing_ok=True)
+    return report
+
+
+def _index_folder(store: RunStore, folder: Path, doc: dict[str, Any], records: list[dict[str, Any]]) -> int:
+    """Insert one folder's run and replay its history log into ``store``; returns its metric rows."""
+    columns = [c for c in store.db["runs"].columns_dict if c not in ("run_dir", "config", "last_step")]
+    row = {c: doc.get(c) for c in columns}
+    row.update(config=json.dumps(doc.get("config") or {}), run_dir=str(folder))
+    row["status"] = row["status"] if row.get("status") in STATUSES else "failed"
+    row["cancel_requested"] = int(bool(row.get("cancel_requested")))
+    row["created_at"] = row.get("created_at") or 0.0
+    row["name"] = row.get("name") or folder.name
+    metrics: dict[tuple[int, str], float | None] = {}
+    probes: dict[tuple, list] = {}
+    samples: dict[str, list] = {}
+    for rec in records:
+        kind, step = rec.get("kind"), rec.get("step")
+        if not isinstance(step, int):
+            continue
+        if kind == "metrics":
+            for key, value in (rec.get("values") or {}).items():
+                metrics[(step, key)] = value
+        elif kind == "probes":
+            for r in rec.get("rows") or []:
+                probes[(step, *r[:3])] = r[3:]
+        elif kind == "samples":
+            for r in rec.get("rows") or []:
+                samples[r[0]] = r[1:]
+        elif kind == "truncate":
+            metrics = {k: v for k, v in metrics.items() if k[0] <= step}
+            probes = {k: v for k, v in probes.items() if k[0] <= step}
+            samples = {k: v for k, v in samples.items() if v[0] <= step}
+    run_id = int(doc["id"])
+    with store._lock, store.db.conn:
+        names = list(row)
+        store.db.execute(
+            f"INSERT INTO runs ({', '.join(names)}) VALUES ({', '.join('?' for _ in names)})",
+            [row[n] for n in names],
+        )
+        store.db.conn.executemany(
+            "INSERT INTO metrics (run_id, step, key, value) VALUES (?, ?, ?, ?)",
+            [(run_id, s, k, v) for (s, k), v in metrics.items()],
+        )
+        store.db.conn.executemany(
+            "INSERT INTO probes (run_id, step, batch, group_index, method, t_start, t_end, cosine, rel_error)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(run_id, *k, *v) for k, v in probes.items()],
+        )
+        store.db.conn.executemany(
+            "INSERT INTO samples (run_id, path, step, kind, prompt, seed, reward) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [(run_id, path, *v) for path, v in samples.items()],
+        )
+        store._refill_latest(run_id)
+        store.db.execute(
+            "UPDATE runs SET last_step = (SELECT MAX(step) FROM metrics WHERE run_id = ?) WHERE id = ?",
+            [run_id, run_id],
+        )
+    return len(metrics)

@@ -182,29 +182,84 @@ def test_the_package_never_unpickles_without_weights_only():
             assert "weights_only=True" in chunk.split(")")[0], path
 
 
+def _forge(path: Path, name: str, tensors: dict[str, torch.Tensor]) -> None:
+    """Rewrite ``name`` of checkpoint ``path`` with ``tensors`` and its manifest entry to match (a checkpoint
+    written by an older version, which saved whatever it had): the file is intact, the values are not."""
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path / name))
+    manifest = json.loads((path / checkpoint.MANIFEST).read_text())
+    manifest["files"][name] = {
+        "bytes": (path / name).stat().st_size,
+        "sha256": checkpoint.sha256(path / name),
+    }
+    (path / checkpoint.MANIFEST).write_text(json.dumps(manifest))
+
+
 def test_non_finite_parameters_or_optimizer_state_are_refused(tmp_path):
+    from safetensors.torch import load_file
+
     model, optimizer = _model_and_optimizer()
     _train(model, optimizer, 1)
     _save(tmp_path, 1, model, optimizer, keep=5)
-    with torch.no_grad():
-        model[0].bias[3] = float("nan")
-    bad = _save(
-        tmp_path, 2, model, optimizer, keep=5
-    )  # the manifest matches: the file is intact, the values are not
+    bad = _save(tmp_path, 2, model, optimizer, keep=5)
+    weights = load_file(str(bad / checkpoint.WEIGHTS))
+    weights["p1"][3] = float("nan")
+    _forge(bad, checkpoint.WEIGHTS, weights)
     with pytest.raises(
         checkpoint.CheckpointError, match=r"weights.safetensors: tensor 'p1' has non-finite values"
     ):
         checkpoint.read(bad)
-    with torch.no_grad():
-        model[0].bias[3] = 0.0
-    state = optimizer.state_dict()
-    state["state"][2]["exp_avg_sq"][0] = float("inf")
-    bad = checkpoint.save(tmp_path, 3, [p.detach() for p in model.parameters()], state, keep=5)
+    bad = _save(tmp_path, 3, model, optimizer, keep=5)
+    moments = load_file(str(bad / "optimizer.safetensors"))
+    moments["2/exp_avg_sq"][0] = float("inf")
+    _forge(bad, "optimizer.safetensors", moments)
     with pytest.raises(
         checkpoint.CheckpointError, match=r"optimizer.safetensors: tensor '2/exp_avg_sq' has non"
     ):
         checkpoint.read(bad)
     assert checkpoint.load_latest(tmp_path).step == 1
+
+
+def test_a_non_finite_checkpoint_is_never_written(tmp_path):
+    """NaN weights or an inf optimizer moment: save refuses in one line and leaves no folder, not even a
+    partial one; the checkpoints before stay."""
+    model, optimizer = _model_and_optimizer()
+    _train(model, optimizer, 1)
+    _save(tmp_path, 1, model, optimizer, keep=5)
+    with torch.no_grad():
+        model[0].bias[3] = float("nan")
+    with pytest.raises(
+        checkpoint.CheckpointError, match=r"^checkpoint of step 2 not written: weights 'p1' has"
+    ):
+        _save(tmp_path, 2, model, optimizer, keep=5)
+    with torch.no_grad():
+        model[0].bias[3] = 0.0
+    state = optimizer.state_dict()
+    state["state"][2]["exp_avg_sq"][0] = float("inf")
+    with pytest.raises(checkpoint.CheckpointError, match=r"optimizer state '2/exp_avg_sq' has non-finite"):
+        checkpoint.save(tmp_path, 3, [p.detach() for p in model.parameters()], state, keep=5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00001"]
+
+
+def test_a_checkpoint_of_another_run_or_ahead_of_the_history_is_refused(tmp_path, caplog):
+    """The manifest names its run's uid: another run (or a run asking for its own uid of a checkpoint that
+    names none) refuses it, and so does a run whose logged steps end before the checkpoint's step."""
+    model, optimizer = _model_and_optimizer()
+    _save(tmp_path, 1, model, optimizer, keep=5, run_uid="a" * 32)
+    _save(tmp_path, 2, model, optimizer, keep=5, run_uid="a" * 32)
+    _save(tmp_path, 3, model, optimizer, keep=5, run_uid="b" * 32)
+    with caplog.at_level(logging.WARNING, logger="jagg.train"):
+        assert checkpoint.load_latest(tmp_path, run_uid="a" * 32).step == 2
+    assert f"step_00003: belongs to run {'b' * 32}, not to this run ({'a' * 32})" in caplog.text
+    assert checkpoint.load_latest(tmp_path, run_uid="a" * 32, max_step=1).step == 1
+    assert "step_00002: step 2 is past the run's last logged step 1" in caplog.text
+    with pytest.raises(checkpoint.CheckpointError, match="no intact checkpoint"):
+        checkpoint.load_latest(tmp_path, run_uid="c" * 32)
+    unnamed = tmp_path / "unnamed"
+    _save(unnamed, 1, model, optimizer)
+    with pytest.raises(checkpoint.CheckpointError, match="belongs to no run"):
+        checkpoint.load_latest(unnamed, run_uid="a" * 32)
 
 
 def test_keep_prunes_older_checkpoints_and_leftover_partials(tmp_path):

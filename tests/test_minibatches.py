@@ -105,7 +105,8 @@ def test_trainer_control_flow_alone_forbids_stale_reuse(tmp_path, monkeypatch):
     first, second = trainer.update_phase(1, traj, adv)[0]
     assert (first.counts.reused, second.counts.reused) == (2, 0)
 
-    trainer.save_checkpoint(1)
+    trainer.store.log_step(trainer.run_id, 1, {"reward/mean": 0.0})  # a checkpoint is resumed only past
+    trainer.save_checkpoint(1)  # a logged step
     traj, adv = rollout_of_step(trainer, 2)
     assert trainer.load_checkpoint() == 1  # a weight load after the rollout
     first, second = trainer.update_phase(2, traj, adv)[0]

@@ -8,7 +8,14 @@ One checkpoint is one folder ``<run_dir>/checkpoints/step_NNNNN/``::
                                   holding that rank's local shards
     rng.safetensors               torch's CPU generator state and numpy's MT19937 key
     state.json                    step, the numpy generator's scalars, world size, fsdp
-    manifest.json                 written last: format, step and every file above with its size and sha256
+    manifest.json                 written last: format, step, the run's uid and every file above with its
+                                  size and sha256
+
+A checkpoint belongs to its run: the manifest carries the run's unique id (``run_uid``, from the store), and
+:func:`load_latest` given a ``run_uid`` refuses a checkpoint of any other run (or of none: one written before
+checkpoints named their run), and one whose step is past ``max_step`` (the run's last logged step: a checkpoint
+ahead of the history would resume as if steps nobody logged had trained). Nothing non-finite is ever written:
+:func:`save` refuses weights or optimizer moments with NaN or inf.
 
 Nothing here unpickles: safetensors holds raw tensors and JSON holds numbers and strings, so a file placed
 in a checkpoint folder can at worst be refused, never run.
@@ -110,6 +117,7 @@ def save(
     keep: int = 2,
     gather: Gather = _alone,
     local_main: bool | None = None,
+    run_uid: str | None = None,
 ) -> Path | None:
     """Write the checkpoint of ``step`` atomically; every rank calls it (a collective when ``world > 1``).
 
@@ -119,7 +127,8 @@ def save(
     size and sha256 go into rank 0's manifest, and ``local_main`` (the first process of each machine,
     default: rank 0) prepares and commits that machine's folder. Returns the checkpoint folder on rank 0,
     None elsewhere. Raises :class:`DiskFullError` (naming the file) or :class:`CheckpointError` on every rank
-    when any rank's write failed; nothing partial is left.
+    when any rank's write failed; nothing partial is left. Weights or optimizer tensors with NaN or inf are
+    refused (CheckpointError, nothing written). ``run_uid`` goes into the manifest (see the module notes).
     """
     folder = Path(folder)
     main = rank == 0
@@ -136,10 +145,14 @@ def save(
 
     def write_shard() -> dict[str, Any]:
         stem = optimizer_stem(True, rank)
+        _refuse_non_finite(step, f"optimizer state of rank {rank}", _optimizer_tensors(optimizer_state))
         _write_optimizer(partial, stem, optimizer_state)
         return {n: _entry(partial / n) for n in (f"{stem}.safetensors", f"{stem}.json")}
 
     def write_main(shards: dict[str, Any]) -> dict[str, Any]:
+        _refuse_non_finite(step, "weights", {f"p{i}": p for i, p in enumerate(params)})
+        if not sharded:
+            _refuse_non_finite(step, "optimizer state", _optimizer_tensors(optimizer_state))
         _write_tensors(partial / WEIGHTS, {f"p{i}": p for i, p in enumerate(params)})
         if not sharded:
             _write_optimizer(partial, optimizer_stem(False, 0), optimizer_state)
@@ -160,7 +173,8 @@ def save(
         own = [WEIGHTS, RNG, STATE] + ([] if sharded else [f"{optimizer_stem(False, 0)}.{x}" for x in EXTS])
         files = {**shards, **{n: _entry(partial / n) for n in own}}
         _write_json(
-            partial / MANIFEST, {"format": FORMAT, "step": step, "files": dict(sorted(files.items()))}
+            partial / MANIFEST,
+            {"format": FORMAT, "step": step, "run_uid": run_uid, "files": dict(sorted(files.items()))},
         )
         commit()
         return {}
@@ -193,6 +207,25 @@ def save(
 
 
 EXTS = ("safetensors", "json")
+
+
+def _optimizer_tensors(state_dict: dict[str, Any]) -> dict[str, torch.Tensor]:
+    return {
+        f"{index}/{name}": t
+        for index, entry in (state_dict.get("state") or {}).items()
+        for name, t in entry.items()
+        if isinstance(t, torch.Tensor)
+    }
+
+
+def _refuse_non_finite(step: int, what: str, tensors: dict[str, torch.Tensor]) -> None:
+    """Never write a checkpoint that could not be loaded back: NaN or inf anywhere refuses the save."""
+    for key, t in tensors.items():
+        local = t.to_local() if hasattr(t, "to_local") else t
+        if local.is_floating_point() and not torch.isfinite(local).all():
+            raise CheckpointError(
+                f"checkpoint of step {step} not written: {what} {key!r} has non-finite values"
+            )
 
 
 def _entry(path: Path) -> dict[str, Any]:
@@ -394,11 +427,17 @@ def read(path: Path, rank: int = 0) -> CheckpointState:
     return state
 
 
-def read_main(path: Path) -> CheckpointState:
+def read_main(path: Path, run_uid: str | None = None) -> CheckpointState:
     """Verify and decode what rank 0 reads: weights, RNG, step, and the optimizer unless it is per rank
-    (then ``optimizer`` is empty: :func:`read_optimizer` reads each rank's own). Raises CheckpointError."""
+    (then ``optimizer`` is empty: :func:`read_optimizer` reads each rank's own). With ``run_uid``, a
+    checkpoint of another run is refused. Raises CheckpointError."""
     path = Path(path)
-    files = read_manifest(path)["files"]
+    manifest = read_manifest(path)
+    files = manifest["files"]
+    if run_uid is not None and manifest.get("run_uid") != run_uid:
+        owner = manifest.get("run_uid")
+        owner = f"run {owner}" if owner else "no run (written before checkpoints named their run)"
+        raise CheckpointError(f"{path}: belongs to {owner}, not to this run ({run_uid})")
     verify(path, [STATE], files)
     state = _load_json(path / STATE)
     try:
@@ -476,7 +515,12 @@ def _same(value: Any) -> Any:
 
 
 def load_latest(
-    folder: Path, rank: int = 0, gather: Gather = _alone, broadcast: Callable[[Any], Any] = _same
+    folder: Path,
+    rank: int = 0,
+    gather: Gather = _alone,
+    broadcast: Callable[[Any], Any] = _same,
+    run_uid: str | None = None,
+    max_step: int | None = None,
 ) -> CheckpointState | None:
     """The newest checkpoint every rank can read, or None when the run never wrote one.
 
@@ -486,7 +530,8 @@ def load_latest(
     agree (``gather``): a shard refused on any rank makes every rank move on to the next older checkpoint.
     Each refusal is logged in one line naming the file, and so is the fallback. Raises
     :class:`CheckpointError` when checkpoints exist and none is intact (the history is then left as it is
-    rather than restarted from scratch)."""
+    rather than restarted from scratch). ``run_uid`` and ``max_step`` (rank 0's) refuse checkpoints of other
+    runs and checkpoints ahead of the run's logged steps, like any other refused checkpoint."""
     folder = Path(folder)
     main = rank == 0
     refused: list[str] = []
@@ -505,7 +550,13 @@ def load_latest(
         while main and found is None and tried < len(candidates):
             tried += 1
             try:
-                found = read_main(candidates[tried - 1])
+                found = read_main(candidates[tried - 1], run_uid)
+                if max_step is not None and found.step > max_step:
+                    path, step = found.path, found.step
+                    found = None
+                    raise CheckpointError(
+                        f"{path}: step {step} is past the run's last logged step {max_step}"
+                    )
             except CheckpointError as exc:
                 log.warning("checkpoint refused: %s", exc)
                 refused.append(str(exc))

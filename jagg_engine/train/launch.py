@@ -7,6 +7,11 @@
 One process runs the trainer here; N > 1 processes go through ``accelerate launch`` (gloo on CPU, NCCL on
 GPUs). Nothing is written before the config validates: a bad field is one line and exit code 2.
 
+One trainer per run: on machine 0 this command takes the run folder's lock (:class:`jagg_engine.store.RunLock`)
+before anything trains and holds it until its trainer processes end; a second ``--resume`` or ``--run-id`` of
+the same run is refused in one line (exit code 2) and never touches the run's status. A new run gets a new
+folder (:meth:`RunStore.create_run_folder`).
+
 Several machines: the same command runs on each, with ``--machines M --machine-rank R --main-address
 HOST:PORT`` or ``--accelerate-config FILE`` (accelerate's own config file, passed through). ``--processes``
 counts the processes of ALL machines (accelerate's ``--num_processes``). Only machine 0 opens the runs
@@ -235,10 +240,12 @@ def _processes_override(args: argparse.Namespace) -> list[str]:
 
 def writable_store(runs_dir: str | os.PathLike[str]):
     """The store of ``runs_dir``, or a one-line UsageError when the folder cannot be written."""
-    from jagg_engine.store import StoreError, open_store
+    from jagg_engine.store import CorruptIndexError, StoreError, open_store
 
     try:
         store = open_store(runs_dir)
+    except CorruptIndexError as exc:
+        raise UsageError(str(exc)) from None
     except (StoreError, OSError) as exc:
         raise UsageError(f"runs dir: {runs_dir} cannot be opened for writing ({exc})") from None
     if store.read_only:
@@ -247,9 +254,18 @@ def writable_store(runs_dir: str | os.PathLike[str]):
 
 
 def run(args: argparse.Namespace) -> int:
-    from jagg_engine.store import DB_NAME
+    lock: list = []
+    try:
+        return _run(args, lock)
+    finally:
+        for held in lock:
+            held.release()
+
+
+def _run(args: argparse.Namespace, lock: list) -> int:
+    from jagg_engine.store import DB_NAME, ClaimError, RunLock
     from jagg_engine.train.config import ConfigError, TrainConfig, check_runs_dir, load_config
-    from jagg_engine.train.trainer import train
+    from jagg_engine.train.trainer import CLAIM_REFUSED_RC, LOCKED_ENV, train
 
     if args.resume is not None and args.run_id is not None:
         raise UsageError("--resume and --run-id: give one of them")
@@ -283,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
         runs_dir = args.runs_dir or (cfg.output_dir if cfg is not None else "runs")
     elif attach is not None:
         runs_dir = args.runs_dir or "runs"
-        if not os.path.isfile(
+        if not os.path.lexists(
             os.path.join(runs_dir, DB_NAME)
         ):  # opening the store would create an empty history
             raise UsageError(f"{flag}: no run history in {runs_dir} (no {DB_NAME}); give --runs-dir")
@@ -295,6 +311,15 @@ def run(args: argparse.Namespace) -> int:
         allowed = ("failed", "cancelled") if args.resume is not None else ("queued",)
         if run["status"] not in allowed:
             raise UsageError(f"run {attach}: status is {run['status']}; allowed: {', '.join(allowed)}")
+        if run["run_dir"]:
+            Path(run["run_dir"]).mkdir(parents=True, exist_ok=True)
+            try:  # one trainer per run: held until this command ends
+                lock.append(RunLock.acquire(run["run_dir"], f"run {attach}"))
+            except ClaimError as exc:
+                raise UsageError(str(exc)) from None
+            run = store.get_run(attach)  # read again under the lock: the holder may have ended it meanwhile
+            if run["status"] not in allowed:
+                raise UsageError(f"run {attach}: status is {run['status']}; allowed: {', '.join(allowed)}")
         try:
             cfg = TrainConfig.from_dict(run["config"]).validate()
         except ConfigError as exc:
@@ -318,17 +343,16 @@ def run(args: argparse.Namespace) -> int:
         if "config" in expect:
             expect["config"] = cfg.to_dict()
     if machine_rank == 0 and attach is None:
-        if not os.path.isfile(os.path.join(runs_dir, DB_NAME)):  # a new history: the folder must take one
+        if not os.path.lexists(os.path.join(runs_dir, DB_NAME)):  # a new history: the folder must take one
             try:
                 check_runs_dir(runs_dir, "--runs-dir" if args.runs_dir else "output_dir")
             except ConfigError as exc:
                 raise UsageError(str(exc)) from None
         store = writable_store(runs_dir)
         # launcher "cli" and this process's pid, in one insert: the app never starts a run created here
-        run_id = store.create_run(cfg.name, cfg.to_dict(), None, launcher="cli", pid=os.getpid())
-        run_dir = Path(runs_dir) / f"run-{run_id:04d}"
-        run_dir.mkdir(parents=True, exist_ok=True)
-        store.set_run_dir(run_id, run_dir)
+        # a new folder, never an existing one
+        run_id, run_dir = store.create_run_folder(cfg.name, cfg.to_dict(), launcher="cli", pid=os.getpid())
+        lock.append(RunLock.acquire(run_dir, f"run {run_id}"))
         print(f"run {run_id}: {run_dir}", file=sys.stderr)
 
     resume = args.resume is not None
@@ -344,6 +368,8 @@ def run(args: argparse.Namespace) -> int:
         pass
     if expect:
         env["JAGG_EXPECT"] = json.dumps(expect)
+    if lock:
+        env[LOCKED_ENV] = str(lock[0].folder)  # the trainer processes run under this command's lock
     argv = accelerate_argv(topo.processes, run_id, str(runs_dir), resume, topo, args.join_timeout)
     if topo.machines > 1:
         who = "machine 0: waiting" if topo.machine_rank == 0 else f"machine {topo.machine_rank}: joining"
@@ -370,7 +396,7 @@ def run(args: argparse.Namespace) -> int:
             message = f"accelerate launch: exit code {rc} before the trainer started (output: {log_path})"
         print(f"jagg train: error: {message}", file=sys.stderr)
         rc = 1
-    if store is not None and run_id is not None:
+    if store is not None and run_id is not None and rc != CLAIM_REFUSED_RC:
         _mark_failed(store, run_id, message or f"trainer processes ended with exit code {rc}")
     return rc
 

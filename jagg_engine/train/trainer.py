@@ -47,7 +47,7 @@ from jagg_engine.plugins import resolve
 from jagg_engine.probe import probe_groups
 from jagg_engine.rewards.registry import WeightedReward
 from jagg_engine.sde import SamplerConfig, Trajectory, eval_noise, ode_sample, rollout
-from jagg_engine.store import RunStore, open_store
+from jagg_engine.store import ClaimError, RunLock, RunStore, open_store
 from jagg_engine.train import checkpoint
 from jagg_engine.train.config import TrainConfig, read_prompts
 
@@ -76,6 +76,10 @@ def shard_fsdp2(model: Any) -> None:
 
 class TrainingError(RuntimeError):
     """A run cannot go on (non-finite loss or reward, …); the message is stored as the run's error."""
+
+
+CLAIM_REFUSED_RC = 3  # another trainer has the run: this process trained nothing and left its status alone
+LOCKED_ENV = "JAGG_RUN_LOCKED"  # set by `jagg train` to the run folder whose lock it holds for its children
 
 
 def average_gradients(params: list[torch.nn.Parameter], world: int, bucket_bytes: int = 1 << 28) -> None:
@@ -261,6 +265,8 @@ class Trainer:
         self.world, self.rank = self.acc.num_processes, self.acc.process_index
         # Only global rank 0 opens the runs database; the other ranks (other machines too) never touch it.
         self.store: RunStore | None = open_store(runs_dir) if self.main else None
+        row = self.store.get_run(run_id) if self.main else None  # None: a harness without a run (tests)
+        self.run_uid = row["uid"] if row else None  # its checkpoints carry it
         if run_dir is None:
             run_dir = (self.store or open_store(runs_dir)).get_run(run_id)["run_dir"]
         self.run_dir = Path(run_dir)
@@ -336,16 +342,42 @@ class Trainer:
         n = rewards.shape[0]
         return adv[self.rank * n : (self.rank + 1) * n], all_rewards
 
-    def optimize(self) -> float:
+    def optimize(self, step: int) -> float:
+        """Average (data parallel), clip and apply the gradients. Finite or failed: a non-finite gradient
+        (norm NaN or inf) stops the run before the optimizer step, and weights that the step made non-finite
+        (an lr that overflows them) stop it after; either way no checkpoint of them is written. Every rank
+        reaches the same verdict (the norm is global; under FSDP the weight check is reduced)."""
         if self.world > 1 and not self.fsdp:  # FSDP2 reduce-scatters the gradients itself
             average_gradients(self.params, self.world)
         clip = self.cfg.grad_clip if self.cfg.grad_clip else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(self.params, clip)
         norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        if not math.isfinite(norm):
+            raise TrainingError(
+                f"grad: non-finite gradient (norm {norm}) at step {step}; the step was not applied"
+            )
         self.optimizer.step()
         self.policy_writes += 1  # the rollout's velocities are stale from here on
         self.optimizer.zero_grad(set_to_none=True)
+        bad = self.non_finite_parameters()
+        if bad:
+            raise TrainingError(
+                f"weights: {bad} non-finite value(s) after the optimizer step of step {step}"
+                f" (lr {self.optimizer.param_groups[0]['lr']:g}); the run stops, no checkpoint of them is written"
+            )
         return norm
+
+    def non_finite_parameters(self) -> int:
+        """How many trainable parameter values are NaN or inf (this rank's shards summed over the ranks
+        under FSDP; replicated parameters are the same on every rank)."""
+        with torch.no_grad():
+            count = sum(
+                int((~torch.isfinite(p.to_local() if isinstance(p, DTensor) else p)).sum())
+                for p in self.params
+            )
+        if self.fsdp:
+            count = int(self.acc.reduce(torch.tensor(count, device=self.acc.device), reduction="sum"))
+        return count
 
     def update_phase(
         self, step: int, traj: Trajectory, adv: torch.Tensor
@@ -375,8 +407,8 @@ class Trainer:
                 rollout_policy=fresh,
             )
             if not math.isfinite(result.loss):
-                raise TrainingError(f"loss: non-finite policy loss at step {step}")
-            norms.append(self.optimize())
+                raise TrainingError(f"loss: non-finite policy loss at step {step}; the step was not applied")
+            norms.append(self.optimize(step))
             results.append(result)
         return results, norms
 
@@ -622,12 +654,23 @@ class Trainer:
             keep=self.cfg.keep_checkpoints,
             gather=self.gather_strings,
             local_main=self.acc.is_local_main_process,
+            run_uid=self.run_uid,
         )
 
     def load_checkpoint(self) -> int:
-        """Restore the newest intact checkpoint (refused ones are named in the log); its step, or 0."""
+        """Restore the newest intact checkpoint of THIS run (refused ones are named in the log: other runs'
+        checkpoints, and any past the run's last logged step); its step, or 0."""
+        max_step = None
+        if self.main:
+            row = self.store.get_run(self.run_id)
+            max_step = max(row["last_step"] or 0, 0) if row else None
         state = checkpoint.load_latest(
-            self.checkpoint_dir(), self.rank, gather=self.gather_strings, broadcast=self.broadcast
+            self.checkpoint_dir(),
+            self.rank,
+            gather=self.gather_strings,
+            broadcast=self.broadcast,
+            run_uid=self.run_uid,
+            max_step=max_step,
         )
         if state is None:
             return 0
@@ -681,8 +724,17 @@ class Trainer:
         cfg = self.cfg
         done = self.load_checkpoint() if self.resume else 0
         self.start_step = done + 1
+        problem = None
+        if self.main:  # the claim: only from the status this trainer was started for (compare-and-set)
+            try:
+                expected = ("failed", "cancelled") if self.resume else ("queued",)
+                self.store.claim(self.run_id, expected, os.getpid())
+            except ClaimError as exc:
+                problem = str(exc)
+        problem = self.broadcast(problem)
+        if problem:
+            raise ClaimError(problem)
         if self.main:
-            self.store.set_status(self.run_id, "running", pid=os.getpid())
             if self.resume:
                 self.store.truncate_after(self.run_id, done)
                 log.info("resuming after step %d", done)
@@ -850,6 +902,32 @@ def train(run_id: int | None, runs_dir: str, resume: bool = False, machine_rank:
     if main and run is None:
         log.error("run id: no run %s in %s", run_id, runs_dir)
         return 1
+    lock = None
+    if main:  # one trainer per run: the folder's lock, unless `jagg train` holds it for this process tree
+        folder = Path(run["run_dir"])
+        folder.mkdir(parents=True, exist_ok=True)
+        if os.environ.get(LOCKED_ENV) != str(folder.resolve()):
+            try:
+                lock = RunLock.acquire(folder, f"run {run_id}")
+            except ClaimError as exc:
+                print(f"jagg train: refused: {exc}", file=sys.stderr)
+                return CLAIM_REFUSED_RC
+    try:
+        return _train_locked(run_id, runs_dir, resume, machine_rank, main, store, run)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train_locked(
+    run_id: int | None,
+    runs_dir: str,
+    resume: bool,
+    machine_rank: int,
+    main: bool,
+    store: RunStore | None,
+    run: dict[str, Any] | None,
+) -> int:
     _setup_logging(Path(run["run_dir"]) if main else None, main)
     expect = json.loads(os.environ.get("JAGG_EXPECT") or "{}")
     trainer = None
@@ -878,6 +956,9 @@ def train(run_id: int | None, runs_dir: str, resume: bool = False, machine_rank:
             store.set_status(run_id, status)
             log.info("run %d %s", run_id, status)
         return 0
+    except ClaimError as exc:  # another trainer has the run: say so, and leave its status alone
+        log.error("jagg train: refused: %s", exc)
+        return CLAIM_REFUSED_RC
     except Exception as exc:  # the run fails, its history stays: rows already written are intact
         message = failure_message(exc, store)
         log.error("run %s failed: %s\n%s", run_id, message, traceback.format_exc())
