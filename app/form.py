@@ -14,6 +14,7 @@ from typing import Any
 from app import data
 from app.runs import gpu_present
 from app.space import check_space_config
+from jagg_engine.safe_yaml import OVERRIDES_MAX_BYTES, brief
 from jagg_engine.train.config import ConfigError, TrainConfig
 
 # The New run form's inputs, in the order of form_config's parameters (the API's parameter names).
@@ -128,7 +129,10 @@ def form_fields_config(*form: Any) -> TrainConfig:
     for key in ("name", "model_path", "rewards", "overrides"):
         text = values[key]
         if text is not None and not isinstance(text, str):
-            raise ConfigError(f"{key}: must be text, got {text!r}")
+            raise ConfigError(f"{key}: must be text, got {brief(text)}")
+        size = len((text or "").encode("utf-8", "surrogatepass"))
+        if size > OVERRIDES_MAX_BYTES:  # before any parsing (the overrides box holds YAML)
+            raise ConfigError(f"{key}: {size:,} bytes is over the limit of {OVERRIDES_MAX_BYTES:,} bytes")
     overrides = values.pop("overrides")
     values.update(
         name=(values["name"] or "").strip() or values["backbone"],

@@ -188,13 +188,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     run = _commands()[args.command][2]
     try:
-        return int(run(args) or 0)
+        code = int(run(args) or 0)
+        sys.stdout.flush()  # a reader that left (`| head`) raises here, inside this try, not at exit
+        return code
     except UsageError as exc:
         print(f"jagg {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"jagg {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `jagg runs | head`: the reader left; Python's documented recipe, no traceback
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the flush at exit then writes nowhere instead of failing
+        return 141  # 128 + SIGPIPE, as a shell reports a command killed by it
 
 
 if __name__ == "__main__":
