@@ -102,7 +102,7 @@ def test_an_alias_bomb_in_the_app_and_space_overrides_box_is_refused_in_a_second
     for space in (False, True):
         for box in (f"rewards={bomb_flow(8)}", f"reward_options={bomb_flow(8)}"):
             refused_fast(
-                lambda: form_config(tmp_path, *form, box, space_mode=space), "anchors and aliases"
+                lambda b=box, s=space: form_config(tmp_path, *form, b, space_mode=s), "anchors and aliases"
             )
 
 
@@ -132,17 +132,25 @@ def test_an_oversized_override_and_overrides_box_are_refused_before_parsing(tmp_
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("steps: 3\nsteps: 4\n", "config file: duplicate key 'steps' at line 2, column 1: each key may appear once"),
+        (
+            "steps: 3\nsteps: 4\n",
+            "config file: duplicate key 'steps' at line 2, column 1: each key may appear once",
+        ),
         (
             "rewards:\n  shapes: 1\n  shapes: 2\n",
             "config file: duplicate key 'shapes' at line 3, column 3: each key may appear once",
         ),
         (f"eval_seeds: {nested(1000)}\n", "config file: nesting deeper than 16 lists/mappings at line 1"),
-        ("backbone_options:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 40)), "config file: nesting deeper than 16"),
+        (
+            "backbone_options:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 40)),
+            "config file: nesting deeper than 16",
+        ),
     ],
     ids=["top-level", "nested", "depth-1000", "block-depth-40"],
 )
-def test_duplicate_keys_and_deep_nesting_in_a_file_are_one_line(tmp_path: Path, text: str, message: str) -> None:
+def test_duplicate_keys_and_deep_nesting_in_a_file_are_one_line(
+    tmp_path: Path, text: str, message: str
+) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(text)
     assert refused_fast(lambda: load_config(str(path), []), message).startswith(message)
@@ -197,13 +205,10 @@ def test_the_shipped_configs_still_load() -> None:
 def test_every_float_field_has_bounds() -> None:
     """A float field added later must get its bounds (FLOAT_BOUNDS) — the validator looks them up."""
     hints = typing.get_type_hints(TrainConfig)
-    floats = {
-        f.name
-        for f in dataclasses.fields(TrainConfig)
-        if hints[f.name] in (float, float | None)
-    }
+    floats = {f.name for f in dataclasses.fields(TrainConfig) if hints[f.name] in (float, float | None)}
     assert floats == set(FLOAT_BOUNDS), floats ^ set(FLOAT_BOUNDS)
     readme = (ROOT / "README.md").read_text()
+    readme = " ".join(readme.split())
     for name, (low, high, closed) in FLOAT_BOUNDS.items():
         assert f"`{name}` {'[' if closed else '('}{low:g}, {high:g}]" in readme, name
 
@@ -236,7 +241,9 @@ def test_lr_1e308_is_refused_by_cli_app_and_space(tmp_path: Path, capsys: pytest
 
 
 def test_reward_weights_are_bounded() -> None:
-    with pytest.raises(ConfigError, match=r"^rewards: weight of 'shapes-dense' must be a number in \[-1000, 1000\]"):
+    with pytest.raises(
+        ConfigError, match=r"^rewards: weight of 'shapes-dense' must be a number in \[-1000, 1000\]"
+    ):
         load_config(None, ["rewards={shapes-dense: 1e300}"], check_environment=False)
 
 
