@@ -524,19 +524,20 @@ def session_export_dir(session: str | None) -> Path:
 def prune_exports(
     root: Path,
     keep: Iterable[str | os.PathLike[str]] = (),
-    per_session: int = EXPORTS_PER_SESSION,
-    max_bytes: int = EXPORTS_MAX_BYTES,
+    per_session: int | None = None,
+    max_bytes: int | None = None,
 ) -> list[Path]:
     """Delete the oldest reports and exports under ``root`` (one folder per session): beyond the newest
-    ``per_session`` files of a session, then, oldest first, while the whole folder is over ``max_bytes``.
-    The files in ``keep`` (just written) stay. Returns the deleted paths."""
+    ``per_session`` (default EXPORTS_PER_SESSION) files of a session, then, oldest first, while the whole
+    folder is over ``max_bytes`` (default EXPORTS_MAX_BYTES). The files in ``keep`` (just written) stay.
+    Returns the deleted paths."""
+    per_session = EXPORTS_PER_SESSION if per_session is None else per_session
+    max_bytes = EXPORTS_MAX_BYTES if max_bytes is None else max_bytes
     kept = {Path(p).resolve() for p in keep}
     files: list[tuple[float, int, Path]] = []
     deleted: list[Path] = []
     for folder in (p for p in _entries(root) if p.is_dir()):
-        mine = sorted(
-            ((f.stat().st_mtime, f.stat().st_size, f) for f in _entries(folder) if f.is_file()), reverse=True
-        )
+        mine = sorted((stat for stat in map(_stat, _entries(folder)) if stat is not None), reverse=True)
         for _, _, path in mine[per_session:]:
             if path.resolve() not in kept and _unlink(path):
                 deleted.append(path)
@@ -556,6 +557,15 @@ def _entries(folder: Path) -> list[Path]:
         return list(folder.iterdir())
     except OSError:
         return []
+
+
+def _stat(path: Path) -> tuple[float, int, Path] | None:
+    """(mtime, size, path) of a regular file; None for anything else or a file gone meanwhile."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_mtime, st.st_size, path) if path.is_file() else None
 
 
 def _unlink(path: Path) -> bool:
