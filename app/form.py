@@ -44,7 +44,7 @@ def parse_rewards(text: str) -> dict[str, float]:
             rewards[name.strip()] = float(weight) if sep else 1.0
         except ValueError:
             raise ConfigError(
-                f"rewards: weight of {name.strip()!r} must be a number, got {weight.strip()!r}"
+                f"rewards: weight of {brief(name.strip())} must be a number, got {brief(weight.strip())}"
             ) from None
     return rewards
 
@@ -61,11 +61,11 @@ def parse_run_id(value: Any, field: str = "run id") -> int | None:
     number: Any = value
     if isinstance(value, str):
         text = value.strip()
-        number = int(text) if text.lstrip("+-").isdigit() else None
+        number = int(text) if text.lstrip("+-").isdigit() and len(text) <= 20 else None
     elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
         number = int(value)
     if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= RUN_ID_MAX:
-        raise ConfigError(f"{field}: must be a whole number from 1 to {RUN_ID_MAX}, got {value!r}")
+        raise ConfigError(f"{field}: must be a whole number from 1 to {RUN_ID_MAX}, got {brief(value)}")
     return number
 
 
@@ -78,7 +78,7 @@ def parse_ratio(value: Any, default: float) -> float:
     except (TypeError, ValueError):
         r = math.nan
     if isinstance(value, bool) or not (math.isfinite(r) and r > 0):
-        raise ConfigError(f"r: must be a finite number > 0, got {value!r}")
+        raise ConfigError(f"r: must be a finite number > 0, got {brief(value)}")
     return r
 
 

@@ -7,6 +7,7 @@ Each handler takes the components' values and returns theirs; :mod:`app.ui` wire
 
 from __future__ import annotations
 
+import html
 import sqlite3
 import tempfile
 from contextlib import closing
@@ -22,6 +23,7 @@ from app.report import report_for_app
 from app.runs import RunManager
 from app.space import FilePublisher, SpaceError, SpaceGuard, prune_exports, session_export_dir
 from app.text import md_message
+from jagg_engine.safe_yaml import brief
 from jagg_engine.store import DB_NAME, StoreError
 from jagg_engine.train.config import ConfigError, TrainConfig
 
@@ -233,7 +235,7 @@ class LiveHandlers(_Part):
         try:
             number = parse_run_id(run_id)
             if kind not in samples.KINDS:
-                raise ConfigError(f"images: must be one of {', '.join(samples.KINDS)}, got {kind!r}")
+                raise ConfigError(f"images: must be one of {', '.join(samples.KINDS)}, got {brief(kind)}")
         except ConfigError as exc:
             return [], f"**Error:** {md_message(exc)}"
         if number is None or self.store.get_run(number) is None:
@@ -258,11 +260,11 @@ class HistoryHandlers(_Part):
     def compare(self, run_ids: list[int] | None, r: float) -> tuple[Any, ...]:
         try:
             if run_ids is not None and not isinstance(run_ids, (list, tuple)):
-                raise ConfigError(f"runs: must be a list of run ids, got {run_ids!r}")
+                raise ConfigError(f"runs: must be a list of run ids, got {brief(run_ids)}")
             ids = [i for i in (parse_run_id(v, "runs") for v in run_ids or []) if i is not None]
             ratio = parse_ratio(r, self.r0)
         except ConfigError as exc:
-            return data._empty("Reward", str(exc)), pd.DataFrame(), pd.DataFrame(), []
+            return data._empty("Reward", html.escape(str(exc))), pd.DataFrame(), pd.DataFrame(), []
         runs = [run for run in (self.store.get_run(i) for i in ids) if run is not None]
         if len(runs) < 2:
             empty = data._empty("Reward", "pick two or more runs")
@@ -306,7 +308,7 @@ class HistoryHandlers(_Part):
             if number is None:
                 return "Enter a run id.", self.history()
             if not isinstance(delete_files, bool) and delete_files is not None:
-                raise ConfigError(f"also delete its folder: must be true or false, got {delete_files!r}")
+                raise ConfigError(f"also delete its folder: must be true or false, got {brief(delete_files)}")
             self.guard.check_action(session(request), number, "delete")
             removed = self.store.delete_run(number, delete_files=bool(delete_files))
         except SpaceError as exc:
@@ -347,7 +349,7 @@ class HistoryHandlers(_Part):
             self.guard.check_owner(session(request), "download")
             path = (self.root / (rel_path or "").strip()).resolve()
             if not path.is_relative_to(self.root) or not path.is_file():
-                raise StoreError(f"download: no file {rel_path!r} in the runs folder")
+                raise StoreError(f"download: no file {brief(rel_path)} in the runs folder")
         except (SpaceError, StoreError) as exc:
             return f"**Refused.** {md_message(exc)}", None
         if path.name == DB_NAME:  # a consistent copy of a live database (WAL): SQLite's backup

@@ -27,12 +27,14 @@ def md_text(value: Any, limit: int = 300) -> str:
     return "".join(_HTML.get(c) or ("\\" + c if c in _ESCAPED else c) for c in text)
 
 
-def md_message(value: Any) -> str:
+def md_message(value: Any, limit: int = 500) -> str:
     """A one-line message that may quote what a visitor sent (a refused value) as Markdown with no link,
     image, HTML or code span of the visitor's making, yet readable as plain text too (the API returns it):
     only ``\\ ` [ ] < >`` are backslash-escaped, and bare URLs and e-mail addresses are broken up
     (``https:\\/\\/``, ``www\\.``, ``\\@``) so that GFM does not link them."""
     text = " ".join(str(value).split())
+    if len(text) > limit:  # a message never echoes a megabyte back
+        text = text[: limit - 1] + "…"
     text = "".join("\\" + c if c in "\\`[]<>" else c for c in text)
     return text.replace("://", ":\\/\\/").replace("www.", "www\\.").replace("@", "\\@")
 

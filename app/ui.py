@@ -163,7 +163,9 @@ def _readable(block: Any, preprocess: Callable[[Any], Any]) -> Callable[[Any], A
         try:
             return preprocess(payload)
         except Exception:
-            raise gr.Error(f"{label}: must be {wanted}, got {brief(payload)}") from None
+            raise gr.Error(
+                f"{label}: must be {wanted}, got {brief(payload)}", print_exception=False
+            ) from None
 
     return call
 
