@@ -113,7 +113,7 @@ def build_app(
     with gr.Blocks(title="JAGG Studio", delete_cache=DELETE_CACHE) as demo:
         page = build_layout(handlers, SPACE_BACKBONES if space else BACKBONE_CHOICES, showcase_ids)
         wire(demo, page, handlers)
-        if space and oauth_from_env():  # hf_oauth: true in README's front matter
+        if space and oauth_from_env() and _oauth_installed():  # hf_oauth: true in README's front matter
             with page.history_tab:
                 gr.LoginButton(value="Sign in with Hugging Face (owner)")
             demo.load(handlers.history.login_oauth, None, page.history.login_msg, api_visibility="private")
@@ -131,6 +131,19 @@ def build_app(
 
 
 DELETE_CACHE = (600, 3600)  # gr.Blocks(delete_cache=(every s, older than s))
+
+
+def _oauth_installed() -> bool:
+    """gradio's OAuth extras (``gradio[oauth]``: authlib, itsdangerous) are importable; without them a
+    LoginButton would stop the app from starting, so the password login is kept alone and the log says so."""
+    import importlib.util
+
+    if all(importlib.util.find_spec(name) for name in ("authlib", "itsdangerous")):
+        return True
+    print(
+        "jagg app: OAuth is on but gradio[oauth] is not installed; owner login by password only", flush=True
+    )
+    return False
 
 
 def readable_api_errors(demo: gr.Blocks) -> None:

@@ -189,7 +189,9 @@ def test_fifty_wrong_guesses_from_ten_sessions_do_not_lock_the_owner_out(tmp_pat
     assert not guard.is_owner("guess-new")
     # The owner: by password from its own address, and by Hugging Face sign-in (case of the name aside).
     assert guard.login("owner-1", "s3cret", "198.51.100.2") == "Logged in as the owner for this session."
-    assert guard.login_oauth("owner-2", "alice").startswith("Signed in with Hugging Face as the Space's author")
+    assert guard.login_oauth("owner-2", "alice").startswith(
+        "Signed in with Hugging Face as the Space's author"
+    )
     assert guard.is_owner("owner-1") and guard.is_owner("owner-2")
     assert guard.login_oauth("visitor", "mallory").endswith("owner rights are for the Space's author only.")
     assert not guard.is_owner("visitor")
@@ -222,3 +224,56 @@ def test_user_text_in_markdown_is_shown_as_typed():
     message = md_message(f"name: got {name!r}")
     assert not re.search(r"(?<!\\)[<\[\]`]", message) and "https://" not in message
     assert md_code_block("a ``` b ```` c").startswith("`````\n")
+
+
+def test_with_hf_oauth_the_space_offers_sign_in_and_the_author_becomes_owner(tmp_path, monkeypatch):
+    """With the environment a Space with ``hf_oauth: true`` gets (OAUTH_CLIENT_ID, SPACE_AUTHOR_NAME), the
+    app shows gradio's LoginButton and, on page load, gives owner rights to the session signed in as the
+    author. gradio fills the OAuthProfile from the signed-in session; Hugging Face's OAuth cannot run
+    offline, so the profile is made here, and gradio's OAuth routes (which need gradio[oauth]) are not
+    attached."""
+    import types
+
+    import gradio as gr
+    import gradio.routes
+
+    from app import ui
+
+    monkeypatch.setenv("OAUTH_CLIENT_ID", "test-client")
+    monkeypatch.setenv("SPACE_AUTHOR_NAME", "Alice")
+    monkeypatch.setattr(ui, "_oauth_installed", lambda: True)
+    monkeypatch.setattr(gradio.routes, "attach_oauth", lambda app: None)
+    demo = ui.build_app(tmp_path / "runs", space_mode=True, background_ticks=False, showcase_dir=None)
+    try:
+        assert any(isinstance(b, gr.LoginButton) for b in demo.blocks.values())
+        loads = [f.fn for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "login_oauth"]
+        assert len(loads) == 1
+        request = types.SimpleNamespace(session_hash="s-1", headers={}, client=None)
+        profile = gr.OAuthProfile({"name": "A", "preferred_username": "alice", "profile": "", "picture": ""})
+        assert "owner rights for this session" in loads[0](profile, request=request)
+        assert demo.jagg_guard.is_owner("s-1")
+        other = gr.OAuthProfile({"name": "M", "preferred_username": "mallory", "profile": "", "picture": ""})
+        loads[0](other, request=types.SimpleNamespace(session_hash="s-2", headers={}, client=None))
+        assert not demo.jagg_guard.is_owner("s-2")
+        assert loads[0](None, request=request) == ""  # not signed in: nothing to say
+    finally:
+        demo.jagg_stop_ticker.set()
+        demo.jagg_manager.shutdown()
+
+
+def test_without_gradio_oauth_extras_the_app_still_starts_with_the_password(tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    import gradio as gr
+
+    from app import ui
+
+    monkeypatch.setenv("OAUTH_CLIENT_ID", "test-client")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "authlib" else real(n, *a))
+    demo = ui.build_app(tmp_path / "runs", space_mode=True, background_ticks=False, showcase_dir=None)
+    try:
+        assert not any(isinstance(b, gr.LoginButton) for b in demo.blocks.values())
+        assert "owner login by password only" in capsys.readouterr().out
+    finally:
+        demo.jagg_manager.shutdown()
