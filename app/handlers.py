@@ -264,7 +264,12 @@ class HistoryHandlers(_Part):
             ids = [i for i in (parse_run_id(v, "runs") for v in run_ids or []) if i is not None]
             ratio = parse_ratio(r, self.r0)
         except ConfigError as exc:
-            return data._empty("Reward", html.escape(str(exc))), pd.DataFrame(), pd.DataFrame(), []
+            return (
+                data._empty("Reward", html.escape(str(exc), quote=False)),
+                pd.DataFrame(),
+                pd.DataFrame(),
+                [],
+            )
         runs = [run for run in (self.store.get_run(i) for i in ids) if run is not None]
         if len(runs) < 2:
             empty = data._empty("Reward", "pick two or more runs")

@@ -8,6 +8,7 @@ A multi-line text shown verbatim (a run's error) goes in :func:`md_code_block`.
 
 from __future__ import annotations
 
+import re
 import string
 from typing import Any
 
@@ -29,13 +30,17 @@ def md_text(value: Any, limit: int = 300) -> str:
 
 def md_message(value: Any, limit: int = 500) -> str:
     """A one-line message that may quote what a visitor sent (a refused value) as Markdown with no link,
-    image, HTML or code span of the visitor's making, yet readable as plain text too (the API returns it):
-    only ``\\ ` [ ] < >`` are backslash-escaped, and bare URLs and e-mail addresses are broken up
-    (``https:\\/\\/``, ``www\\.``, ``\\@``) so that GFM does not link them."""
+    image, HTML or code span of the visitor's making, yet unchanged where it holds none of them (the API
+    returns it as text): a backslash goes before a backslash or a backtick, before ``<`` that opens a tag (a letter,
+    ``/``, ``!`` or ``?`` after it), and before ``]`` that closes a link's text (``(``, ``[`` or ``:`` after
+    it); bare URLs and e-mail addresses are broken up (``https:\\/\\/``, ``www\\.``, ``\\@``) so that GFM
+    does not link them. A message starts with the app's own words, so no line-start syntax applies."""
     text = " ".join(str(value).split())
     if len(text) > limit:  # a message never echoes a megabyte back
         text = text[: limit - 1] + "…"
-    text = "".join("\\" + c if c in "\\`[]<>" else c for c in text)
+    text = re.sub(r"([\\`])", r"\\\1", text)
+    text = re.sub(r"<(?=[A-Za-z/!?])", r"\\<", text)
+    text = re.sub(r"\](?=[(\[:])", r"\\]", text)
     return text.replace("://", ":\\/\\/").replace("www.", "www\\.").replace("@", "\\@")
 
 

@@ -462,7 +462,7 @@ def test_the_apps_report_button_writes_the_picked_runs_report(tmp_path):
         page = Path(published).read_text()
         assert page.count(PLOTLY_BANNER) == 1 and "showcase-exact" in page and "showcase-jagg" in page
         assert (root / "exports" / "jagg-report-1-2.html").is_file()
-        assert report([1], "fast") == ("**Error:** r: must be a finite number \\> 0, got 'fast'", None)
+        assert report([1], "fast") == ("**Error:** r: must be a finite number > 0, got 'fast'", None)
         assert report(None, 1.8) == ("Pick one or more runs.", None)
     finally:
         demo.jagg_stop_ticker.set()

@@ -222,7 +222,10 @@ def test_user_text_in_markdown_is_shown_as_typed():
     assert "<" not in escaped and "](" not in escaped and "https://" not in escaped
     assert re.sub(r"\\(.)", r"\1", escaped).replace("&lt;", "<").replace("&gt;", ">") == name
     message = md_message(f"name: got {name!r}")
-    assert not re.search(r"(?<!\\)[<\[\]`]", message) and "https://" not in message
+    assert not re.search(r"(?<!\\)(<[a-z/]|\]\(|`)", message) and "https://" not in message
+    assert md_message("steps: must be an integer <= 2147483647, got [1, 2]") == (
+        "steps: must be an integer <= 2147483647, got [1, 2]"
+    )  # a message without markup is left as it is
     assert md_code_block("a ``` b ```` c").startswith("`````\n")
 
 

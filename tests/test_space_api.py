@@ -1,6 +1,8 @@
 """Space mode through the public API, as anonymous visitors (one gradio_client each, so one session each)
 and the owner who logged in would call it: caps, overrides, other visitors' runs, the file route, the queue
-limits and pruning.
+limits and pruning; then the hardening: an alias bomb in the overrides box, owner-password guessing, the
+temp folder under 50 report requests, every endpoint fuzzed with wrong types, and a Markdown/HTML run name
+in a real Chromium.
 
 The app is served in-process by launch.serve (the options of `python launch.py` on a Space) over a fresh
 runs folder holding the shipped showcase. A stand-in trainer keeps the trainer's contract (status, metrics,
@@ -27,7 +29,9 @@ import launch
 from app import ui
 from app.space import CAPS, MIN_EVERY, SpaceLimits, folder_size
 
-pytestmark = pytest.mark.slow  # ~40 s on an idle 2-core CPU (an in-process app, ~60 API calls)
+pytestmark = (
+    pytest.mark.slow
+)  # ~3 min on the shared 2-core CPU (in-process apps, ~600 API calls, one Chromium)
 
 PASSWORD = "correct horse battery staple"
 FAKE_TRAINER = textwrap.dedent(
@@ -407,7 +411,9 @@ def test_an_alias_bomb_in_the_overrides_box_is_refused_in_a_second(app):
         elapsed = time.perf_counter() - start
         grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) * 1024
         assert run_id is None and message.startswith("**Not launched.** ") and "\n" not in message, message
-        assert "anchors and aliases are not allowed" in message or "nesting deeper than 16" in message, message
+        assert "anchors and aliases are not allowed" in message or "nesting deeper than 16" in message, (
+            message
+        )
         assert elapsed <= 1.0 and grown <= 50 * 1024**2, (elapsed, grown)
         assert len(message) < 300
 
@@ -419,7 +425,9 @@ def test_fifty_wrong_owner_guesses_from_ten_sessions_then_the_owner_gets_in(app)
 
     replies = []
     for _ in range(10):
-        guesser = Client(app.url, verbose=False, download_files=False, headers={"X-Forwarded-For": "203.0.113.7"})
+        guesser = Client(
+            app.url, verbose=False, download_files=False, headers={"X-Forwarded-For": "203.0.113.7"}
+        )
         replies += [guesser.predict(f"guess {i}", api_name="/owner_login") for i in range(5)]
     assert len(replies) == 50 and replies.count("Wrong password.") == 10, replies
     assert all(r.startswith("Too many wrong passwords from this address") for r in replies[10:])
@@ -461,7 +469,9 @@ def test_fifty_report_requests_leave_the_temp_folder_within_its_bound(cache_app)
     bound = space.EXPORTS_MAX_BYTES + size
     assert folder_size(cache / "jagg-exports") <= bound, (folder_size(cache / "jagg-exports"), bound)
     assert folder_size(cache) <= bound + 1024**2  # nothing else of the reports is cached
-    assert all(len(list(d.iterdir())) <= space.EXPORTS_PER_SESSION for d in (cache / "jagg-exports").iterdir())
+    assert all(
+        len(list(d.iterdir())) <= space.EXPORTS_PER_SESSION for d in (cache / "jagg-exports").iterdir()
+    )
 
 
 FUZZ = [None, "", -1, 1e308, [1, 2], {"a": 1}, "x" * 1_000_000]
@@ -495,7 +505,9 @@ def test_every_endpoint_answers_wrong_types_with_a_readable_line_and_stays_up(tm
                         assert "\n" not in text and len(text) <= 300, where
                         assert "upstream" not in text.lower() and "Traceback" not in text, where
                         continue
-                    texts = [o for o in (out if isinstance(out, (list, tuple)) else [out]) if isinstance(o, str)]
+                    texts = [
+                        o for o in (out if isinstance(out, (list, tuple)) else [out]) if isinstance(o, str)
+                    ]
                     assert all(len(t) < 5000 for t in texts), (name, param["parameter_name"], repr(bad)[:30])
         assert calls >= 300
         assert history(client)  # still up
@@ -520,15 +532,21 @@ def test_a_run_name_with_markdown_or_html_renders_as_text_in_chromium(tmp_path):
         message, run_id, _ = served.client().predict(*form(name=name, steps=30), api_name="/launch_run")
         assert run_id, message
         driver.get(served.url)
-        WebDriverWait(driver, 60).until(lambda d: d.find_elements(By.XPATH, "//button[@role='tab' and normalize-space()='Live']"))
+        WebDriverWait(driver, 60).until(
+            lambda d: d.find_elements(By.XPATH, "//button[@role='tab' and normalize-space()='Live']")
+        )
         driver.find_element(By.XPATH, "//button[@role='tab' and normalize-space()='Live']").click()
         progress = WebDriverWait(driver, 60, poll_frequency=0.3).until(
-            lambda d: (el := d.find_element(By.ID, "live-progress")) and f"Run #{int(run_id)}" in el.text and el
+            lambda d: (
+                (el := d.find_element(By.ID, "live-progress")) and f"Run #{int(run_id)}" in el.text and el
+            )
         )
         assert name in progress.text, progress.text
         assert not progress.find_elements(By.TAG_NAME, "img") and not progress.find_elements(By.TAG_NAME, "a")
         driver.find_element(By.XPATH, "//button[@role='tab' and normalize-space()='History']").click()
-        WebDriverWait(driver, 30, poll_frequency=0.3).until(lambda d: name in d.find_element(By.TAG_NAME, "body").text)
+        WebDriverWait(driver, 30, poll_frequency=0.3).until(
+            lambda d: name in d.find_element(By.TAG_NAME, "body").text
+        )
         time.sleep(1.0)
         page_images = driver.execute_script("return [...document.images].map(i => i.src)")
         assert not [src for src in page_images if str(trap) in src], page_images
