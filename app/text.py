@@ -1,31 +1,33 @@
 """User text inside the app's Markdown: shown as the characters typed, never as markup.
 
-A run name, a config value echoed in an error, a Hugging Face username: anything a visitor wrote is passed
-through :func:`md_text` before it is put in a ``gr.Markdown`` (which renders Markdown and HTML, and would
-fetch ``![x](https://…)`` images or show ``[Owner login](https://…)`` links of another visitor's making).
-A multi-line text shown verbatim (a run's error) goes in :func:`md_code_block`.
+A run name (shown to every visitor) goes through :func:`md_text` before it is put in a ``gr.Markdown``
+(which renders Markdown and HTML, and would fetch ``![x](https://…)`` images or show ``[Owner login](https://…)``
+links of another visitor's making); a handler's one-line message, which may quote a refused value, through
+:func:`md_message`; a multi-line text shown verbatim (a run's error) goes in :func:`md_code_block`. Each
+leaves text without markup as it is, so the API (which returns the Markdown) reads the same words.
 """
 
 from __future__ import annotations
 
 import re
-import string
 from typing import Any
 
 _HTML = {"<": "&lt;", ">": "&gt;", "&": "&amp;"}
-# CommonMark lets a backslash escape any ASCII punctuation; escaping all of it also breaks GFM's bare-URL
-# autolinks ("https\:\/\/…", "a\@b\.c") and the table, strikethrough and emphasis syntax.
-_ESCAPED = set(string.punctuation) - set(_HTML)
 
 
 def md_text(value: Any, limit: int = 300) -> str:
-    """``value`` as one line of Markdown that renders as its literal text (at most ``limit`` characters of
-    it, then "…"): HTML's ``< > &`` as entities, other ASCII punctuation backslash-escaped, line breaks and
-    tabs as spaces."""
+    """``value`` as one line of Markdown, placed after the app's own words, that renders as its literal text
+    (at most ``limit`` characters of it, then "…"): HTML's ``< > &`` as entities; a backslash before what
+    is markup anywhere in a line (``\\ ` * ~ [ ] $``, and ``_`` except between two letters or digits, where
+    CommonMark never reads it as emphasis); bare URLs and e-mail addresses broken up as in
+    :func:`md_message`; line breaks and tabs as spaces. "tiny-shapes" and "my_run" stay as they are."""
     text = " ".join(str(value).split())
     if len(text) > limit:
         text = text[: limit - 1] + "…"
-    return "".join(_HTML.get(c) or ("\\" + c if c in _ESCAPED else c) for c in text)
+    text = re.sub(r"([\\`*~\[\]$])", r"\\\1", text)
+    text = re.sub(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])", r"\\_", text)
+    text = "".join(_HTML.get(c, c) for c in text)
+    return _unlink(text)
 
 
 def md_message(value: Any, limit: int = 500) -> str:
@@ -41,6 +43,11 @@ def md_message(value: Any, limit: int = 500) -> str:
     text = re.sub(r"([\\`])", r"\\\1", text)
     text = re.sub(r"<(?=[A-Za-z/!?])", r"\\<", text)
     text = re.sub(r"\](?=[(\[:])", r"\\]", text)
+    return _unlink(text)
+
+
+def _unlink(text: str) -> str:
+    """Break GFM's bare-URL and e-mail autolinks (``https:\\/\\/``, ``www\\.``, ``\\@``)."""
     return text.replace("://", ":\\/\\/").replace("www.", "www\\.").replace("@", "\\@")
 
 

@@ -219,7 +219,8 @@ def test_user_text_in_markdown_is_shown_as_typed():
 
     name = "![x](https://evil.example/a.png) [Owner login](https://evil.example) <img src=x onerror=alert(1)>"
     escaped = md_text(name)
-    assert "<" not in escaped and "](" not in escaped and "https://" not in escaped
+    assert "<" not in escaped and not re.search(r"(?<!\\)[\[\]]", escaped) and "https://" not in escaped
+    assert md_text("tiny-shapes my_run 1.5") == "tiny-shapes my_run 1.5"  # nothing to escape: unchanged
     assert re.sub(r"\\(.)", r"\1", escaped).replace("&lt;", "<").replace("&gt;", ">") == name
     message = md_message(f"name: got {name!r}")
     assert not re.search(r"(?<!\\)(<[a-z/]|\]\(|`)", message) and "https://" not in message
