@@ -24,6 +24,9 @@ import os
 from typing import Any
 
 import yaml
+from yaml.composer import Composer
+from yaml.constructor import SafeConstructor
+from yaml.resolver import Resolver
 
 CONFIG_MAX_BYTES = 256 * 1024  # a config file (the shipped ones are under 4 KiB)
 OVERRIDES_MAX_BYTES = 64 * 1024  # one key=value override, and the app's whole overrides box
@@ -42,17 +45,15 @@ def _where(mark: Any) -> str:
     return f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "?"
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader without anchors, aliases, merge keys and duplicate keys, and with a nesting limit."""
+class _Strict:
+    """SafeLoader's composer and constructor without anchors, aliases, merge keys and duplicate keys, and
+    with a nesting limit; mixed into a loader below."""
 
     max_depth = MAX_DEPTH
-
-    def __init__(self, stream: str):
-        super().__init__(stream)
-        self._depth = 0
+    _depth = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
-        event = self.peek_event()
+        event = self.peek_event()  # type: ignore[attr-defined]
         if isinstance(event, yaml.AliasEvent):
             raise YamlRefused(
                 f"alias *{event.anchor} at {_where(event.start_mark)}: anchors and aliases are not allowed"
@@ -69,7 +70,7 @@ class _StrictLoader(yaml.SafeLoader):
                     f"nesting deeper than {self.max_depth} lists/mappings at {_where(event.start_mark)}"
                 )
         try:
-            return super().compose_node(parent, index)
+            return Composer.compose_node(self, parent, index)  # type: ignore[arg-type]
         finally:
             if nested:
                 self._depth -= 1
@@ -81,17 +82,40 @@ class _StrictLoader(yaml.SafeLoader):
                 raise YamlRefused(
                     f"merge key << at {_where(key_node.start_mark)}: merge keys are not allowed"
                 )
-            key = self.construct_object(key_node, deep=deep)
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[attr-defined]
             try:
                 duplicate = key in seen
-            except TypeError:  # an unhashable key: SafeLoader refuses it below with its own message
+            except TypeError:  # an unhashable key: SafeConstructor refuses it below with its own message
                 continue
             if duplicate:
                 raise YamlRefused(
                     f"duplicate key {brief(key, 60)} at {_where(key_node.start_mark)}: each key may appear once"
                 )
             seen.add(key)
-        return super().construct_mapping(node, deep=deep)
+        return SafeConstructor.construct_mapping(self, node, deep=deep)  # type: ignore[arg-type]
+
+
+class _StrictLoader(_Strict, yaml.SafeLoader):
+    """Pure Python: PyYAML's scanner, parser and composer."""
+
+
+if getattr(yaml, "__with_libyaml__", False):
+    from yaml._yaml import CParser
+
+    class _StrictCLoader(_Strict, Composer, CParser, SafeConstructor, Resolver):  # type: ignore[misc]
+        """libyaml's scanner and parser (C: PyYAML's Python scanner looks up to 1024 characters ahead for a
+        possible key at every "[", about 0.5 s on ``[[[…``), with the Python composer above, so that the
+        checks run on each event as it comes."""
+
+        def __init__(self, stream: str):
+            CParser.__init__(self, stream)
+            SafeConstructor.__init__(self)
+            Resolver.__init__(self)
+            Composer.__init__(self)
+
+    _LOADER: type = _StrictCLoader
+else:  # pragma: no cover - PyYAML built without libyaml
+    _LOADER = _StrictLoader
 
 
 def brief(value: Any, limit: int = 80) -> str:
@@ -106,12 +130,17 @@ def load(text: str, where: str, max_bytes: int = CONFIG_MAX_BYTES, source: str |
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > max_bytes:
         raise YamlRefused(f"{where}: {size:,} bytes is over the limit of {max_bytes:,} bytes")
-    loader = _StrictLoader(text)
+    loader = _LOADER(text)
     try:
         return loader.get_single_data()
     except YamlRefused as exc:
         raise YamlRefused(f"{where}: {exc}") from None
     except yaml.YAMLError as exc:
+        if "maximum nesting depth" in str(exc):  # libyaml's own limit (1000), met while scanning ahead
+            at = getattr(exc, "problem_mark", None)
+            raise YamlRefused(
+                f"{where}: nesting deeper than {MAX_DEPTH} lists/mappings{f' at {_where(at)}' if at else ''}"
+            ) from None
         what = f"{source} is not valid YAML" if source else "not valid YAML"
         raise YamlInvalid(f"{where}: {what}: {' '.join(str(exc).split())}") from None
     except RecursionError:  # never expected under max_depth; kept so that no traceback can escape
