@@ -4,7 +4,8 @@ then no anchors or aliases, no duplicate keys, a depth limit — before any othe
 (``lr=1e308``), a runs folder with a newline, ``plugins: [this]`` and ``jagg runs | head``.
 
 The bombs are the real ones: a depth-8 "billion laughs" document (9^9 ≈ 387 million strings once expanded;
-PyYAML's plain ``safe_load`` spends minutes and gigabytes on it), a 50 MB file, 1000 nested lists.
+whatever walks the result of PyYAML's plain ``safe_load`` spends minutes and gigabytes on it), a 50 MB
+file, 1000 nested lists.
 """
 
 from __future__ import annotations
