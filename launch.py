@@ -52,6 +52,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.auth is not None and ":" not in args.auth:
         p.error("--auth: must look like user:password")
+    if not args.runs_dir or not args.runs_dir.isprintable():
+        p.error(
+            f"--runs-dir: must be a folder path of printable characters (no newline or tab), got {args.runs_dir[:60]!r}"
+        )
     return args
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
+from app.text import md_code_block, md_text
 from jagg_engine.cost import predicted_speedup
 from jagg_engine.sde_kinds import SDE_KINDS
 from jagg_engine.store import RunStore, file_tail
@@ -169,9 +170,12 @@ def progress_markdown(run: Mapping[str, Any]) -> str:
     done, steps = progress(run)
     frac = done / steps if steps else 0.0
     bar = "█" * round(20 * frac) + "░" * (20 - round(20 * frac))
-    text = f"**Run #{run['id']} {run['name']}** — step {done}/{steps} `{bar}` {100 * frac:.0f} % · **{run['status']}**"
+    name = md_text(run["name"])  # a visitor's text: shown as typed, never as Markdown or HTML
+    text = (
+        f"**Run #{run['id']} {name}** — step {done}/{steps} `{bar}` {100 * frac:.0f} % · **{run['status']}**"
+    )
     if run.get("error"):
-        text += f"\n\n```\n{run['error']}\n```"
+        text += "\n\n" + md_code_block(str(run["error"]))
     return text
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from app import data
 from app.runs import gpu_present
 from app.space import check_space_config
+from jagg_engine.safe_yaml import OVERRIDES_MAX_BYTES, brief
 from jagg_engine.train.config import ConfigError, TrainConfig
 
 # The New run form's inputs, in the order of form_config's parameters (the API's parameter names).
@@ -43,7 +44,7 @@ def parse_rewards(text: str) -> dict[str, float]:
             rewards[name.strip()] = float(weight) if sep else 1.0
         except ValueError:
             raise ConfigError(
-                f"rewards: weight of {name.strip()!r} must be a number, got {weight.strip()!r}"
+                f"rewards: weight of {brief(name.strip())} must be a number, got {brief(weight.strip())}"
             ) from None
     return rewards
 
@@ -63,11 +64,11 @@ def parse_run_id(value: Any, field: str = "run id") -> int | None:
     number: Any = value
     if isinstance(value, str):
         text = value.strip()
-        number = int(text) if text.lstrip("+-").isdigit() else None
+        number = int(text) if text.lstrip("+-").isdigit() and len(text) <= 20 else None
     elif isinstance(value, float) and math.isfinite(value) and value.is_integer():
         number = int(value)
     if isinstance(number, bool) or not isinstance(number, int) or not 1 <= number <= RUN_ID_MAX:
-        raise ConfigError(f"{field}: must be a whole number from 1 to {RUN_ID_MAX}, got {value!r}")
+        raise ConfigError(f"{field}: must be a whole number from 1 to {RUN_ID_MAX}, got {brief(value)}")
     return number
 
 
@@ -111,7 +112,7 @@ def parse_ratio(value: Any, default: float) -> float:
     except (TypeError, ValueError):
         r = math.nan
     if isinstance(value, bool) or not (math.isfinite(r) and r > 0):
-        raise ConfigError(f"r: must be a finite number > 0, got {value!r}")
+        raise ConfigError(f"r: must be a finite number > 0, got {brief(value)}")
     return r
 
 
@@ -162,7 +163,10 @@ def form_fields_config(*form: Any) -> TrainConfig:
     for key in ("name", "model_path", "rewards", "overrides"):
         text = values[key]
         if text is not None and not isinstance(text, str):
-            raise ConfigError(f"{key}: must be text, got {text!r}")
+            raise ConfigError(f"{key}: must be text, got {brief(text)}")
+        size = len((text or "").encode("utf-8", "surrogatepass"))
+        if size > OVERRIDES_MAX_BYTES:  # before any parsing (the overrides box holds YAML)
+            raise ConfigError(f"{key}: {size:,} bytes is over the limit of {OVERRIDES_MAX_BYTES:,} bytes")
     overrides = values.pop("overrides")
     values.update(
         name=(values["name"] or "").strip() or values["backbone"],

@@ -29,7 +29,9 @@ from app.form import (
 )
 from app.report import report_for_app
 from app.runs import RunManager
-from app.space import FilePublisher, SpaceError, SpaceGuard, session_export_dir
+from app.space import FilePublisher, SpaceError, SpaceGuard, prune_exports, session_export_dir
+from app.text import md_message
+from jagg_engine.safe_yaml import brief
 from jagg_engine.store import DB_NAME, StoreError
 from jagg_engine.train.config import ConfigError, TrainConfig
 
@@ -39,6 +41,19 @@ TICK_S = 2.0  # the Live tab's timer and the queue ticker
 def session(request: gr.Request | None) -> str | None:
     """The gradio session of a call (one per page load or gradio_client), None outside a request."""
     return getattr(request, "session_hash", None) or None
+
+
+def client_address(request: gr.Request | None) -> str | None:
+    """The address a request came from. On a Space the app sits behind Hugging Face's proxy, which appends
+    the address it saw to X-Forwarded-For: the last entry is the one a client cannot forge."""
+    if request is None:
+        return None
+    forwarded = [part.strip() for part in (request.headers.get("x-forwarded-for") or "").split(",")]
+    forwarded = [part for part in forwarded if part]
+    if forwarded:
+        return forwarded[-1]
+    client = getattr(request, "client", None)
+    return getattr(client, "host", None)
 
 
 class Handlers:
@@ -103,9 +118,9 @@ class Handlers:
             self.guard.check_action(session(request), number, action)
             return getattr(self.manager, action)(number)
         except SpaceError as exc:
-            return f"**Refused.** {exc}"
+            return f"**Refused.** {md_message(exc)}"
         except (ConfigError, StoreError) as exc:
-            return f"**Error:** {exc}"
+            return f"**Error:** {md_message(exc)}"
 
 
 CONFIRM_VERBS = {"cancel": "Cancel", "resume": "Resume", "delete": "Delete"}
@@ -161,7 +176,7 @@ class NewRunHandlers(_Part):
             cfg = self.checked_config(form, sess, 1)
             run_id = self.manager.create(cfg.to_dict())
         except (ConfigError, SpaceError, StoreError) as exc:
-            return f"**Not launched.** {exc}", None, gr.skip()
+            return f"**Not launched.** {md_message(exc)}", None, gr.skip()
         self.guard.record(sess, [run_id])
         started = self.app.queue_tick()
         where = "started" if run_id in started else "queued (starts when the current run finishes)"
@@ -174,7 +189,7 @@ class NewRunHandlers(_Part):
             pair_configs(cfg)  # both runs' configs, before either is queued
             exact_id, jagg_id = self.manager.create_pair(cfg.to_dict())
         except (ConfigError, SpaceError, StoreError) as exc:
-            return f"**Not launched.** {exc}", None, gr.skip()
+            return f"**Not launched.** {md_message(exc)}", None, gr.skip()
         self.guard.record(sess, [exact_id, jagg_id])
         self.app.queue_tick()
         return (
@@ -196,7 +211,7 @@ class NewRunHandlers(_Part):
                 raise ConfigError("No run selected." if number is None else f"run id: no run #{number}")
             values = config_form_values(run["config"])
         except ConfigError as exc:
-            return (*(gr.skip() for _ in FORM_FIELDS), gr.skip(), f"**Error:** {exc}")
+            return (*(gr.skip() for _ in FORM_FIELDS), gr.skip(), f"**Error:** {md_message(exc)}")
         note = f"New run form filled with run #{number}'s config: change a field and press Launch."
         return (*values, gr.update(selected="new"), note)
 
@@ -227,7 +242,7 @@ class LiveHandlers(_Part):
             number, ratio = self.app.resolve(run_id), parse_ratio(r, self.r0)
             view = view_of(metric_keys, smoothing, log_y, x)
         except ConfigError as exc:
-            return (f"**Error:** {exc}", *(p.empty("pick a run") for p in self.panels))
+            return (f"**Error:** {md_message(exc)}", *(p.empty("pick a run") for p in self.panels))
         run = self.store.get_run(number) if number is not None else None
         if run is None:
             note = "No run selected." if number is None else f"No run #{number}."
@@ -318,9 +333,9 @@ class LiveHandlers(_Part):
         try:
             number = self.app.resolve(run_id)
             if kind not in samples.KINDS:
-                raise ConfigError(f"images: must be one of {', '.join(samples.KINDS)}, got {kind!r}")
+                raise ConfigError(f"images: must be one of {', '.join(samples.KINDS)}, got {brief(kind)}")
         except ConfigError as exc:
-            return [], f"**Error:** {exc}"
+            return [], f"**Error:** {md_message(exc)}"
         if number is None or self.store.get_run(number) is None:
             return [], "No run selected." if number is None else f"No run #{number}."
         shown, items = samples.step_gallery(self.store, number, self.root, kind, step)
@@ -400,9 +415,9 @@ class HistoryHandlers(_Part):
             wanted = _optional_number(level, "reward level")
             step = _optional_number(at, "images at step")
         except ConfigError as exc:
-            return (f"**Error:** {exc}", gr.skip(), *empty)
+            return (f"**Error:** {md_message(exc)}", gr.skip(), *empty)
         runs = [self.store.get_run(i) for i in ids]
-        note = " ".join(f"**Not shown:** {b}" for b in bad[:1]) + (
+        note = " ".join(f"**Not shown:** {md_message(b)}" for b in bad[:1]) + (
             f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         )
         showcase = gr.update(visible=bool(self.showcase_ids) and sorted(ids) == sorted(self.showcase_ids))
@@ -445,8 +460,12 @@ class HistoryHandlers(_Part):
         try:
             ratio = parse_ratio(r, self.r0)
         except ConfigError as exc:
-            return f"**Error:** {exc}", None
+            return f"**Error:** {md_message(exc)}", None
         message, path = report_for_app(self.store, run_ids if run_ids is not None else [], out_dir, r=ratio)
+        if message.startswith("**Error:** "):  # it may echo what the visitor sent
+            message = f"**Error:** {md_message(message[len('**Error:** ') :])}"
+        if path is not None and self.space:
+            prune_exports(out_dir.parent, keep=[path])
         return message, (self.publish(path) if path is not None else None)
 
     def history(
@@ -523,13 +542,13 @@ class HistoryHandlers(_Part):
             if number is None:
                 return "Enter a run id.", self.history()
             if not isinstance(delete_files, bool) and delete_files is not None:
-                raise ConfigError(f"also delete its folder: must be true or false, got {delete_files!r}")
+                raise ConfigError(f"also delete its folder: must be true or false, got {brief(delete_files)}")
             self.guard.check_action(session(request), number, "delete")
             removed = self.store.delete_run(number, delete_files=bool(delete_files))
         except SpaceError as exc:
-            return f"**Refused.** {exc}", self.history()
+            return f"**Refused.** {md_message(exc)}", self.history()
         except (ConfigError, StoreError) as exc:
-            return f"**Error:** {exc}", self.history()
+            return f"**Error:** {md_message(exc)}", self.history()
         self.guard.forget(number)
         notes.set_note(self.root, number, "")
         return f"Run #{number} deleted{' with its folder' if removed else ''}.", self.history()
@@ -543,13 +562,21 @@ class HistoryHandlers(_Part):
                 return "Enter a run id.", None
             csv_path, json_path = self.store.export_run(number, out_dir)
         except (ConfigError, StoreError) as exc:
-            return f"**Error:** {exc}", None
+            return f"**Error:** {md_message(exc)}", None
         except OSError as exc:  # a read-only or full folder
-            return f"**Error:** cannot write {out_dir}: {exc.strerror or exc}", None
+            return f"**Error:** cannot write {out_dir}: {md_message(exc.strerror or exc)}", None
+        if self.space:
+            prune_exports(out_dir.parent, keep=[csv_path, json_path])
         return f"Exported run #{number}.", [self.publish(csv_path), self.publish(json_path)]
 
     def login(self, password: str, request: gr.Request | None = None) -> str:
-        return self.guard.login(session(request), password)
+        return self.guard.login(session(request), password, client_address(request))
+
+    def login_oauth(self, profile: gr.OAuthProfile | None, request: gr.Request | None = None) -> str:
+        """On page load after "Sign in with Hugging Face": owner rights when the profile is the Space's
+        author (gradio fills ``profile`` from the signed-in session)."""
+        username = getattr(profile, "username", None) if profile is not None else None
+        return md_message(self.guard.login_oauth(session(request), username))
 
     def owner_file(self, rel_path: str, request: gr.Request | None = None) -> tuple[str, str | None]:
         """A file of the runs folder (jagg.db, a checkpoint, a log), for the owner only."""
@@ -557,9 +584,9 @@ class HistoryHandlers(_Part):
             self.guard.check_owner(session(request), "download")
             path = (self.root / (rel_path or "").strip()).resolve()
             if not path.is_relative_to(self.root) or not path.is_file():
-                raise StoreError(f"download: no file {rel_path!r} in the runs folder")
+                raise StoreError(f"download: no file {brief(rel_path)} in the runs folder")
         except (SpaceError, StoreError) as exc:
-            return f"**Refused.** {exc}", None
+            return f"**Refused.** {md_message(exc)}", None
         if path.name == DB_NAME:  # a consistent copy of a live database (WAL): SQLite's backup
             copy = Path(tempfile.mkdtemp(prefix="jagg-owner-")) / DB_NAME
             with closing(sqlite3.connect(path)) as src, closing(sqlite3.connect(copy)) as dst:

@@ -10,15 +10,20 @@ work is checked here, by who asks (``gr.Request.session_hash``, one per page loa
   therefore fixed until it is listed here. The caps live in this module, not in the config, so no override
   can change them.
 * **Ownership** (:class:`SpaceGuard`): a visitor may cancel, resume and delete only the runs their session
-  started; the owner, after :meth:`SpaceGuard.login` with the password of the Space secret
-  ``JAGG_OWNER_PASSWORD``, may act on every run and is not held to the caps. The showcase runs are
+  started; the owner may act on every run and is not held to the caps. The owner is the Space's author
+  (``SPACE_AUTHOR_NAME``, set by the Space runtime) signed in with Hugging Face (OAuth, ``hf_oauth: true`` in
+  README's front matter: :meth:`SpaceGuard.login_oauth`); the password of the Space secret
+  ``JAGG_OWNER_PASSWORD`` is a fallback (:meth:`SpaceGuard.login`), limited per session and per client
+  address, with no Space-wide pause, so that guessing never locks the owner out. The showcase runs are
   read-only for everyone.
 * **Queue limits**: at most ``per_visitor`` waiting-or-training runs per visitor session and ``total`` in all.
 * **Pruning**: when the runs folder passes ``max_runs_bytes``, the oldest finished visitor runs are deleted
   with their folders (never the owner's, never the showcase, never an active run).
 * **Files** (:class:`FilePublisher`): gradio's file route serves only what the app handed to a component
   (copied into gradio's cache): sample images and the exports a visitor asked for. The runs folder itself
-  is never an allowed path, so ``jagg.db``, checkpoints and logs are never served.
+  is never an allowed path, so ``jagg.db``, checkpoints and logs are never served. A visitor's reports and
+  exports are written inside gradio's cache (so gradio serves them without another copy) and pruned by
+  :func:`prune_exports` to :data:`EXPORTS_PER_SESSION` files a session and :data:`EXPORTS_MAX_BYTES` in all.
 
 Local mode (no ``SPACE_ID``): whoever reaches the app is the owner (``--auth`` protects it); only the
 showcase is read-only. No torch here.
@@ -44,6 +49,13 @@ from jagg_engine.store import RunStore, StoreError
 from jagg_engine.train.config import ConfigError, TrainConfig
 
 OWNER_PASSWORD_ENV = "JAGG_OWNER_PASSWORD"
+SPACE_AUTHOR_ENV = "SPACE_AUTHOR_NAME"  # set by the Space runtime: the user or organisation owning the Space
+OAUTH_ENV = "OAUTH_CLIENT_ID"  # set by the Space runtime when README's front matter has hf_oauth: true
+# A visitor's reports and exports (app.handlers): the newest EXPORTS_PER_SESSION files of each session are kept,
+# and the oldest files of all sessions go while the folder is over EXPORTS_MAX_BYTES (a file just written
+# is always kept, so the folder holds at most EXPORTS_MAX_BYTES plus the newest file).
+EXPORTS_PER_SESSION = 4
+EXPORTS_MAX_BYTES = 64 * 1024**2
 DATA_DIR = Path("/data")  # a Space's persistent storage, when the Space has it
 DATA_RUNS_NAME = "jagg-runs"
 
@@ -133,6 +145,12 @@ class SpaceError(ValueError):
 def space_mode_from_env(env: Mapping[str, str] | None = None) -> bool:
     """A Hugging Face Space sets SPACE_ID in the environment."""
     return bool((os.environ if env is None else env).get("SPACE_ID"))
+
+
+def oauth_from_env(env: Mapping[str, str] | None = None) -> bool:
+    """Sign-in with Hugging Face is on: the Space runtime sets OAUTH_CLIENT_ID when README's front matter
+    has ``hf_oauth: true``."""
+    return bool((os.environ if env is None else env).get(OAUTH_ENV))
 
 
 def default_runs_dir(space: bool, data_dir: Path = DATA_DIR) -> str:
@@ -257,7 +275,9 @@ class SpaceGuard:
     """
 
     LOGIN_TRIES_PER_SESSION = 5
-    LOGIN_FAILURES_PER_10_MIN = 30  # over all sessions: beyond this, logins are refused for a while
+    LOGIN_FAILURES_PER_CLIENT = 10  # wrong passwords from one client address in LOGIN_WINDOW_S
+    LOGIN_WINDOW_S = 600.0
+    _MAX_TRACKED = 10_000  # sessions and client addresses remembered for the limits (oldest forgotten)
 
     def __init__(
         self,
@@ -266,17 +286,19 @@ class SpaceGuard:
         owner_password: str | None = None,
         limits: SpaceLimits | None = None,
         read_only: Iterable[int] = (),
+        owner_name: str | None = None,
     ):
         self.root = Path(runs_dir).resolve()
         self.space = space
         self._password = owner_password or None
+        self.owner_name = (owner_name or "").strip() or None
         self.limits = limits or SpaceLimits()
         self.read_only = set(read_only)
         self._file = self.root / "space-runs.json"
         self._runs: dict[int, dict[str, Any]] = self._load()
         self._owners: set[str] = set()
         self._tries: dict[str, int] = {}
-        self._failures: deque[float] = deque()
+        self._failures: dict[str, deque[float]] = {}  # client address → times of its wrong passwords
         self._last_prune = 0.0
         self._lock = threading.RLock()
 
@@ -284,28 +306,59 @@ class SpaceGuard:
     def is_owner(self, session: str | None) -> bool:
         return not self.space or (bool(session) and session in self._owners)
 
-    def login(self, session: str | None, password: str | None) -> str:
-        """Give this session owner rights if ``password`` is the owner's; the reply is one line."""
+    def login_oauth(self, session: str | None, username: str | None) -> str:
+        """Give this session owner rights if ``username`` (from the Hugging Face sign-in, gradio's
+        OAuthProfile) is the Space's author; never limited by wrong passwords. The reply is one line."""
+        if not self.space:
+            return "Not a Space: whoever reaches this app already has owner rights."
+        if not session or not username:
+            return ""
+        if not self.owner_name:
+            return f"Signed in; the Space's author is unknown ({SPACE_AUTHOR_ENV} is not set)."
+        if username.casefold() != self.owner_name.casefold():
+            return "Signed in with Hugging Face; owner rights are for the Space's author only."
+        with self._lock:
+            self._owners.add(session)
+        return "Signed in with Hugging Face as the Space's author: owner rights for this session."
+
+    def login(self, session: str | None, password: str | None, client: str | None = None) -> str:
+        """Give this session owner rights if ``password`` is the owner's; the reply is one line.
+
+        Wrong passwords are limited per session (LOGIN_TRIES_PER_SESSION) and per client address
+        (LOGIN_FAILURES_PER_CLIENT in LOGIN_WINDOW_S), never Space-wide: a guesser locks out only itself, and
+        the owner signs in with Hugging Face (:meth:`login_oauth`) or from another address."""
         if not self.space:
             return "Not a Space: whoever reaches this app already has owner rights."
         if not self._password:
             return f"Owner login is off: set the Space secret {OWNER_PASSWORD_ENV} to turn it on."
         if not session:
             return "Owner login needs a browser or gradio_client session."
+        if not isinstance(password, str):
+            return "Wrong password."
         with self._lock:
             now = time.time()
-            while self._failures and now - self._failures[0] > 600:
-                self._failures.popleft()
-            if len(self._failures) >= self.LOGIN_FAILURES_PER_10_MIN:
-                return "Owner login is paused after too many wrong passwords; try again in 10 minutes."
+            client = client or "?"
+            failures = self._failures.get(client, deque())
+            while failures and now - failures[0] > self.LOGIN_WINDOW_S:
+                failures.popleft()
+            if len(failures) >= self.LOGIN_FAILURES_PER_CLIENT:
+                wait = max(1, round((self.LOGIN_WINDOW_S - (now - failures[0])) / 60))
+                return (
+                    f"Too many wrong passwords from this address; try again in {wait} minute(s), or sign in"
+                    " with Hugging Face."
+                )
             if self._tries.get(session, 0) >= self.LOGIN_TRIES_PER_SESSION:
                 return "Too many wrong passwords in this session; reload the page to try again."
-            if hmac.compare_digest((password or "").encode(), self._password.encode()):
+            if hmac.compare_digest(password.encode(), self._password.encode()):
                 self._owners.add(session)
                 self._tries.pop(session, None)
                 return "Logged in as the owner for this session."
             self._tries[session] = self._tries.get(session, 0) + 1
-            self._failures.append(now)
+            failures.append(now)
+            self._failures[client] = failures
+            for table in (self._tries, self._failures):  # bounded memory under a flood of sessions
+                while len(table) > self._MAX_TRACKED:
+                    table.pop(next(iter(table)))
             return "Wrong password."
 
     # ------------------------------------------------------------------ who started what
@@ -464,7 +517,70 @@ class FilePublisher:
         return [(self(path), caption) for path, caption in items]
 
 
+def exports_root() -> Path:
+    """The folder of every visitor's reports and exports: inside gradio's cache (``GRADIO_TEMP_DIR``, else
+    ``<temp>/gradio``), where gradio serves a file it is handed without copying it again."""
+    from gradio.utils import get_upload_folder
+
+    return Path(get_upload_folder()) / "jagg-exports"
+
+
 def session_export_dir(session: str | None) -> Path:
-    """A visitor's own export folder under the temp directory (named by a hash: the session hash comes from
-    the client and is never used as a path)."""
-    return Path(tempfile.gettempdir()) / "jagg-exports" / _session_key(session)
+    """A visitor's own export folder under :func:`exports_root` (named by a hash: the session hash comes
+    from the client and is never used as a path)."""
+    return exports_root() / _session_key(session)
+
+
+def prune_exports(
+    root: Path,
+    keep: Iterable[str | os.PathLike[str]] = (),
+    per_session: int | None = None,
+    max_bytes: int | None = None,
+) -> list[Path]:
+    """Delete the oldest reports and exports under ``root`` (one folder per session): beyond the newest
+    ``per_session`` (default EXPORTS_PER_SESSION) files of a session, then, oldest first, while the whole
+    folder is over ``max_bytes`` (default EXPORTS_MAX_BYTES). The files in ``keep`` (just written) stay.
+    Returns the deleted paths."""
+    per_session = EXPORTS_PER_SESSION if per_session is None else per_session
+    max_bytes = EXPORTS_MAX_BYTES if max_bytes is None else max_bytes
+    kept = {Path(p).resolve() for p in keep}
+    files: list[tuple[float, int, Path]] = []
+    deleted: list[Path] = []
+    for folder in (p for p in _entries(root) if p.is_dir()):
+        mine = sorted((stat for stat in map(_stat, _entries(folder)) if stat is not None), reverse=True)
+        for _, _, path in mine[per_session:]:
+            if path.resolve() not in kept and _unlink(path):
+                deleted.append(path)
+        files += [entry for entry in mine[:per_session]]
+    total = sum(size for _, size, _ in files)
+    for _, size, path in sorted(files):
+        if total <= max_bytes:
+            break
+        if path.resolve() not in kept and _unlink(path):
+            deleted.append(path)
+            total -= size
+    return deleted
+
+
+def _entries(folder: Path) -> list[Path]:
+    try:
+        return list(folder.iterdir())
+    except OSError:
+        return []
+
+
+def _stat(path: Path) -> tuple[float, int, Path] | None:
+    """(mtime, size, path) of a regular file; None for anything else or a file gone meanwhile."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_mtime, st.st_size, path) if path.is_file() else None
+
+
+def _unlink(path: Path) -> bool:
+    try:
+        path.unlink()
+        return True
+    except OSError:
+        return False

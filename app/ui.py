@@ -35,8 +35,17 @@ from app.form import (
 )
 from app.handlers import TICK_S, Handlers
 from app.runs import CommandFactory, RunManager, train_command, train_resume_command
-from app.space import OWNER_PASSWORD_ENV, SPACE_BACKBONES, SpaceGuard, SpaceLimits, space_mode_from_env
+from app.space import (
+    OWNER_PASSWORD_ENV,
+    SPACE_AUTHOR_ENV,
+    SPACE_BACKBONES,
+    SpaceGuard,
+    SpaceLimits,
+    oauth_from_env,
+    space_mode_from_env,
+)
 from jagg_engine.backbones import BACKBONES
+from jagg_engine.safe_yaml import brief
 from jagg_engine.store import CorruptIndexError
 from jagg_engine.train.config import TrainConfig
 
@@ -99,12 +108,20 @@ def build_app(
         owner_password if owner_password is not None else os.environ.get(OWNER_PASSWORD_ENV),
         limits or SpaceLimits.from_env(),
         read_only=showcase_ids,
+        owner_name=os.environ.get(SPACE_AUTHOR_ENV),
     )
     r0 = r_default if r_default is not None else data.default_r(has_gpu())
     handlers = Handlers(manager, guard, root, space, r0, panels.panels(), showcase_ids)
-    with gr.Blocks(title="JAGG Studio") as demo:
+    # gradio's cache (sample-image copies, reports, exports) is swept of files older than an hour, every 10
+    # minutes; a visitor's reports and exports are also pruned as they are written (app.space.prune_exports).
+    with gr.Blocks(title="JAGG Studio", delete_cache=DELETE_CACHE) as demo:
         page = build_layout(handlers, SPACE_BACKBONES if space else BACKBONE_CHOICES, showcase_ids)
         wire(demo, page, handlers)
+        if space and oauth_from_env() and _oauth_installed():  # hf_oauth: true in README's front matter
+            with page.history_tab:
+                gr.LoginButton(value="Sign in with Hugging Face (owner)")
+            demo.load(handlers.history.login_oauth, None, page.history.login_msg, api_visibility="private")
+    readable_api_errors(demo)
 
     demo.jagg_manager = manager  # type: ignore[attr-defined]
     demo.jagg_shared = handlers.shared  # type: ignore[attr-defined]
@@ -133,6 +150,59 @@ def index_error_app(root: Path, message: str) -> gr.Blocks:
     return demo
 
 
+DELETE_CACHE = (600, 3600)  # gr.Blocks(delete_cache=(every s, older than s))
+
+
+def _oauth_installed() -> bool:
+    """gradio's OAuth extras (``gradio[oauth]``: authlib, itsdangerous) are importable; without them a
+    LoginButton would stop the app from starting, so the password login is kept alone and the log says so."""
+    import importlib.util
+
+    if all(importlib.util.find_spec(name) for name in ("authlib", "itsdangerous")):
+        return True
+    print(
+        "jagg app: OAuth is on but gradio[oauth] is not installed; owner login by password only", flush=True
+    )
+    return False
+
+
+def readable_api_errors(demo: gr.Blocks) -> None:
+    """Make every input component refuse a value of the wrong type (from gradio_client or a hand-made API
+    call) with one line naming the component, instead of gradio's bare "upstream app raised an exception":
+    each component's ``preprocess`` is wrapped so that any error becomes a ``gr.Error`` (shown to the
+    client) that names the component's label and what it accepts, echoing at most 80 characters."""
+    for block in demo.blocks.values():
+        if isinstance(block, gr.components.Component) and not isinstance(block, gr.State):
+            block.preprocess = _readable(block, block.preprocess)  # type: ignore[method-assign]
+
+
+def _readable(block: Any, preprocess: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    label = str(getattr(block, "label", None) or getattr(block, "elem_id", None) or type(block).__name__)
+    if isinstance(block, gr.Slider):
+        wanted = f"a number from {block.minimum:g} to {block.maximum:g}"
+    elif isinstance(block, gr.Number):
+        wanted = "a number"
+    elif isinstance(block, gr.Checkbox):
+        wanted = "true or false"
+    elif isinstance(block, (gr.Dropdown, gr.Radio)):
+        names = [str(c[1] if isinstance(c, (list, tuple)) else c) for c in (block.choices or [])]
+        wanted = "one of " + ", ".join(names[:8]) + (", …" if len(names) > 8 else "")
+    elif isinstance(block, gr.Textbox):
+        wanted = "text"
+    else:
+        wanted = f"a {type(block).__name__} value"
+
+    def call(payload: Any) -> Any:
+        try:
+            return preprocess(payload)
+        except Exception:
+            raise gr.Error(
+                f"{label}: must be {wanted}, got {brief(payload)}", print_exception=False
+            ) from None
+
+    return call
+
+
 def build_layout(h: Handlers, backbones: tuple[str, ...], showcase_ids: list[int]) -> SimpleNamespace:
     """Every tab's components, inside the open Blocks; the page opens on the showcase when there is one."""
     layout.header(h.space, h.guard.limits.per_visitor)
@@ -146,10 +216,10 @@ def build_layout(h: Handlers, backbones: tuple[str, ...], showcase_ids: list[int
             live = layout.live_tab(h.run_choices(), h.default_run(), h.panels)
         with gr.Tab("Compare", id="compare"):
             compare = layout.compare_tab(h.store, h.run_choices(), showcase_ids, shown)
-        with gr.Tab("History", id="history"):
+        with gr.Tab("History", id="history") as history_tab:
             history = layout.history_tab(h.space, backbones)
     return SimpleNamespace(
-        tabs=tabs, new=new, live=live, compare=compare, history=history,
+        tabs=tabs, new=new, live=live, compare=compare, history=history, history_tab=history_tab,
         run_seen=gr.State(None), list_seen=gr.State(None),
     )  # fmt: skip
 

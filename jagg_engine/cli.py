@@ -202,7 +202,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     run = _commands()[args.command][2]
     try:
-        return int(run(args) or 0)
+        code = int(run(args) or 0)
+        sys.stdout.flush()  # a reader that left (`| head`) raises here, inside this try, not at exit
+        return code
     except UsageError as exc:
         print(f"jagg {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -33,19 +33,55 @@ def resolve(ref: str | Callable[..., Any]) -> Any:
     return _RESOLVED[ref]
 
 
+# The registries a plugin adds to: (module, dict attribute, the attributes of an entry that hold its code).
+_REGISTRIES = (
+    ("jagg_engine.sde_kinds", "SDE_KINDS", ("step", "kl_step_size")),
+    ("jagg_engine.backbones.registry", "BACKBONES", ("factory", "prompts")),
+    ("jagg_engine.rewards.registry", "_REGISTRY", ("factory", "check")),
+)
+_PLUGINS: set[str] = set()  # modules import_plugins saw register something
+
+
+def _entries() -> set[tuple[str, str, int]]:
+    """(registry, name, id of the entry) of every entry of the registries imported so far."""
+    found = set()
+    for module, attribute, _ in _REGISTRIES:
+        registry = getattr(sys.modules.get(module), attribute, None) or {}
+        found |= {(attribute, key, id(value)) for key, value in list(registry.items())}
+    return found
+
+
+def _defines_entries(name: str) -> bool:
+    """Whether an entry of a registry has its code in module ``name`` (or a submodule of it)."""
+    for module, attribute, fields in _REGISTRIES:
+        for entry in list((getattr(sys.modules.get(module), attribute, None) or {}).values()):
+            for ref in (getattr(entry, f, None) for f in fields):
+                where = ref.partition(":")[0] if isinstance(ref, str) else getattr(ref, "__module__", None)
+                if where and (where == name or where.startswith(name + ".")):
+                    return True
+    return False
+
+
 def import_plugins(modules: Sequence[str], field_name: str = "plugins") -> None:
     """Import each module of ``modules`` (dotted names on ``sys.path``) so that it registers what it defines.
 
-    Raises ValueError with one line naming ``field_name`` and the module when a module cannot be imported;
-    a module already imported is not imported again.
+    Raises ValueError with one line naming ``field_name`` and the module when a module cannot be imported,
+    or when it registers nothing (no SDE kind, backbone or reward: ``plugins: [this]`` is a typo, not a
+    plugin). A module already imported is not imported again; it must then hold the code of a registry entry.
     """
     for name in modules:
         if not isinstance(name, str) or not name.strip():
             raise ValueError(
                 f"{field_name}: each entry must be a module name like my_pkg.my_sde, got {name!r}"
             )
-        if name in sys.modules:
+        if name in _PLUGINS:
             continue
+        if name in sys.modules:
+            if not _defines_entries(name):
+                raise ValueError(_nothing(field_name, name))
+            _PLUGINS.add(name)
+            continue
+        before = _entries()
         try:
             importlib.import_module(name)
         except ImportError as exc:
@@ -59,3 +95,13 @@ def import_plugins(modules: Sequence[str], field_name: str = "plugins") -> None:
             raise ValueError(
                 f"{field_name}: importing {name!r} failed: {type(exc).__name__}: {text}"
             ) from exc
+        if _entries() == before and not _defines_entries(name):
+            raise ValueError(_nothing(field_name, name))
+        _PLUGINS.add(name)
+
+
+def _nothing(field_name: str, name: str) -> str:
+    return (
+        f"{field_name}: {name!r} registers nothing (no SDE kind, backbone or reward); a plugin module calls"
+        " register_sde, register_backbone or register_reward"
+    )

@@ -7,12 +7,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import time
 from pathlib import Path
 
 import pytest
 
 from app import space
-from app.space import CAPS, MIN_EVERY, SpaceGuard, SpaceLimits, check_space_config
+from app.space import CAPS, MIN_EVERY, SpaceGuard, SpaceLimits, check_space_config, folder_size
 from jagg_engine.store import open_store
 from jagg_engine.train.config import ConfigError, TrainConfig
 
@@ -174,3 +175,109 @@ def test_requirements_match_the_package_dependencies():
     assert re.search(r"^sdk_version: \d+\.\d+\.\d+$", front, re.M) and "app_file: launch.py" in front
     assert not (REPO / "packages.txt").exists() or (REPO / "packages.txt").read_text().strip()
     assert os.access(REPO / "launch.py", os.R_OK)
+
+
+def test_fifty_wrong_guesses_from_ten_sessions_do_not_lock_the_owner_out(tmp_path):
+    """The guesser is limited per session and per client address; the owner signs in with Hugging Face (the
+    Space's author, SPACE_AUTHOR_NAME) or uses the password from its own address, and gets in either way."""
+    guard = SpaceGuard(tmp_path, space=True, owner_password="s3cret", owner_name="Alice")
+    replies = [guard.login(f"guess-{i % 10}", f"wrong-{i}", "203.0.113.7") for i in range(50)]
+    assert replies[0] == "Wrong password." and replies[-1].startswith("Too many wrong passwords")
+    assert not any(guard.is_owner(f"guess-{i}") for i in range(10))
+    # The right password from the guesser's address is refused too (otherwise guessing would be unlimited).
+    assert guard.login("guess-new", "s3cret", "203.0.113.7").startswith("Too many wrong passwords from this")
+    assert not guard.is_owner("guess-new")
+    # The owner: by password from its own address, and by Hugging Face sign-in (case of the name aside).
+    assert guard.login("owner-1", "s3cret", "198.51.100.2") == "Logged in as the owner for this session."
+    assert guard.login_oauth("owner-2", "alice").startswith(
+        "Signed in with Hugging Face as the Space's author"
+    )
+    assert guard.is_owner("owner-1") and guard.is_owner("owner-2")
+    assert guard.login_oauth("visitor", "mallory").endswith("owner rights are for the Space's author only.")
+    assert not guard.is_owner("visitor")
+    assert "unknown" in SpaceGuard(tmp_path, space=True).login_oauth("s", "alice")
+
+
+def test_prune_exports_keeps_a_bound(tmp_path):
+    root = tmp_path / "jagg-exports"
+    now = time.time()
+    written = []
+    for i in range(30):  # 30 reports of 1 MB from 3 sessions, oldest first
+        path = root / f"session-{i % 3}" / f"report-{i}.html"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * 1_000_000)
+        os.utime(path, (now - 100 + i, now - 100 + i))
+        written.append(path)
+        space.prune_exports(root, keep=[path], per_session=4, max_bytes=6_000_000)
+        assert folder_size(root) <= 6_000_000 + 1_000_000 and path.exists()
+    left = sorted(p.name for p in root.rglob("*.html"))
+    assert left == sorted(p.name for p in written[-6:])  # the newest, within the byte bound
+
+
+def test_user_text_in_markdown_is_shown_as_typed():
+    from app.text import md_code_block, md_message, md_text
+
+    name = "![x](https://evil.example/a.png) [Owner login](https://evil.example) <img src=x onerror=alert(1)>"
+    escaped = md_text(name)
+    assert "<" not in escaped and not re.search(r"(?<!\\)[\[\]]", escaped) and "https://" not in escaped
+    assert md_text("tiny-shapes my_run 1.5") == "tiny-shapes my_run 1.5"  # nothing to escape: unchanged
+    assert re.sub(r"\\(.)", r"\1", escaped).replace("&lt;", "<").replace("&gt;", ">") == name
+    message = md_message(f"name: got {name!r}")
+    assert not re.search(r"(?<!\\)(<[a-z/]|\]\(|`)", message) and "https://" not in message
+    assert md_message("steps: must be an integer <= 2147483647, got [1, 2]") == (
+        "steps: must be an integer <= 2147483647, got [1, 2]"
+    )  # a message without markup is left as it is
+    assert md_code_block("a ``` b ```` c").startswith("`````\n")
+
+
+def test_with_hf_oauth_the_space_offers_sign_in_and_the_author_becomes_owner(tmp_path, monkeypatch):
+    """With the environment a Space with ``hf_oauth: true`` gets (OAUTH_CLIENT_ID, SPACE_AUTHOR_NAME), the
+    app shows gradio's LoginButton and, on page load, gives owner rights to the session signed in as the
+    author. gradio fills the OAuthProfile from the signed-in session; Hugging Face's OAuth cannot run
+    offline, so the profile is made here, and gradio's OAuth routes (which need gradio[oauth]) are not
+    attached."""
+    import types
+
+    import gradio as gr
+    import gradio.routes
+
+    from app import ui
+
+    monkeypatch.setenv("OAUTH_CLIENT_ID", "test-client")
+    monkeypatch.setenv("SPACE_AUTHOR_NAME", "Alice")
+    monkeypatch.setattr(ui, "_oauth_installed", lambda: True)
+    monkeypatch.setattr(gradio.routes, "attach_oauth", lambda app: None)
+    demo = ui.build_app(tmp_path / "runs", space_mode=True, background_ticks=False, showcase_dir=None)
+    try:
+        assert any(isinstance(b, gr.LoginButton) for b in demo.blocks.values())
+        loads = [f.fn for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "login_oauth"]
+        assert len(loads) == 1
+        request = types.SimpleNamespace(session_hash="s-1", headers={}, client=None)
+        profile = gr.OAuthProfile({"name": "A", "preferred_username": "alice", "profile": "", "picture": ""})
+        assert "owner rights for this session" in loads[0](profile, request=request)
+        assert demo.jagg_guard.is_owner("s-1")
+        other = gr.OAuthProfile({"name": "M", "preferred_username": "mallory", "profile": "", "picture": ""})
+        loads[0](other, request=types.SimpleNamespace(session_hash="s-2", headers={}, client=None))
+        assert not demo.jagg_guard.is_owner("s-2")
+        assert loads[0](None, request=request) == ""  # not signed in: nothing to say
+    finally:
+        demo.jagg_stop_ticker.set()
+        demo.jagg_manager.shutdown()
+
+
+def test_without_gradio_oauth_extras_the_app_still_starts_with_the_password(tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    import gradio as gr
+
+    from app import ui
+
+    monkeypatch.setenv("OAUTH_CLIENT_ID", "test-client")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "authlib" else real(n, *a))
+    demo = ui.build_app(tmp_path / "runs", space_mode=True, background_ticks=False, showcase_dir=None)
+    try:
+        assert not any(isinstance(b, gr.LoginButton) for b in demo.blocks.values())
+        assert "owner login by password only" in capsys.readouterr().out
+    finally:
+        demo.jagg_manager.shutdown()

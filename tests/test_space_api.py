@@ -1,6 +1,8 @@
 """Space mode through the public API, as anonymous visitors (one gradio_client each, so one session each)
 and the owner who logged in would call it: caps, overrides, other visitors' runs, the file route, the queue
-limits and pruning.
+limits and pruning; then the hardening: an alias bomb in the overrides box, owner-password guessing, the
+temp folder under 50 report requests, every endpoint fuzzed with wrong types, and a Markdown/HTML run name
+in a real Chromium.
 
 The app is served in-process by launch.serve (the options of `python launch.py` on a Space) over a fresh
 runs folder holding the shipped showcase. A stand-in trainer keeps the trainer's contract (status, metrics,
@@ -11,6 +13,7 @@ what is tested is the app's policy, not training.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sqlite3
 import sys
@@ -26,7 +29,9 @@ import launch
 from app import ui
 from app.space import CAPS, MIN_EVERY, SpaceLimits, folder_size
 
-pytestmark = pytest.mark.slow  # ~40 s on an idle 2-core CPU (an in-process app, ~60 API calls)
+pytestmark = (
+    pytest.mark.slow
+)  # ~3 min on the shared 2-core CPU (in-process apps, ~600 API calls, one Chromium)
 
 PASSWORD = "correct horse battery staple"
 FAKE_TRAINER = textwrap.dedent(
@@ -380,4 +385,179 @@ def test_the_oldest_visitor_runs_are_pruned_past_the_size_limit(tmp_path):
             and (served.runs / f"run-{runs[2]:04d}").is_dir()
         )
     finally:
+        served.close()
+
+
+# ---------------------------------------------------------------------------------------------- hardening
+
+
+def _bomb_line(depth: int = 8) -> str:
+    """A depth-8 YAML alias bomb as one flow mapping (9^9 strings once expanded), one line of the box."""
+    items = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    items += [f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, depth + 1)]
+    return "{" + ", ".join(items) + "}"
+
+
+def test_an_alias_bomb_in_the_overrides_box_is_refused_in_a_second(app):
+    """Through the API, as a visitor: the reply comes within 1 s and the app (in this process) grows by at
+    most 50 MB of peak RSS."""
+    import resource
+
+    client = app.client()
+    for box in (f"rewards={_bomb_line()}", f"reward_options={_bomb_line()}", f"eval_seeds={'[' * 1000}"):
+        rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        start = time.perf_counter()
+        message, run_id, _ = client.predict(*form(overrides=box), api_name="/launch_run")
+        elapsed = time.perf_counter() - start
+        grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) * 1024
+        assert run_id is None and message.startswith("**Not launched.** ") and "\n" not in message, message
+        assert "anchors and aliases are not allowed" in message or "nesting deeper than 16" in message, (
+            message
+        )
+        assert elapsed <= 1.0 and grown <= 50 * 1024**2, (elapsed, grown)
+        assert len(message) < 300
+
+
+def test_fifty_wrong_owner_guesses_from_ten_sessions_then_the_owner_gets_in(app):
+    """10 gradio_client sessions from one address guess 5 times each (X-Forwarded-For is the address the
+    Space's proxy saw); then the owner, from its own address, logs in at once."""
+    from gradio_client import Client
+
+    replies = []
+    for _ in range(10):
+        guesser = Client(
+            app.url, verbose=False, download_files=False, headers={"X-Forwarded-For": "203.0.113.7"}
+        )
+        replies += [guesser.predict(f"guess {i}", api_name="/owner_login") for i in range(5)]
+    assert len(replies) == 50 and replies.count("Wrong password.") == 10, replies
+    assert all(r.startswith("Too many wrong passwords from this address") for r in replies[10:])
+    owner = Client(app.url, verbose=False, download_files=False, headers={"X-Forwarded-For": "198.51.100.2"})
+    assert owner.predict(PASSWORD, api_name="/owner_login") == "Logged in as the owner for this session."
+
+
+@pytest.fixture
+def cache_app(tmp_path, monkeypatch):
+    """A Space app whose gradio cache (GRADIO_TEMP_DIR) is a folder of the test."""
+    monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio-cache"))
+    served = SpaceApp(tmp_path / "app", SpaceLimits(per_visitor=2, total=3))
+    yield served
+    served.close()
+
+
+def test_fifty_report_requests_leave_the_temp_folder_within_its_bound(cache_app):
+    """50 report requests (10 visitors × 5: reports of runs #1, #2, #1+#2, #2+#1, #1 again; 4.9 MB each, the
+    showcase's images inlined) through the API: without pruning, 196 MB of distinct reports. The visitors'
+    reports live in gradio's cache (no second copy), each session keeps its newest EXPORTS_PER_SESSION, and
+    the folder of all stays within EXPORTS_MAX_BYTES (64 MB) plus the report just written."""
+    from gradio_client import Client
+
+    from app import space
+
+    cache = Path(os.environ["GRADIO_TEMP_DIR"])
+    picks = [[1], [2], [1, 2], [2, 1], [1]]
+    replies, size = [], 0
+    for _ in range(10):
+        client = Client(cache_app.url, verbose=False, download_files=False)
+        for pick in picks:
+            message, path = client.predict(pick, 1.8, api_name="/report_runs")
+            replies.append(message)
+            path = Path(path["path"] if isinstance(path, dict) else path)  # the server's file (no download)
+            assert path.is_relative_to(cache / "jagg-exports") and path.is_file(), path
+            size = max(size, path.stat().st_size)
+    assert sum(r.startswith("Report of runs") for r in replies) == 50, replies
+    assert 40 * size > 2 * space.EXPORTS_MAX_BYTES  # the distinct reports would pass the bound twice over
+    bound = space.EXPORTS_MAX_BYTES + size
+    assert folder_size(cache / "jagg-exports") <= bound, (folder_size(cache / "jagg-exports"), bound)
+    assert folder_size(cache) <= bound + 1024**2  # nothing else of the reports is cached
+    assert all(
+        len(list(d.iterdir())) <= space.EXPORTS_PER_SESSION for d in (cache / "jagg-exports").iterdir()
+    )
+
+
+FUZZ = [None, "", -1, 1e308, [1, 2], {"a": 1}, "x" * 1_000_000]
+
+
+def test_every_endpoint_answers_wrong_types_with_a_readable_line_and_stays_up(tmp_path):
+    """Every API endpoint, each parameter in turn given None, "", -1, 1e308, a list, a dict and a 1 MB
+    string (the others at their defaults): a reply, or an error of one readable line naming the input
+    (never gradio's bare "upstream app raised an exception"), and the app answers afterwards."""
+    from gradio_client.exceptions import AppError
+
+    served = SpaceApp(tmp_path, SpaceLimits(per_visitor=2, total=3))
+    try:
+        client = served.client()
+        endpoints = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
+        assert len(endpoints) >= 15, list(endpoints)
+        calls = 0
+        for name, endpoint in endpoints.items():
+            params = endpoint["parameters"]
+            defaults = [p["parameter_default"] if p.get("parameter_has_default") else None for p in params]
+            for i, param in enumerate(params):
+                for bad in FUZZ:
+                    args = list(defaults)
+                    args[i] = bad
+                    calls += 1
+                    try:
+                        out = client.predict(*args, api_name=name)
+                    except AppError as exc:
+                        text = str(exc)
+                        where = (name, param["parameter_name"], repr(bad)[:30], text[:200])
+                        assert "\n" not in text and len(text) <= 300, where
+                        assert "upstream" not in text.lower() and "Traceback" not in text, where
+                        continue
+                    texts = [
+                        o for o in (out if isinstance(out, (list, tuple)) else [out]) if isinstance(o, str)
+                    ]
+                    assert all(len(t) < 5000 for t in texts), (name, param["parameter_name"], repr(bad)[:30])
+        assert calls >= 300
+        assert history(client)  # still up
+    finally:
+        served.close()
+
+
+def test_a_run_name_with_markdown_or_html_renders_as_text_in_chromium(tmp_path):
+    """A visitor names a run with an image, a link and an <img> tag pointing at a local port nobody
+    listens on; another visitor's browser shows the name as typed, makes no request to that port, and shows
+    no image or link of it (Live progress line and History table)."""
+    from browser import chromium
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    trap = _free_port()
+    name = f"![a](//127.1:{trap}/a)<img src=//127.1:{trap}/b>[Owner login](/x)"  # 127.1 = 127.0.0.1
+    assert len(name) <= 64
+    served = SpaceApp(tmp_path, SpaceLimits(per_visitor=2, total=3), step_s=5.0)
+    driver = chromium("1300,1100", logs=True)
+    try:
+        message, run_id, _ = served.client().predict(*form(name=name, steps=30), api_name="/launch_run")
+        assert run_id, message
+        driver.get(served.url)
+        WebDriverWait(driver, 60).until(
+            lambda d: d.find_elements(By.XPATH, "//button[@role='tab' and normalize-space()='Live']")
+        )
+        driver.find_element(By.XPATH, "//button[@role='tab' and normalize-space()='Live']").click()
+        progress = WebDriverWait(driver, 60, poll_frequency=0.3).until(
+            lambda d: (
+                (el := d.find_element(By.ID, "live-progress")) and f"Run #{int(run_id)}" in el.text and el
+            )
+        )
+        assert name in progress.text, progress.text
+        assert not progress.find_elements(By.TAG_NAME, "img") and not progress.find_elements(By.TAG_NAME, "a")
+        driver.find_element(By.XPATH, "//button[@role='tab' and normalize-space()='History']").click()
+        WebDriverWait(driver, 30, poll_frequency=0.3).until(
+            lambda d: name in d.find_element(By.TAG_NAME, "body").text
+        )
+        time.sleep(1.0)
+        page_images = driver.execute_script("return [...document.images].map(i => i.src)")
+        assert not [src for src in page_images if str(trap) in src], page_images
+        links = driver.execute_script("return [...document.links].map(a => a.textContent)")
+        assert "Owner login" not in links, links
+        urls = [
+            json.loads(entry["message"])["message"]["params"]["request"]["url"]
+            for entry in driver.get_log("performance")
+            if json.loads(entry["message"])["message"]["method"] == "Network.requestWillBeSent"
+        ]
+        assert not [u for u in urls if f":{trap}" in u], urls
+    finally:
+        driver.quit()
         served.close()

@@ -44,6 +44,7 @@ from typing import Any
 
 import yaml
 
+from jagg_engine import safe_yaml
 from jagg_engine.sde_kinds import SDE_KINDS, get_sde
 
 # The registered SDE kinds (a live view of jagg_engine.sde_kinds.SDE_KINDS: a kind registered later is in it).
@@ -62,6 +63,24 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # beyond it is a typo, and 64-bit arithmetic on it — seeds × steps — cannot overflow).
 INT_MAX = 2**31 - 1
 NAME_MAX = 200  # characters of a run name (one line, shown in tables and dropdowns)
+# Bounds of every float field: (low, high, low_included). A value outside is refused in one line; past these the
+# update or the sampler blows up (lr = 1e308 gives non-finite weights in one step) or the setting is a typo.
+# Fields with a null option are bounded when set. A test holds every float field to this table.
+FLOAT_BOUNDS: dict[str, tuple[float, float, bool]] = {
+    "lr": (0.0, 1.0, False),
+    "weight_decay": (0.0, 1.0, True),
+    "grad_clip": (0.0, 1e4, False),
+    "clip_range": (0.0, 1.0, False),
+    "adv_clip": (0.0, 1e3, False),
+    "beta": (0.0, 1e3, True),
+    "eta": (0.0, 10.0, False),
+    "shift": (0.0, 100.0, False),
+    "cfg_scale": (0.0, 100.0, False),
+    "lora_alpha": (0.0, 1e5, False),
+    "jagg_frac": (0.0, 1.0, True),
+    "auto_route_threshold": (-1.0, 1.0, True),
+}
+REWARD_WEIGHT_MAX = 1e3  # |weight| of each reward
 # Fields that only some backbones read (their registry entry's ``options``, jagg_engine.backbones.registry); a
 # non-default value on another backbone would be silently ignored, so the validator refuses it.
 MODEL_FIELDS = ("model_path", "lora_rank", "lora_alpha", "lora_targets", "gradient_checkpointing", "precision",
@@ -295,10 +314,16 @@ class TrainConfig:
         hints = _hints()
         values = {}
         for item in overrides:
+            size = len(str(item).encode("utf-8", "surrogatepass"))
+            if size > safe_yaml.OVERRIDES_MAX_BYTES:  # before any parsing
+                raise ConfigError(
+                    f"override {_brief(item[:40])}: {size:,} bytes is over the limit of"
+                    f" {safe_yaml.OVERRIDES_MAX_BYTES:,} bytes"
+                )
             key, sep, text = item.partition("=")
             key = key.strip()
             if not sep or not key:
-                raise ConfigError(f"override {item!r}: must look like name=value")
+                raise ConfigError(f"override {_brief(item)}: must look like name=value")
             _check_known(key)
             values[key] = _coerce(key, hints[key], _parse_text(key, hints[key], text))
         return dataclasses.replace(self, **values)
@@ -483,12 +508,16 @@ class TrainConfig:
                 f"name: must be one line of at most {NAME_MAX} printable characters, got {self.name[:40]!r}"
             )
         _nonempty_str("output_dir", self.output_dir)
+        if not self.output_dir.isprintable():
+            raise ConfigError(
+                "output_dir: must be a folder path of printable characters (no newline, tab or control"
+                f" character), got {_brief(self.output_dir)}"
+            )
 
     def _validate_model(self) -> None:
         """backbone (a registered name), LoRA fields, precision, and the model fields this backbone reads."""
         self._backbone_spec()
-        if self.lora_alpha is not None:
-            _positive("lora_alpha", self.lora_alpha)
+        _bounded("lora_alpha", self.lora_alpha)
         if self.lora_targets and self.lora_rank == 0:
             raise ConfigError(
                 "lora_targets: only used with LoRA; set lora_rank > 0 or leave lora_targets empty"
@@ -506,7 +535,7 @@ class TrainConfig:
         for key in ("prompts_file", "eval_prompts_file"):
             path = getattr(self, key)
             if path is not None and not str(path).endswith(PROMPT_SUFFIXES):
-                raise ConfigError(f"{key}: must be a .txt or .jsonl file, got {path!r}")
+                raise ConfigError(f"{key}: must be a .txt or .jsonl file, got {_brief(path)}")
         if self.prompts_file is None and not backbone.procedural_prompts:
             from jagg_engine.backbones import BACKBONES
 
@@ -535,16 +564,19 @@ class TrainConfig:
         for reward, weight in self.rewards.items():
             if reward not in known:
                 raise ConfigError(
-                    f"rewards: unknown reward {reward!r}; allowed: {', '.join(known) or '(none)'}"
+                    f"rewards: unknown reward {_brief(reward)}; allowed: {', '.join(known) or '(none)'}"
                 )
-            if not math.isfinite(weight):
-                raise ConfigError(f"rewards: weight of {reward!r} must be a finite number, got {weight}")
+            if not (math.isfinite(weight) and abs(weight) <= REWARD_WEIGHT_MAX):
+                raise ConfigError(
+                    f"rewards: weight of {_brief(reward)} must be a number in [-{REWARD_WEIGHT_MAX:g},"
+                    f" {REWARD_WEIGHT_MAX:g}], got {weight}"
+                )
         if all(w == 0 for w in self.rewards.values()):
             raise ConfigError("rewards: at least one weight must be non-zero")
         for reward in self.reward_options:
             if reward not in self.rewards:
                 raise ConfigError(
-                    f"reward_options: {reward!r} is not in rewards; allowed: {', '.join(self.rewards)}"
+                    f"reward_options: {_brief(reward)} is not in rewards; allowed: {', '.join(self.rewards)}"
                 )
         for reward, options in self.reward_options.items():
             check_options(f"reward_options.{reward}", _REGISTRY[reward].factory, options)
@@ -552,10 +584,10 @@ class TrainConfig:
     def _validate_sampler(self) -> None:
         """algorithm (a registered SDE kind), eta, shift, cfg_scale, the SDE window."""
         kind = self._sde_kind()
-        _positive("eta", self.eta)
+        _bounded("eta", self.eta)
         if kind.max_eta is not None and self.eta > kind.max_eta:
             raise ConfigError(f"eta: {self.algorithm} needs 0 < eta <= {kind.max_eta:g}, got {self.eta}")
-        _positive("shift", self.shift)
+        _bounded("shift", self.shift)
         if self.schedule is not None:
             _one_of("schedule", self.schedule, SCHEDULES)
         if self.resolved_schedule() == "pipeline":
@@ -568,7 +600,7 @@ class TrainConfig:
                     f"shift: the pipeline schedule takes its shift from the model's scheduler; leave shift at 1"
                     f" or set schedule=shifted-linear, got shift {self.shift:g}"
                 )
-        _positive("cfg_scale", self.cfg_scale)
+        _bounded("cfg_scale", self.cfg_scale)
         start, end = self.sde_window()
         if not 0 <= start < self.sampling_steps:
             raise ConfigError(
@@ -612,14 +644,10 @@ class TrainConfig:
                 f"window: must be at most the number of trained steps "
                 f"({self.num_trained_steps} = sde_window_end - sde_window_start), got {self.window}"
             )
-        if not 0.0 <= self.jagg_frac <= 1.0:
-            raise ConfigError(f"jagg_frac: must be a number in [0, 1], got {self.jagg_frac}")
+        _bounded("jagg_frac", self.jagg_frac)
         _one_of("endpoint_backward", self.endpoint_backward, ENDPOINT_BACKWARDS)
         _one_of("reuse_rollout_velocity", self.reuse_rollout_velocity, ("off", "auto"))
-        if not -1.0 <= self.auto_route_threshold <= 1.0:
-            raise ConfigError(
-                f"auto_route_threshold: must be a cosine in [-1, 1], got {self.auto_route_threshold}"
-            )
+        _bounded("auto_route_threshold", self.auto_route_threshold)
         if self.fsdp and (self.probe_every > 0 or self.auto_route):
             raise ConfigError(
                 "fsdp: the gradient probe (probe_every, auto_route) does not run on sharded weights;"
@@ -627,15 +655,10 @@ class TrainConfig:
             )
         if self.auto_route and self.strategy != "jagg":
             raise ConfigError(f"auto_route: needs strategy jagg, got strategy {self.strategy!r}")
-        _positive("lr", self.lr)
-        _at_least("weight_decay", self.weight_decay, 0.0)
-        if self.grad_clip is not None:
-            _positive("grad_clip", self.grad_clip)
-        _positive("clip_range", self.clip_range)
-        if self.adv_clip is not None:
-            _positive("adv_clip", self.adv_clip)
+        for key in ("lr", "weight_decay", "grad_clip", "clip_range", "adv_clip"):
+            _bounded(key, getattr(self, key))
         _one_of("adv_std", self.adv_std, ADV_STDS)
-        _at_least("beta", self.beta, 0.0)
+        _bounded("beta", self.beta)
         _one_of("kl_form", self.kl_form, KL_FORMS)
         _one_of("cps_log_prob", self.cps_log_prob, CPS_LOG_PROBS)
         if self.probe_every and self.strategy == "exact":
@@ -709,18 +732,16 @@ def load_config(path: str | None, overrides: list[str], check_environment: bool 
     """Defaults ← YAML file (if any) ← ``key=value`` overrides, then validated."""
     cfg = TrainConfig()
     if path is not None:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
+        try:  # size, anchors/aliases, duplicate keys and depth first: nothing is parsed past the limits
+            data = safe_yaml.load_file(path, "config file")
         except UnicodeDecodeError as exc:
             raise ConfigError(
                 f"config file: {path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
             ) from None
         except OSError as exc:
             raise ConfigError(f"config file: cannot read {path}: {exc.strerror}") from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file: {path} is not valid YAML: {_one_line(str(exc))}") from None
+        except safe_yaml.YamlRefused as exc:
+            raise ConfigError(str(exc)) from None
         if data is None:
             raise ConfigError(f"config file: {path} is empty; it must be a mapping of field names to values")
         if not isinstance(data, dict):
@@ -741,7 +762,12 @@ def check_runs_dir(path: str | os.PathLike[str], field_name: str = "output_dir")
     """
     text = os.fspath(path)
     if not text or "\0" in text:
-        raise ConfigError(f"{field_name}: must be a folder path without NUL bytes, got {text!r}")
+        raise ConfigError(f"{field_name}: must be a folder path without NUL bytes, got {_brief(text)}")
+    if not text.isprintable():  # a newline or tab in a folder name breaks logs, tables and shell scripts
+        raise ConfigError(
+            f"{field_name}: must be a folder path of printable characters (no newline, tab or control"
+            f" character), got {_brief(text)}"
+        )
     folder = Path(text).expanduser()
     for part in folder.parts:
         if len(os.fsencode(part)) > 255:
@@ -854,7 +880,7 @@ def _check_known(key: str) -> None:
     if key not in _FIELD_NAMES:
         close = difflib.get_close_matches(key, _FIELD_NAMES, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else "; run `jagg train --help` for the list"
-        raise ConfigError(f"unknown field {key!r}{hint}")
+        raise ConfigError(f"unknown field {_brief(key)}{hint}")
 
 
 def _split_optional(tp: Any) -> tuple[Any, bool]:
@@ -880,9 +906,11 @@ def _parse_text(key: str, tp: Any, text: str) -> Any:
         return text
     if typing.get_origin(base) in (list, dict):
         try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError:
-            raise ConfigError(f"{key}: {_expected(base)} written in YAML, got {text!r}") from None
+            return safe_yaml.load(text, key, max_bytes=safe_yaml.OVERRIDES_MAX_BYTES)
+        except safe_yaml.YamlInvalid:
+            raise ConfigError(f"{key}: {_expected(base)} written in YAML, got {_brief(text)}") from None
+        except safe_yaml.YamlRefused as exc:
+            raise ConfigError(_one_line(str(exc))) from None
     return text.strip()
 
 
@@ -903,7 +931,7 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
         if optional:
             return None
         raise ConfigError(f"{key}: must not be null")
-    where = f"{key}: {_expected(tp)}{' or null' if optional else ''}, got {value!r}"
+    where = f"{key}: {_expected(tp)}{' or null' if optional else ''}, got {_brief(value)}"
     origin = typing.get_origin(base)
     if origin is list:
         if not isinstance(value, (list, tuple)):
@@ -922,7 +950,7 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
             return value
         if isinstance(value, str) and value.lower() in ("true", "yes", "on", "1", "false", "no", "off", "0"):
             return value.lower() in ("true", "yes", "on", "1")
-        raise ConfigError(f"{key}: must be true or false, got {value!r}")
+        raise ConfigError(f"{key}: must be true or false, got {_brief(value)}")
     if base is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
@@ -954,9 +982,12 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+_brief = safe_yaml.brief
+
+
 def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
-        raise ConfigError(f"{key}: must be one of {', '.join(allowed)}, got {value!r}")
+        raise ConfigError(f"{key}: must be one of {', '.join(allowed)}, got {_brief(value)}")
 
 
 def _int_at_least(key: str, value: int, low: int) -> None:
@@ -967,6 +998,18 @@ def _int_at_least(key: str, value: int, low: int) -> None:
 def _at_least(key: str, value: float, low: float) -> None:
     if not (math.isfinite(value) and value >= low):
         raise ConfigError(f"{key}: must be a number >= {low:g}, got {value}")
+
+
+def _bounded(key: str, value: float | None) -> None:
+    """``value`` within FLOAT_BOUNDS[key] (None, for a field whose null means "off", passes)."""
+    if value is None:
+        return
+    low, high, closed = FLOAT_BOUNDS[key]
+    inside = (low <= value if closed else low < value) and value <= high
+    if not (math.isfinite(value) and inside):
+        raise ConfigError(
+            f"{key}: must be a number in {'[' if closed else '('}{low:g}, {high:g}], got {value}"
+        )
 
 
 def _positive(key: str, value: float) -> None:
@@ -1054,7 +1097,7 @@ def check_options(
             raise ConfigError(f"{where}.{key}: unknown option; allowed: {', '.join(allowed) or '(none)'}")
         tp = hints.get(key)
         if tp is not None and not _matches(value, tp):
-            raise ConfigError(f"{where}.{key}: must be {_describe(tp)}, got {value!r}")
+            raise ConfigError(f"{where}.{key}: must be {_describe(tp)}, got {_brief(value)}")
     for name, p in params.items():
         if p.default is inspect.Parameter.empty and name not in options and name not in reserved:
             raise ConfigError(f"{where}.{name}: required option is missing")

@@ -150,11 +150,13 @@ def topology(args: argparse.Namespace, config_processes: int | None) -> Topology
 
 
 def _topology_from_accelerate_config(path: str) -> Topology:
-    import yaml
+    from jagg_engine import safe_yaml
 
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
+        data = safe_yaml.load_file(path, "accelerate-config") or {}
+    except safe_yaml.YamlRefused as exc:
+        raise UsageError(str(exc)) from None
+    except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"accelerate-config: cannot read {path}: {' '.join(str(exc).split())}") from None
     if not isinstance(data, dict):
         raise UsageError(f"accelerate-config: {path} is not a mapping of accelerate settings")
@@ -275,6 +277,11 @@ def _run(args: argparse.Namespace, lock: list) -> int:
         raise UsageError(f"{flag}: must be a run id from 1 to {RUN_ID_MAX}, got {attach}")
     if args.processes is not None and args.processes < 1:
         raise UsageError(f"--processes: must be an integer >= 1, got {args.processes}")
+    if args.runs_dir is not None and not args.runs_dir.isprintable():
+        raise UsageError(
+            f"--runs-dir: must be a folder path of printable characters (no newline, tab or control character),"
+            f" got {args.runs_dir[:60]!r}"
+        )
     if args.overrides and args.config and "=" in args.config:  # `jagg train steps=3` without a file
         args.overrides.insert(0, args.config)
         args.config = None
