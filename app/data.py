@@ -46,13 +46,16 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
 
 def config_speedup(config: Mapping[str, Any], r: float) -> float | None:
     """The prediction for a stored run config (its W, jagg_frac, strategy, trained-step count, velocity reuse
-    and mini-batches per rollout; a config from before those fields ran without reuse, one update a rollout)."""
+    and mini-batches per rollout; a config from before those fields ran without reuse, one update a rollout).
+    A sliding SDE window trains W steps a step, one group, wherever it stands."""
     try:
         start = config.get("sde_window_start") or 0
         end = config.get("sde_window_end")
         if end is None:
             last_stochastic = SDE_KINDS[config.get("algorithm", "flow-grpo")].last_step_stochastic
             end = config["sampling_steps"] - (0 if last_stochastic else 1)
+        if config.get("sde_window_schedule") == "sliding":
+            end = start + min(int(config["window"]), end - start)
         return predicted_speedup(
             int(config["window"]),
             r,

@@ -160,6 +160,13 @@ def test_config_speedup_reads_reuse_and_minibatches():
     assert data.config_speedup(cfg, 1.8) == pytest.approx(7.2 / 3.6)
     cfg["updates_per_rollout"] = 4
     assert data.config_speedup(cfg, 1.8) == pytest.approx(7.2 / (0.25 * 3.6 + 0.75 * 5.6))
+    # a sliding window trains W = 4 of the 8 steps a step, one group: the same ratio as one fixed window of 4
+    cfg.update(updates_per_rollout=1, window=4, sde_window_schedule="sliding")
+    assert data.config_speedup(cfg, 1.8) == pytest.approx(7.2 / 3.6)
+    cfg.update(window=3, reuse_rollout_velocity="off")  # W = 3 of 8: one group of 3, (3·r) / (1 + 2r)
+    assert data.config_speedup(cfg, 1.8) == pytest.approx(3 * 1.8 / (1 + 2 * 1.8))
+    cfg["sde_window_schedule"] = "fixed"  # fixed: the 8 steps in groups 3, 3, 2 (the last one exact)
+    assert data.config_speedup(cfg, 1.8) == pytest.approx(8 * 1.8 / (2 * (1 + 2 * 1.8) + 2 * 1.8))
 
 
 def test_compare_frame_and_config_diff(store):
