@@ -56,10 +56,10 @@ def decay_steps(trainer):
     """STEPS optimizer steps through the trainer's own optimize(), with zero gradients: only the decoupled
     weight decay moves the weights, by RATE·|w| a step. Returns the relative change of every trained weight."""
     start = [p.detach().double().clone() for p in trainer.params]
-    for _ in range(STEPS):
+    for step in range(1, STEPS + 1):
         for p in trainer.params:
             p.grad = torch.zeros_like(p)
-        trainer.optimize()
+        trainer.optimize(step)
     return torch.cat([((p.detach().double() - w) / w)[w != 0] for p, w in zip(trainer.params, start)])
 
 
