@@ -72,7 +72,7 @@ def metric_controls(prefix: str, x_only: bool = False) -> SimpleNamespace:
     view = metrics.MetricView()
     with gr.Row():
         pick = gr.Dropdown(
-            choices=list(view.metrics), value=list(view.metrics), multiselect=True, allow_custom_value=False,
+            choices=list(view.metrics), value=list(view.metrics), multiselect=True, allow_custom_value=True,
             label="metrics (any logged key)", scale=4, elem_id=f"{prefix}-metric-pick",
         )  # fmt: skip
         smoothing = gr.Slider(

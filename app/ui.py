@@ -168,45 +168,38 @@ def _oauth_installed() -> bool:
 
 def readable_api_errors(demo: gr.Blocks) -> None:
     """Make every input component refuse a value of the wrong type (from gradio_client or a hand-made API
-    call) with one line naming the component, instead of gradio's bare "upstream app raised an exception"
-    (or a dropdown's list of every choice): the ``preprocess`` of each component class the app uses is wrapped
-    so that any error becomes a ``gr.Error`` (shown to the client) that names the component's label and what
-    it accepts, echoing at most 80 characters. The class, not the instance: gradio processes a component
-    whose choices a session updated (the metric picker) through a copy made for that session."""
+    call) with one line naming the component, instead of gradio's bare "upstream app raised an exception":
+    each component's ``preprocess`` is wrapped so that any error becomes a ``gr.Error`` (shown to the
+    client) that names the component's label and what it accepts, echoing at most 80 characters."""
     for block in demo.blocks.values():
         if isinstance(block, gr.components.Component) and not isinstance(block, gr.State):
-            cls = type(block)
-            if not getattr(cls.preprocess, "_readable", False):
-                cls.preprocess = _readable(cls.preprocess)  # type: ignore[method-assign]
+            block.preprocess = _readable(block, block.preprocess)  # type: ignore[method-assign]
 
 
-def _wanted(block: Any) -> str:
-    """What a component accepts, in words (its choices cut to the first 8)."""
+def _readable(block: Any, preprocess: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    label = str(getattr(block, "label", None) or getattr(block, "elem_id", None) or type(block).__name__)
     if isinstance(block, gr.Slider):
-        return f"a number from {block.minimum:g} to {block.maximum:g}"
-    if isinstance(block, gr.Number):
-        return "a number"
-    if isinstance(block, gr.Checkbox):
-        return "true or false"
-    if isinstance(block, (gr.Dropdown, gr.Radio)):
+        wanted = f"a number from {block.minimum:g} to {block.maximum:g}"
+    elif isinstance(block, gr.Number):
+        wanted = "a number"
+    elif isinstance(block, gr.Checkbox):
+        wanted = "true or false"
+    elif isinstance(block, (gr.Dropdown, gr.Radio)):
         names = [str(c[1] if isinstance(c, (list, tuple)) else c) for c in (block.choices or [])]
-        return "one of " + ", ".join(names[:8]) + (", …" if len(names) > 8 else "")
-    if isinstance(block, gr.Textbox):
-        return "text"
-    return f"a {type(block).__name__} value"
+        wanted = "one of " + ", ".join(names[:8]) + (", …" if len(names) > 8 else "")
+    elif isinstance(block, gr.Textbox):
+        wanted = "text"
+    else:
+        wanted = f"a {type(block).__name__} value"
 
-
-def _readable(preprocess: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
-    def call(self: Any, payload: Any) -> Any:
+    def call(payload: Any) -> Any:
         try:
-            return preprocess(self, payload)
+            return preprocess(payload)
         except Exception:
-            label = str(getattr(self, "label", None) or getattr(self, "elem_id", None) or type(self).__name__)
             raise gr.Error(
-                f"{label}: must be {_wanted(self)}, got {brief(payload)}", print_exception=False
+                f"{label}: must be {wanted}, got {brief(payload)}", print_exception=False
             ) from None
 
-    call._readable = True  # type: ignore[attr-defined]
     return call
 
 
