@@ -41,9 +41,21 @@ def pack(
     runs: Mapping[str, int],
     out_dir: str | os.PathLike[str],
     recorded_with: str = RECORD_COMMAND,
+    max_step: int | None = None,
+    image_every: int | None = None,
 ) -> Path:
     """Write the showcase of ``runs`` (key such as "exact" → run id of ``store``) into ``out_dir``: the
-    manifest and the eval-image grids. Replaces what ``out_dir`` held. Returns the manifest path."""
+    manifest and the eval-image grids. Replaces what ``out_dir`` held. Returns the manifest path.
+
+    ``max_step`` keeps a run's history up to that step (a longer run's first steps are those of a run that
+    stops there: the config's ``steps`` says so, ``finished_at`` is the step's ``time/unix``, and the entry
+    keeps ``cut_at_step``). ``image_every`` ships the eval images of every k-th step only (plus the first and
+    the last eval), so that a long run fits the Space's size; every eval metric is kept."""
+    if max_step is not None and max_step < 0:
+        raise ValueError(f"max_step: must be >= 0, got {max_step}")
+    if image_every is not None and image_every < 1:
+        raise ValueError(f"image_every: must be >= 1, got {image_every}")
+    last = math.inf if max_step is None else max_step
     out = Path(out_dir)
     if out.exists():
         shutil.rmtree(out)
@@ -61,13 +73,26 @@ def pack(
             for step, key_, value in store.db.execute(
                 "SELECT step, key, value FROM metrics WHERE run_id = ? ORDER BY step, key", [run_id]
             ).fetchall()
+            if step <= last
         ]
-        probes = [{k: v for k, v in p.items() if k != "run_id"} for p in store.probes(run_id)]
+        probes = [
+            {k: v for k, v in p.items() if k != "run_id"} for p in store.probes(run_id) if p["step"] <= last
+        ]
+        finished_at = run["finished_at"]
+        cut = max_step is not None and int(config.get("steps") or 0) > max_step
+        if cut:
+            config["steps"] = max_step
+            clock = [value for step, key_, value in metrics if step == max_step and key_ == "time/unix"]
+            finished_at = clock[0] if clock else finished_at
         samples = []
         by_step: dict[int, list[dict[str, Any]]] = {}
         for s in store.samples(run_id, "eval"):
-            by_step.setdefault(int(s["step"]), []).append(s)
+            if s["step"] <= last:
+                by_step.setdefault(int(s["step"]), []).append(s)
+        eval_steps = sorted(by_step)
         for step, rows in sorted(by_step.items()):
+            if image_every and step % image_every and step not in (eval_steps[0], eval_steps[-1]):
+                continue
             grid_name = f"{key}-eval-{step:05d}.png"
             images = [Image.open(Path(run["run_dir"]) / s["path"]).convert("RGB") for s in rows]
             width, height = images[0].size
@@ -96,11 +121,12 @@ def pack(
                 "config": config,
                 "created_at": run["created_at"],
                 "started_at": run["started_at"],
-                "finished_at": run["finished_at"],
+                "finished_at": finished_at,
                 "cell_size": [width, height] if samples else None,
                 "metrics": metrics,
                 "probes": probes,
                 "samples": samples,
+                **({"cut_at_step": max_step} if cut else {}),
             }
         )
     manifest = {

@@ -1,13 +1,20 @@
-"""Record the app's showcase again: an exact run and a JAGG run of configs/tiny-shapes-cpu.yaml, then pack
-their history (metrics, probes, eval images; no checkpoint or log) into assets/showcase/.
+"""Record the app's showcase again: Flow-GRPO's exact backward over the whole SDE range against the shipped
+default (sliding window + JAGG + reuse + shared prefix + DPM-Solver++) of configs/tiny-shapes-cpu.yaml, then
+pack their history (metrics, probes, eval images; no checkpoint or log) into assets/showcase/.
 
     python scripts/record_showcase.py [--steps N] [--runs-dir DIR] [--out assets/showcase]
-    python scripts/record_showcase.py --pack-only DIR [--steps N]     # pack runs already recorded in DIR
+    python scripts/record_showcase.py --pack-only DIR [--runs exact=ID,jagg=ID] [--max-step N]
 
-The two runs are ``jagg train configs/tiny-shapes-cpu.yaml strategy=S name=showcase-S [steps=N]
---runs-dir DIR`` for S = exact and jagg: the same config, seed, prompts and eval seeds. They are started
-together with one intra-op thread each (OMP_NUM_THREADS=1), so that they share the machine alike and their
-update times are comparable. ``--steps`` (default: the config's 40) shortens both.
+The two runs are ``jagg train configs/tiny-shapes-cpu.yaml eval_every=5 name=showcase-S [steps=N] --runs-dir
+DIR``, the exact one with ``EXACT`` on top (variant (a) of README "Time to quality"): the same seed, prompts and
+eval seeds. They are started together with one intra-op thread each (OMP_NUM_THREADS=1), so that they share
+the machine alike and their times are comparable. ``--steps`` (default: the config's 40) shortens both.
+
+``--pack-only DIR`` packs runs already recorded in DIR: the newest finished showcase-exact and showcase-jagg,
+or the ids ``--runs`` names (e.g. a race's (a) and (d) runs of one seed); ``--max-step N`` keeps their first N
+steps (a longer run's first N steps are those of an N-step run: the schedule is a function of the step).
+Eval images are shipped every ``--image-every`` steps (default 10, plus the first and last eval) so that the
+showcase stays under the Space's 3 MB; every eval metric is shipped.
 """
 
 from __future__ import annotations
@@ -27,13 +34,17 @@ from jagg_engine.store import open_store  # noqa: E402
 
 CONFIG = "configs/tiny-shapes-cpu.yaml"
 STRATEGIES = ("exact", "jagg")
+# Variant (a): exact over the whole SDE range, every sample its own noise, Euler outside it (Flow-GRPO).
+EXACT = ["strategy=exact", "sde_window_schedule=fixed", "group_noise=independent", "ode_solver=euler"]
+EXACT += ["ode_steps_after=null"]
 
 
 def record(runs_dir: Path, steps: int | None) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     procs = []
     for strategy in STRATEGIES:
-        argv = [sys.executable, "-m", "jagg_engine.cli", "train", CONFIG, f"strategy={strategy}"]
+        argv = [sys.executable, "-m", "jagg_engine.cli", "train", CONFIG, "eval_every=5"]
+        argv += EXACT if strategy == "exact" else ["strategy=jagg"]
         argv += [
             f"name=showcase-{strategy}",
             *([f"steps={steps}"] if steps else []),
@@ -62,24 +73,46 @@ def latest_runs(runs_dir: Path) -> dict[str, int]:
     return found
 
 
+def parse_runs(p: argparse.ArgumentParser, spec: str) -> dict[str, int]:
+    """``exact=ID,jagg=ID`` → {"exact": ID, "jagg": ID}; anything else is a one-line usage error."""
+    try:
+        ids = {key: int(value) for key, value in (part.split("=", 1) for part in spec.split(","))}
+    except ValueError:
+        ids = {}
+    if list(ids) != list(STRATEGIES):
+        p.error(f"--runs: must be exact=ID,jagg=ID, got {spec!r}")
+    return ids
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=None, help="GRPO steps of both runs (default: the config's)")
     p.add_argument("--runs-dir", type=Path, default=None, help="where to record (default: a new temp folder)")
     p.add_argument("--pack-only", type=Path, default=None, metavar="DIR", help="pack runs recorded in DIR")
     p.add_argument("--out", type=Path, default=showcase.SHOWCASE_DIR, help="showcase folder to (re)write")
+    p.add_argument("--runs", default=None, metavar="exact=ID,jagg=ID", help="with --pack-only: the run ids")
+    p.add_argument("--max-step", type=int, default=None, help="with --pack-only: keep steps 0..N")
+    p.add_argument("--image-every", type=int, default=10, help="eval images every k steps (default 10)")
+    p.add_argument("--recorded-with", default=None, help="with --pack-only: the command that recorded them")
     args = p.parse_args(argv)
-    if args.steps is not None and args.steps < 1:
-        p.error(f"--steps: must be an integer >= 1, got {args.steps}")
+    for name in ("steps", "max_step", "image_every"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            p.error(f"--{name.replace('_', '-')}: must be an integer >= 1, got {value}")
+    if args.pack_only is None and (args.runs or args.max_step or args.recorded_with):
+        p.error("--runs, --max-step and --recorded-with go with --pack-only")
     command = "python scripts/record_showcase.py" + (f" --steps {args.steps}" if args.steps else "")
     if args.pack_only is not None:
         runs_dir = args.pack_only
+        command = args.recorded_with or command
     else:
         runs_dir = args.runs_dir or Path(tempfile.mkdtemp(prefix="jagg-showcase-"))
         record(runs_dir, args.steps)
-    ids = latest_runs(runs_dir)
+    ids = parse_runs(p, args.runs) if args.runs else latest_runs(runs_dir)
     with open_store(runs_dir) as store:
-        manifest = showcase.pack(store, ids, args.out, recorded_with=command)
+        manifest = showcase.pack(
+            store, ids, args.out, recorded_with=command, max_step=args.max_step, image_every=args.image_every
+        )
     size = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file())
     print(f"showcase: runs {ids} of {runs_dir} → {manifest.parent} ({size / 1024**2:.2f} MB)")
     return 0

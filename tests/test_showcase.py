@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 from PIL import Image
 
 from app import data, showcase
@@ -18,21 +19,22 @@ from jagg_engine.store import open_store
 PROMPTS = ["red circle left", "blue square top", "green triangle center"]
 
 
-def _recorded(runs: Path) -> dict[str, int]:
-    """Two finished runs like `jagg train` leaves them: metrics, eval images at steps 0 and 2, a checkpoint
-    and a log (which the showcase must not take)."""
+def _recorded(runs: Path, eval_steps: tuple[int, ...] = (0, 2)) -> dict[str, int]:
+    """Two finished 2-step runs like `jagg train` leaves them: metrics, eval images at ``eval_steps``, a
+    checkpoint and a log (which the showcase must not take)."""
     store = open_store(runs)
     ids = {}
     rng = np.random.default_rng(0)
     for strategy in ("exact", "jagg"):
         run_dir = runs / f"run-{len(ids) + 1:04d}"
         run_id = store.create_run(
-            f"showcase-{strategy}", {"strategy": strategy, "output_dir": str(runs)}, run_dir
+            f"showcase-{strategy}", {"strategy": strategy, "steps": 2, "output_dir": str(runs)}, run_dir
         )
         store.set_status(run_id, "running", pid=1)
         for step in range(3):
-            store.log_step(run_id, step, {"reward/mean": 1.0 + step / 10, "time/update": 2.0, "lr": math.nan})
-        for step in (0, 2):
+            metrics = {"reward/mean": 1.0 + step / 10, "time/update": 2.0, "lr": math.nan}
+            store.log_step(run_id, step, {**metrics, "time/unix": 1.7e9 + step})
+        for step in eval_steps:
             samples = []
             for i, prompt in enumerate(PROMPTS):
                 for seed in (0, 1):
@@ -94,6 +96,30 @@ def test_pack_then_install_gives_the_same_history(tmp_path):
         again = showcase.install(store, runs, tmp_path / "showcase")
         assert len(again) == 2 and not set(again) & set(installed)
         assert {r["id"] for r in store.list_runs()} == set(again)
+
+
+def test_pack_keeps_a_longer_runs_first_steps_and_thins_its_images(tmp_path):
+    ids = _recorded(tmp_path / "recorded", eval_steps=(0, 1, 2))
+    with open_store(tmp_path / "recorded") as store:
+        cut = json.loads(showcase.pack(store, ids, tmp_path / "cut", max_step=1).read_text())
+        thin = json.loads(showcase.pack(store, ids, tmp_path / "thin", image_every=5).read_text())
+        whole = {k: store.get_run(i)["finished_at"] for k, i in ids.items()}
+    for entry in cut["runs"]:
+        assert {step for step, _, _ in entry["metrics"]} == {0, 1}
+        assert {s["step"] for s in entry["samples"]} == {0, 1} and entry["probes"][0]["step"] == 1
+        assert (entry["config"]["steps"], entry["cut_at_step"]) == (1, 1)
+        assert entry["finished_at"] == 1.7e9 + 1 != whole[entry["key"]]
+    for entry in thin["runs"]:  # the first and the last eval's images; every eval metric
+        assert {s["step"] for s in entry["samples"]} == {0, 2} and "cut_at_step" not in entry
+        assert entry["config"]["steps"] == 2 and entry["finished_at"] == whole[entry["key"]]
+    assert sorted(p.name for p in (tmp_path / "thin" / "images").iterdir()) == [
+        "exact-eval-00000.png", "exact-eval-00002.png", "jagg-eval-00000.png", "jagg-eval-00002.png"
+    ]  # fmt: skip
+    with open_store(tmp_path / "fresh") as store:
+        runs = [store.get_run(i) for i in showcase.install(store, tmp_path / "fresh", tmp_path / "cut")]
+        assert [(r["status"], r["last_step"], r["config"]["steps"]) for r in runs] == [("finished", 1, 1)] * 2
+    with open_store(tmp_path / "recorded") as store, pytest.raises(ValueError, match="image_every"):
+        showcase.pack(store, ids, tmp_path / "bad", image_every=0)
 
 
 def test_a_broken_showcase_loads_nothing(tmp_path, capsys):
