@@ -3,6 +3,7 @@ and the shipped one in assets/showcase."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import re
@@ -16,6 +17,7 @@ from PIL import Image
 from app import data, showcase
 from jagg_engine.store import open_store
 
+ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["red circle left", "blue square top", "green triangle center"]
 
 
@@ -180,3 +182,31 @@ def test_reward_svg_draws_each_runs_train_and_eval_curve(tmp_path):
     ]
     assert all(len(points.split()) == 3 for _, _, points in curves)  # steps 0, 1, 2
     assert data.reward_svg({"empty": pd.DataFrame({"step": []})}) == ""
+
+
+def test_record_showcase_packs_runs_named_by_id(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("record_showcase", ROOT / "scripts" / "record_showcase.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    ids = _recorded(tmp_path / "race", eval_steps=(0, 1, 2))
+    out = tmp_path / "out"
+    argv = ["--pack-only", str(tmp_path / "race"), "--runs", f"exact={ids['exact']},jagg={ids['jagg']}"]
+    assert script.main([*argv, "--max-step", "1", "--recorded-with", "jagg race X", "--out", str(out)]) == 0
+    manifest = json.loads((out / "showcase.json").read_text())
+    assert manifest["recorded_with"] == "jagg race X"
+    assert [(r["key"], r["cut_at_step"]) for r in manifest["runs"]] == [("exact", 1), ("jagg", 1)]
+    for bad, message in [
+        (
+            ["--pack-only", str(tmp_path / "race"), "--runs", "jagg=1,exact=2"],
+            "--runs: must be exact=ID,jagg=ID",
+        ),
+        (
+            ["--pack-only", str(tmp_path / "race"), "--runs", "exact=1,jagg=x"],
+            "--runs: must be exact=ID,jagg=ID",
+        ),
+        (["--max-step", "3"], "--runs, --max-step and --recorded-with go with --pack-only"),
+        (["--image-every", "0"], "--image-every: must be an integer >= 1, got 0"),
+    ]:
+        with pytest.raises(SystemExit) as exc:
+            script.main([*bad, "--out", str(out)])
+        assert exc.value.code == 2 and message in capsys.readouterr().err
