@@ -252,10 +252,10 @@ def test_launch_restart_finish_and_cancel_through_the_api(app):
     assert [t["name"] for t in json.loads(times["plot"])["data"]] == [
         "sampling", "reward", "probe", "update forward", "update backward",
     ]  # fmt: skip
-    # predicted for 6 trained steps, W = 4, r = 1.8, with the rollout's velocities (reuse_rollout_velocity auto,
-    # the default, one update a rollout): groups of 4 and 2 → 6r / (2r + 2r)
-    predicted = cost_model_speedup(4, 1.8, 1.0, "jagg+reuse", trained_steps=6)
-    assert speedup["data"][0][-2] == pytest.approx(predicted, abs=1e-3) and predicted == pytest.approx(1.5)
+    # predicted for the default sliding window (W = 4 trained steps a step, inside the 6), r = 1.8, with the
+    # rollout's velocities (reuse_rollout_velocity auto, one update a rollout): one group of 4 → 4r / 2r
+    predicted = cost_model_speedup(4, 1.8, 1.0, "jagg+reuse", trained_steps=4)
+    assert speedup["data"][0][-2] == pytest.approx(predicted, abs=1e-3) and predicted == pytest.approx(2.0)
     assert len(gallery) == 8  # 4 prompts × 1 seed at steps 0 and 3
     first = gallery[0]
     assert first["caption"].startswith("step 3 · ") and "reward" in first["caption"]

@@ -112,7 +112,20 @@ def test_tiny_shapes_config_is_the_setting_that_learned() -> None:
         1e-4,
         1.0,
     )
-    assert cfg.num_trained_steps == 8 and cfg.num_windows == 2
+    # The windowed default (README "Time to quality"): a sliding window of W = 4 over steps 0-8, one JAGG
+    # group a step, the group's prefix once, DPM-Solver++ for at most 4 steps after the window.
+    windowed = (cfg.sde_window_schedule, cfg.window, cfg.window_shift_every, cfg.window_stride)
+    assert windowed == ("sliding", 4, 5, 1) and cfg.window_last_start is None
+    assert (cfg.strategy, cfg.reuse_rollout_velocity, cfg.group_noise) == ("jagg", "auto", "shared")
+    assert (cfg.ode_solver, cfg.ode_steps_before, cfg.ode_steps_after) == ("dpmpp-2m", None, 4)
+    assert cfg.num_trained_steps == 4 and cfg.num_windows == 1
+    assert [cfg.sde_window_at(step) for step in (1, 6, 21, 26)] == [(0, 4), (1, 5), (4, 8), (0, 4)]
+    # The form's defaults (schedule null = the backbone's default, shifted-linear for tiny-shapes).
+    assert cfg.to_dict() == {
+        **TrainConfig().to_dict(),
+        "name": "tiny-shapes-cpu",
+        "schedule": "shifted-linear",
+    }
 
 
 # ---------------------------------------------------------------------- one-line errors
@@ -308,6 +321,7 @@ def test_overrides_are_parsed_with_the_field_type(cfg: TrainConfig) -> None:
             "lora_rank=8",
             "lora_targets=[to_q, to_k]",
             "sde_window_end=None",
+            "sde_window_schedule=fixed",
         ]
     )
     assert (out.steps, out.window, out.jagg_frac, out.lr, out.grad_clip) == (3, 4, 0.6, 3e-5, None)
@@ -376,10 +390,13 @@ def test_engine_configs_are_built() -> None:
         12,
         0.7,
         1.0,
-        (0, 8),
+        (0, 4),
     )
-    assert len(sampler.sde_steps()) == cfg.num_trained_steps
-    every = cfg.apply_overrides(["algorithm=cps", "sde_window_start=null", "sde_window_end=null"])
+    assert (sampler.ode_solver, sampler.ode_steps_before, sampler.ode_steps_after) == ("dpmpp-2m", None, 4)
+    assert len(sampler.sde_steps()) == cfg.num_trained_steps == 4
+    fixed = cfg.apply_overrides(["sde_window_schedule=fixed"])
+    assert fixed.sampler_config(step=26).sde_window == (0, 8) and fixed.num_trained_steps == 8
+    every = fixed.apply_overrides(["algorithm=cps", "sde_window_start=null", "sde_window_end=null"])
     assert every.sampler_config().sde_window is None
     assert len(every.sampler_config().sde_steps()) == every.num_trained_steps == 11
     update = cfg.apply_overrides(

@@ -236,6 +236,7 @@ def test_probe_is_taken_at_the_parameters_before_the_step(tmp_path, monkeypatch)
     cfg = load_config(
         None,
         ["steps=1", "prompts_per_step=2", "group_size=4", "sampling_steps=6", "sde_window_end=6", "window=3"]
+        + ["sde_window_schedule=fixed"]  # two groups of 3, one probe row each
         + ["eval_every=0", "sample_every=0", "probe_every=1", "lr=1e-2", "grad_clip=null"],
     )
     store = open_store(tmp_path)

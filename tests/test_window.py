@@ -85,7 +85,7 @@ def test_config_window_at_each_step():
         (["ode_steps_before=-1"], "ode_steps_before"),
         (["window_stride=0"], "window_stride"),
         (["window_shift_every=0"], "window_shift_every"),
-        (["window_last_start=2"], "window_last_start"),  # fixed schedule: not used
+        (["sde_window_schedule=fixed", "window_last_start=2"], "window_last_start"),  # fixed: not used
         (["sde_window_schedule=sliding", "window_last_start=5"], "window_last_start"),  # 8 − 4 = 4 at most
     ],
 )

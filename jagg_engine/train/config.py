@@ -177,7 +177,7 @@ class TrainConfig:
         8, "End (exclusive) of the SDE (trained) steps; null = sampling_steps. Steps outside run as ODE."
     )
     sde_window_schedule: str = _f(
-        "fixed",
+        "sliding",
         "fixed: the SDE window is sde_window_start..sde_window_end every step. sliding (MixGRPO): the window is"
         " `window` consecutive steps inside that range, starting at sde_window_start and moving window_stride"
         " steps toward low noise every window_shift_every training steps; after window_last_start it rolls back.",
@@ -188,12 +188,12 @@ class TrainConfig:
         None, "sliding: the last window start; null = the last start that fits (sde_window_end - window)."
     )
     group_noise: str = _f(
-        "independent",
+        "shared",
         "independent: every sample draws its initial noise; shared: the samples of a group share it (DanceGRPO),"
         " and the ODE steps before the SDE window are computed once per group (1/group_size of their forwards).",
     )
     ode_solver: str = _f(
-        "euler",
+        "dpmpp-2m",
         "Solver of the ODE steps outside the SDE window: euler or dpmpp-2m (diffusers' DPM-Solver++ 2M).",
     )
     ode_steps_before: int | None = _f(
@@ -203,7 +203,7 @@ class TrainConfig:
         low=1,
     )
     ode_steps_after: int | None = _f(
-        None,
+        4,
         "Steps of the ODE part after the SDE window (re-spaced), at most the schedule's own count there;"
         " null = that count.",
         low=1,
@@ -356,8 +356,9 @@ class TrainConfig:
 
     @property
     def num_trained_steps(self) -> int:
+        """Sampling steps trained per training step: the fixed window's length, or W under sliding."""
         start, end = self.sde_window()
-        return end - start
+        return self.window if self.sde_window_schedule == "sliding" else end - start
 
     @property
     def num_windows(self) -> int:
@@ -639,10 +640,11 @@ class TrainConfig:
         from jagg_engine.sde import CPS_LOG_PROBS
 
         _one_of("strategy", self.strategy, STRATEGIES)
-        if self.window > self.num_trained_steps:
+        start, end = self.sde_window()
+        if self.window > end - start:
             raise ConfigError(
                 f"window: must be at most the number of trained steps "
-                f"({self.num_trained_steps} = sde_window_end - sde_window_start), got {self.window}"
+                f"({end - start} = sde_window_end - sde_window_start), got {self.window}"
             )
         _bounded("jagg_frac", self.jagg_frac)
         _one_of("endpoint_backward", self.endpoint_backward, ENDPOINT_BACKWARDS)
@@ -995,11 +997,6 @@ def _int_at_least(key: str, value: int, low: int) -> None:
         raise ConfigError(f"{key}: must be an integer >= {low}, got {value}")
 
 
-def _at_least(key: str, value: float, low: float) -> None:
-    if not (math.isfinite(value) and value >= low):
-        raise ConfigError(f"{key}: must be a number >= {low:g}, got {value}")
-
-
 def _bounded(key: str, value: float | None) -> None:
     """``value`` within FLOAT_BOUNDS[key] (None, for a field whose null means "off", passes)."""
     if value is None:
@@ -1010,11 +1007,6 @@ def _bounded(key: str, value: float | None) -> None:
         raise ConfigError(
             f"{key}: must be a number in {'[' if closed else '('}{low:g}, {high:g}], got {value}"
         )
-
-
-def _positive(key: str, value: float) -> None:
-    if not (math.isfinite(value) and value > 0):
-        raise ConfigError(f"{key}: must be a number > 0, got {value}")
 
 
 def _nonempty_str(key: str, value: str) -> None:
