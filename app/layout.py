@@ -194,9 +194,12 @@ def compare_tab(
     with gr.Column(visible=bool(shown)) as showcase_box:
         if shown:
             gr.Markdown(
-                f"**Showcase** (read-only): runs #{showcase_ids[0]} (exact) and #{showcase_ids[1]} (JAGG), "
-                "recorded with `jagg train configs/tiny-shapes-cpu.yaml`, same seed, prompts and eval seeds "
-                f"(`{showcase.RECORD_COMMAND}` records them again). Pick other runs and press Compare."
+                f"**Showcase** (read-only): run #{showcase_ids[0]} is Flow-GRPO's exact backward over the "
+                f"whole SDE range, run #{showcase_ids[1]} the default (a sliding window of 4 steps trained by "
+                "one JAGG backward, a shared group prefix, DPM-Solver++ after it), 40 steps each of "
+                "`configs/tiny-shapes-cpu.yaml`, same seed, prompts and eval seeds (seed 0 of the README's "
+                f"time-to-quality race; `{showcase.RECORD_COMMAND}` records them again). Pick other runs and "
+                "press Compare."
             )
             # Drawn without plotly, so that the curves are there at the first paint; Compare draws the
             # interactive plot below.

@@ -1,5 +1,6 @@
-"""The shipped showcase: a recorded exact run and JAGG run of ``configs/tiny-shapes-cpu.yaml``, same seed,
-prompts and eval seeds, so that the app shows a real comparison in its first second.
+"""The shipped showcase: a recorded exact run (Flow-GRPO: the whole SDE range, exact backward) and a run of the
+default (the windowed JAGG setting) of ``configs/tiny-shapes-cpu.yaml``, same seed, prompts and eval seeds,
+so that the app shows a real comparison in its first second.
 
 ``assets/showcase/`` holds ``showcase.json`` (each run's row, config, every metric and probe, and its eval
 samples) and one PNG grid per run and eval step (the eval images, ``GRID_COLUMNS`` a row). No checkpoint, log

@@ -16,6 +16,7 @@ from PIL import Image
 
 from app import data, showcase
 from jagg_engine.store import open_store
+from jagg_engine.train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["red circle left", "blue square top", "green triangle center"]
@@ -156,8 +157,18 @@ def test_the_shipped_showcase(tmp_path):
     manifest = json.loads((showcase.SHOWCASE_DIR / showcase.MANIFEST).read_text())
     exact, jagg = manifest["runs"]
     assert (exact["config"]["strategy"], jagg["config"]["strategy"]) == ("exact", "jagg")
+    # Flow-GRPO's exact run (variant (a)) against the shipped default, the config's 40 steps, eval every 5;
+    # same seed, prompts, eval seeds and everything else.
+    windowed = ("sde_window_schedule", "group_noise", "ode_solver", "ode_steps_after")
     differ = {k for k in exact["config"] if exact["config"][k] != jagg["config"][k]}
-    assert differ == {"strategy", "name"}, differ  # same seed, prompts, eval seeds and everything else
+    assert differ == {"strategy", "name", *windowed}, differ
+    default = TrainConfig()
+    assert [jagg["config"][k] for k in windowed] == [getattr(default, k) for k in windowed]
+    assert [exact["config"][k] for k in windowed] == ["fixed", "independent", "euler", None]
+    for run in (exact, jagg):
+        assert run["config"]["steps"] == default.steps and run["config"]["eval_every"] == 5
+        evals = [step for step, key, _ in run["metrics"] if key == "eval/reward/mean"]
+        assert evals == list(range(0, default.steps + 1, 5))
     keys = [{(s["step"], s["prompt"], s["seed"]) for s in run["samples"]} for run in (exact, jagg)]
     assert keys[0] == keys[1] and len({k[0] for k in keys[0]}) >= 2
     with open_store(tmp_path) as store:
