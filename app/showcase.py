@@ -51,7 +51,8 @@ def pack(
     ``max_step`` keeps a run's history up to that step (a longer run's first steps are those of a run that
     stops there: the config's ``steps`` says so, ``finished_at`` is the step's ``time/unix``, and the entry
     keeps ``cut_at_step``). ``image_every`` ships the eval images of every k-th step only (plus the first and
-    the last eval), so that a long run fits the Space's size; every eval metric is kept."""
+    the last eval), so that a long run fits the Space's size; every eval metric is kept. Each run is named
+    ``showcase-<key>`` (its name when recorded kept as ``recorded_as``)."""
     if max_step is not None and max_step < 0:
         raise ValueError(f"max_step: must be >= 0, got {max_step}")
     if image_every is not None and image_every < 1:
@@ -68,7 +69,8 @@ def pack(
             raise StoreError(f"no run with id {run_id}")
         if run["status"] != "finished":
             raise StoreError(f"run {run_id}: is {run['status']}; only a finished run is a showcase")
-        config = {**run["config"], "output_dir": "runs"}
+        name = f"showcase-{key}"  # the name the app, its tests and reports know it by
+        config = {**run["config"], "output_dir": "runs", "name": name}
         metrics = [
             [int(step), key_, value]
             for step, key_, value in store.db.execute(
@@ -118,7 +120,8 @@ def pack(
         entries.append(
             {
                 "key": key,
-                "name": run["name"],
+                "name": name,
+                **({"recorded_as": run["name"]} if run["name"] != name else {}),
                 "config": config,
                 "created_at": run["created_at"],
                 "started_at": run["started_at"],

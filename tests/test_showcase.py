@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["red circle left", "blue square top", "green triangle center"]
 
 
-def _recorded(runs: Path, eval_steps: tuple[int, ...] = (0, 2)) -> dict[str, int]:
+def _recorded(runs: Path, eval_steps: tuple[int, ...] = (0, 2), prefix: str = "showcase-") -> dict[str, int]:
     """Two finished 2-step runs like `jagg train` leaves them: metrics, eval images at ``eval_steps``, a
     checkpoint and a log (which the showcase must not take)."""
     store = open_store(runs)
@@ -31,7 +31,7 @@ def _recorded(runs: Path, eval_steps: tuple[int, ...] = (0, 2)) -> dict[str, int
     for strategy in ("exact", "jagg"):
         run_dir = runs / f"run-{len(ids) + 1:04d}"
         run_id = store.create_run(
-            f"showcase-{strategy}", {"strategy": strategy, "steps": 2, "output_dir": str(runs)}, run_dir
+            f"{prefix}{strategy}", {"strategy": strategy, "steps": 2, "output_dir": str(runs)}, run_dir
         )
         store.set_status(run_id, "running", pid=1)
         for step in range(3):
@@ -199,13 +199,18 @@ def test_record_showcase_packs_runs_named_by_id(tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("record_showcase", ROOT / "scripts" / "record_showcase.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    ids = _recorded(tmp_path / "race", eval_steps=(0, 1, 2))
+    ids = _recorded(tmp_path / "race", eval_steps=(0, 1, 2), prefix="race-")
     out = tmp_path / "out"
     argv = ["--pack-only", str(tmp_path / "race"), "--runs", f"exact={ids['exact']},jagg={ids['jagg']}"]
     assert script.main([*argv, "--max-step", "1", "--recorded-with", "jagg race X", "--out", str(out)]) == 0
     manifest = json.loads((out / "showcase.json").read_text())
     assert manifest["recorded_with"] == "jagg race X"
     assert [(r["key"], r["cut_at_step"]) for r in manifest["runs"]] == [("exact", 1), ("jagg", 1)]
+    # named as the app knows a showcase, the name it was recorded under kept
+    assert [(r["name"], r["config"]["name"], r["recorded_as"]) for r in manifest["runs"]] == [
+        ("showcase-exact", "showcase-exact", "race-exact"),
+        ("showcase-jagg", "showcase-jagg", "race-jagg"),
+    ]
     for bad, message in [
         (
             ["--pack-only", str(tmp_path / "race"), "--runs", "jagg=1,exact=2"],
