@@ -44,27 +44,40 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
 # predicted_speedup is jagg_engine.cost's (torch-free): the app and `jagg bench` print the same number.
 
 
-def config_speedup(config: Mapping[str, Any], r: float) -> float | None:
+def trained_steps(config: Mapping[str, Any]) -> int:
+    """Sampling steps a training step of this stored config trains: its fixed SDE window, or W under sliding."""
+    start = config.get("sde_window_start") or 0
+    end = config.get("sde_window_end")
+    if end is None:
+        last_stochastic = SDE_KINDS[config.get("algorithm", "flow-grpo")].last_step_stochastic
+        end = config["sampling_steps"] - (0 if last_stochastic else 1)
+    if config.get("sde_window_schedule") == "sliding":
+        return min(int(config["window"]), end - start)
+    return end - start
+
+
+def config_speedup(
+    config: Mapping[str, Any], r: float, exact_config: Mapping[str, Any] | None = None
+) -> float | None:
     """The prediction for a stored run config (its W, jagg_frac, strategy, trained-step count, velocity reuse
     and mini-batches per rollout; a config from before those fields ran without reuse, one update a rollout).
-    A sliding SDE window trains W steps a step, one group, wherever it stands."""
+    A sliding SDE window trains W steps a step, one group, wherever it stands.
+
+    Against ``exact_config`` (the exact run it is measured against) that trains another number of steps a
+    step (e.g. Flow-GRPO's whole range against a sliding window), the prediction is scaled by that ratio: the
+    exact run's update costs its own trained steps × r."""
     try:
-        start = config.get("sde_window_start") or 0
-        end = config.get("sde_window_end")
-        if end is None:
-            last_stochastic = SDE_KINDS[config.get("algorithm", "flow-grpo")].last_step_stochastic
-            end = config["sampling_steps"] - (0 if last_stochastic else 1)
-        if config.get("sde_window_schedule") == "sliding":
-            end = start + min(int(config["window"]), end - start)
-        return predicted_speedup(
+        steps = trained_steps(config)
+        speedup = predicted_speedup(
             int(config["window"]),
             r,
             float(config["jagg_frac"]),
             config.get("strategy", "jagg"),
-            end - start,
+            steps,
             reuse=config.get("reuse_rollout_velocity") == "auto",
             updates_per_rollout=int(config.get("updates_per_rollout", 1)),
         )
+        return speedup if exact_config is None else speedup * trained_steps(exact_config) / steps
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None
 
@@ -428,7 +441,7 @@ def speedup_frame(store: RunStore, run_id: int, r: float) -> pd.DataFrame:
     exact = paired_exact_run(store, run) if cfg.get("strategy") != "exact" else None
     exact_time = update_time(store.metrics_frame(exact["id"])) if exact else None
     measured = exact_time / mine if exact_time and mine else None
-    predicted = config_speedup(cfg, r)
+    predicted = config_speedup(cfg, r, exact["config"] if exact else None)
     return pd.DataFrame(
         [
             {
@@ -477,7 +490,7 @@ def compare_frame(store: RunStore, run_ids: Iterable[int], r: float) -> pd.DataF
                 "update time (s)": _round(total, 2),
                 "update s/step": _round(per_step),
                 "speedup vs exact": _round(exact_time / per_step, 3) if exact_time and per_step else None,
-                "predicted": _round(config_speedup(cfg, r), 3),
+                "predicted": _round(config_speedup(cfg, r, exact["config"] if exact else None), 3),
             }
         )
     return pd.DataFrame(rows)

@@ -167,6 +167,18 @@ def test_config_speedup_reads_reuse_and_minibatches():
     assert data.config_speedup(cfg, 1.8) == pytest.approx(3 * 1.8 / (1 + 2 * 1.8))
     cfg["sde_window_schedule"] = "fixed"  # fixed: the 8 steps in groups 3, 3, 2 (the last one exact)
     assert data.config_speedup(cfg, 1.8) == pytest.approx(8 * 1.8 / (2 * (1 + 2 * 1.8) + 2 * 1.8))
+    # Against an exact run that trains another number of steps a step, its own cost: Flow-GRPO's 8 steps (8r)
+    # against a sliding W = 4 with reuse (2r) is 4x; MixGRPO's sliding exact (4r) against Flow-GRPO's is 0.5x
+    flow_grpo = {**cfg, "strategy": "exact", "window": 4}
+    windowed = {
+        **flow_grpo,
+        "strategy": "jagg",
+        "sde_window_schedule": "sliding",
+        "reuse_rollout_velocity": "auto",
+    }
+    assert data.config_speedup(windowed, 1.8, flow_grpo) == pytest.approx(8 * 1.8 / (2 * 1.8))
+    assert data.config_speedup(flow_grpo, 1.8, {**windowed, "strategy": "exact"}) == pytest.approx(4 / 8)
+    assert data.config_speedup(windowed, 1.8, {**windowed, "strategy": "exact"}) == pytest.approx(2.0)
 
 
 def test_compare_frame_and_config_diff(store):

@@ -40,6 +40,8 @@ REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"
 PLOTLY_BANNER = "* plotly.js (basic - minified) v"  # the first line of the inlined partial bundle
 MAX_REPORT_BYTES = 1_500_000  # the two showcase runs' report, curves and 48 images included
+# The shipped showcase's last eval step (its config's steps): the report's images are at step 0 and there.
+LAST = json.loads((showcase.SHOWCASE_DIR / showcase.MANIFEST).read_text())["runs"][0]["config"]["steps"]
 
 
 @pytest.fixture(scope="module")
@@ -92,10 +94,12 @@ def test_two_runs_report_holds_config_diff_curves_speedup_time_and_images(two_ru
     assert two_run_report.stat().st_size <= MAX_REPORT_BYTES, two_run_report.stat().st_size
     assert not re.search(r"<(script|img|link|iframe)[^>]+(src|href)=\"(?!data:)", page)
 
-    # Config: the fields that differ (name, strategy) and both full configs.
+    # Config: the fields that differ (Flow-GRPO's exact run against the windowed default) and both full configs.
     diff = page.split("<h3>Fields that differ</h3>", 1)[1].split("</table>", 1)[0]
     assert re.findall(r"<td>([^<]+)</td>", diff) == [
-        "name", "showcase-exact", "showcase-jagg", "strategy", "exact", "jagg",
+        "group_noise", "independent", "shared", "name", "showcase-exact", "showcase-jagg",
+        "ode_solver", "euler", "dpmpp-2m", "ode_steps_after", "null", "4",
+        "sde_window_schedule", "fixed", "sliding", "strategy", "exact", "jagg",
     ]  # fmt: skip
     assert "<summary>Full configs</summary>" in page and "<td>sampling_steps</td>" in page
 
@@ -113,16 +117,16 @@ def test_two_runs_report_holds_config_diff_curves_speedup_time_and_images(two_ru
     paired = speedup.split("<h3>Against each run's paired exact run</h3>", 1)[1].split("</table>", 1)[0]
     assert "<td>#2 (jagg)</td>" in paired and "<td>#1</td>" in paired and "(exact)" not in paired
 
-    # Images: rows of 4 (exact and JAGG at step 0, then at step 10), each the very bytes of the run's file.
+    # Images: rows of 4 (exact and JAGG at step 0, then at the last step), each the very bytes of the run's file.
     assert _heads(page) == [
         "#1 exact · step 0",
         "#2 jagg · step 0",
-        "#1 exact · step 10",
-        "#2 jagg · step 10",
+        f"#1 exact · step {LAST}",
+        f"#2 jagg · step {LAST}",
     ]
     cells = _cells(page)
     assert len(cells) == 4 * 12
-    columns = [(1, 0), (2, 0), (1, 10), (2, 10)]
+    columns = [(1, 0), (2, 0), (1, LAST), (2, LAST)]
     samples = {
         (run_id, s["step"], s["prompt"], s["seed"]): s
         for run_id in (1, 2)
@@ -143,7 +147,7 @@ def test_one_run_report_shows_its_full_config_and_its_own_first_and_last_images(
     out = write_report(store, [2], tmp_path / "one.html", r=3.0)
     page = out.read_text(encoding="utf-8")
     assert "Fields that differ" not in page and "<details open><summary>Full config</summary>" in page
-    assert _heads(page) == ["#2 jagg · step 0", "#2 jagg · step 10"]
+    assert _heads(page) == ["#2 jagg · step 0", f"#2 jagg · step {LAST}"]
     assert len(_cells(page)) == 2 * 12 and "r = 3" in page
 
 
@@ -160,7 +164,7 @@ def test_runs_without_a_shared_eval_step_are_shown_one_by_one(store, tmp_path):
     store.log_step(run_id, 1, {"reward/mean": 0.5})
     page = write_report(store, [1, run_id], tmp_path / "apart.html").read_text(encoding="utf-8")
     assert "the runs share no eval step with images" in page
-    assert _heads(page) == ["#1 exact · step 0", "#1 exact · step 10"] and len(_cells(page)) == 24
+    assert _heads(page) == ["#1 exact · step 0", f"#1 exact · step {LAST}"] and len(_cells(page)) == 24
 
 
 def test_big_images_are_scaled_down_small_ones_kept_byte_for_byte(tmp_path):
@@ -352,7 +356,9 @@ def test_writing_a_report_imports_no_torch(runs_dir, tmp_path):
     path, heavy = proc.stdout.strip().split(" ", 1)
     assert heavy == "[]" and Path(path) == tmp_path / "jagg-report-1-2.html"
     page = Path(path).read_text(encoding="utf-8")
-    assert "<td>1.286</td>" in page  # the cost model's prediction for W 4, jagg_frac 1, r 1.8
+    # the cost model's prediction for the default (a sliding W = 4 with reuse: 2r) against the exact run's
+    # 8 trained steps (8r), r = 1.8
+    assert "<td>4.0</td>" in page
 
 
 # ---------------------------------------------------------------------------------------------- browser
@@ -411,7 +417,7 @@ def test_browser_opens_the_report_offline_with_curves_and_images(two_run_report,
         )
         # Train and eval lines of both runs (the 10-step trend line needs 5 steps: it is there too).
         assert shown["reward_traces"] >= 4, shown
-        assert shown["time_bars"] == [40, 40], shown  # 10 steps × 4 phases, per run
+        assert shown["time_bars"] == [LAST * 5] * 2, shown  # steps × 5 phases, per run
         assert shown["images"] == 48 and shown["decoded"] == 48, shown
         ARTIFACTS.mkdir(exist_ok=True)
         height = driver.execute_script("return document.body.scrollHeight")
