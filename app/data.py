@@ -630,6 +630,29 @@ def side_by_side(
     return items
 
 
+def _eval_images(
+    runs: Sequence[Mapping[str, Any]],
+    samples: Mapping[int, Sequence[Mapping[str, Any]]],
+    runs_root: str | os.PathLike[str],
+    wanted: Mapping[int, set[int]],
+) -> dict[tuple[int, int], dict[tuple[str, int], tuple[str, str]]]:
+    """(run id, step) → (prompt, seed) → (image path, caption) of each run's eval samples at its ``wanted``
+    steps whose image file is there."""
+    found: dict[tuple[int, int], dict[tuple[str, int], tuple[str, str]]] = {}
+    for run in runs:
+        images = RunImages(run["run_dir"], runs_root)  # a missing folder: its images skipped at once
+        for s in samples[run["id"]]:
+            if s["step"] not in wanted[run["id"]]:
+                continue
+            path = images.path(s["path"])
+            if path is not None:
+                found.setdefault((run["id"], s["step"]), {})[(s.get("prompt") or "", s.get("seed") or 0)] = (
+                    path,
+                    f"#{run['id']} {run['config'].get('strategy')} · " + _caption(s),
+                )
+    return found
+
+
 def side_by_side_first_last(
     store: RunStore, run_ids: Sequence[int], runs_root: str | os.PathLike[str], limit_keys: int = 8
 ) -> list[tuple[str, str]]:
@@ -646,18 +669,7 @@ def side_by_side_first_last(
     if not common_steps:
         return []
     first, last = common_steps[0], common_steps[-1]
-    found: dict[tuple[int, int], dict[tuple[str, int], tuple[str, str]]] = {}
-    for run in runs:
-        images = RunImages(run["run_dir"], runs_root)  # a missing folder: its images skipped at once
-        for s in samples[run["id"]]:
-            if s["step"] not in (first, last):
-                continue
-            path = images.path(s["path"])
-            if path is not None:
-                found.setdefault((run["id"], s["step"]), {})[(s.get("prompt") or "", s.get("seed") or 0)] = (
-                    path,
-                    f"#{run['id']} {run['config'].get('strategy')} · " + _caption(s),
-                )
+    found = _eval_images(runs, samples, runs_root, {run["id"]: {first, last} for run in runs})
     cells = [(run["id"], step) for step in dict.fromkeys((first, last)) for run in runs]
     keys = sorted(set.intersection(*(set(found.get(cell, {})) for cell in cells)))
     if not keys:
@@ -692,19 +704,8 @@ def side_by_side_own_steps(
     if at is not None:
         picks.append(("at", lambda ss: min(reversed(ss), key=lambda s: abs(s - float(at)))))
     cells = [(run, pick(steps[run["id"]])) for _, pick in picks for run in runs]
-    found: dict[tuple[int, int], dict[tuple[str, int], tuple[str, str]]] = {}
-    for run in runs:
-        wanted = {step for r, step in cells if r["id"] == run["id"]}
-        images = RunImages(run["run_dir"], runs_root)  # a missing folder: its images skipped at once
-        for s in samples[run["id"]]:
-            if s["step"] not in wanted:
-                continue
-            path = images.path(s["path"])
-            if path is not None:
-                found.setdefault((run["id"], s["step"]), {})[(s.get("prompt") or "", s.get("seed") or 0)] = (
-                    path,
-                    f"#{run['id']} {run['config'].get('strategy')} · " + _caption(s),
-                )
+    wanted = {run["id"]: {step for r, step in cells if r["id"] == run["id"]} for run in runs}
+    found = _eval_images(runs, samples, runs_root, wanted)
     keys = sorted(set.intersection(*(set(found.get((r["id"], step), {})) for r, step in cells)))
     if not keys:
         return [], 0
