@@ -499,33 +499,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                 finally:
                     report.save()
                 print(f"  micro_batch {micro}: {_summary(entry['measure'][-1])}", flush=True)
-            try:
-                entry["train"] = train(
-                    model,
-                    args.train_steps,
-                    args.train_batch,
-                    args.group_size,
-                    args.window,
-                    args.seed,
-                    budget_end,
-                )
-            except torch.cuda.OutOfMemoryError as exc:
-                entry["train_error"] = f"out of memory: {exc}"
-            report.save()
-            try:  # the windowed variant (configs/flux-mixgrpo.yaml's schedule at W + 4 steps)
-                entry["train_windowed"] = train(
-                    model,
-                    args.train_steps,
-                    args.train_batch,
-                    args.group_size,
-                    args.window,
-                    args.seed,
-                    budget_end,
-                    windowed=True,
-                )
-            except torch.cuda.OutOfMemoryError as exc:
-                entry["train_windowed_error"] = f"out of memory: {exc}"
-            report.save()
+            # the fixed window, then the windowed variant (configs/flux-mixgrpo.yaml's schedule at W + 4 steps)
+            for key, windowed in (("train", False), ("train_windowed", True)):
+                try:
+                    entry[key] = train(
+                        model,
+                        args.train_steps,
+                        args.train_batch,
+                        args.group_size,
+                        args.window,
+                        args.seed,
+                        budget_end,
+                        windowed=windowed,
+                    )
+                except torch.cuda.OutOfMemoryError as exc:
+                    entry[f"{key}_error"] = f"out of memory: {exc}"
+                report.save()
             del model
             if device.type == "cuda":
                 torch.cuda.empty_cache()
