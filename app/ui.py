@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -254,14 +254,12 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
         trigger(h.live.live_refresh, [*view, live.step_kind], refreshed, api_visibility="private")
     for control in live.view.inputs:
         control.change(h.live.live_view, view, live.outputs, api_visibility="private")
-    _wire_confirm(live.confirm, live.action_msg, h.live.confirmed, [])
-    live.cancel_btn.click(
-        lambda run: h.confirm.ask("cancel", run), live.live_run,
-        [live.confirm.question, live.confirm.row, live.confirm.pending], api_visibility="private",
-    )  # fmt: skip
-    live.resume_btn.click(
-        lambda run: h.confirm.ask("resume", run), live.live_run,
-        [live.confirm.question, live.confirm.row, live.confirm.pending], api_visibility="private",
+    _wire_confirm(
+        live.confirm, live.action_msg, h.live.confirmed, [],
+        asks=[
+            (live.cancel_btn, lambda run: h.confirm.ask("cancel", run), live.live_run),
+            (live.resume_btn, lambda run: h.confirm.ask("resume", run), live.live_run),
+        ],
     )  # fmt: skip
     # The API keeps the direct actions (a script has no one to ask).
     gr.Button(visible=False).click(h.live.cancel, live.live_run, live.action_msg, api_name="cancel_run")
@@ -318,14 +316,16 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
         h.history.save_note, [history.target, history.note], [history.history_msg, history.history_table],
         api_name="save_note",
     )  # fmt: skip
-    _wire_confirm(history.confirm, history.history_msg, h.history.confirmed, [history.history_table])
-    history.delete_btn.click(
-        lambda run, files: h.confirm.ask("delete", run, bool(files)), [history.target, history.delete_files],
-        [history.confirm.question, history.confirm.row, history.confirm.pending], api_visibility="private",
-    )  # fmt: skip
-    history.resume_btn.click(
-        lambda run: h.confirm.ask("resume", run), history.target,
-        [history.confirm.question, history.confirm.row, history.confirm.pending], api_visibility="private",
+    _wire_confirm(
+        history.confirm, history.history_msg, h.history.confirmed, [history.history_table],
+        asks=[
+            (
+                history.delete_btn,
+                lambda run, files: h.confirm.ask("delete", run, bool(files)),
+                [history.target, history.delete_files],
+            ),
+            (history.resume_btn, lambda run: h.confirm.ask("resume", run), history.target),
+        ],
     )  # fmt: skip
     gr.Button(visible=False).click(
         h.history.delete, [history.target, history.delete_files], [history.history_msg, history.history_table],
@@ -352,9 +352,16 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
 
 
 def _wire_confirm(
-    confirm: SimpleNamespace, message: Any, confirmed: Callable[..., Any], more: list[Any]
+    confirm: SimpleNamespace,
+    message: Any,
+    confirmed: Callable[..., Any],
+    more: list[Any],
+    asks: Sequence[tuple[Any, Callable[..., Any], Any]] = (),
 ) -> None:
-    """Confirm does the pending action (``confirmed(pending, request)``); Keep forgets it."""
+    """Each (button, ask, inputs) of ``asks`` puts its question up; Confirm does the pending action
+    (``confirmed(pending, request)``); Keep forgets it."""
+    for button, ask, inputs in asks:
+        button.click(ask, inputs, [confirm.question, confirm.row, confirm.pending], api_visibility="private")
 
     def yes(pending: Any, request: gr.Request = None) -> Any:  # type: ignore[assignment]
         return confirmed(pending, request)
