@@ -13,7 +13,7 @@ the machine alike and their times are comparable. ``--steps`` (default: the conf
 ``--pack-only DIR`` packs runs already recorded in DIR: the newest finished showcase-exact and showcase-jagg,
 or the ids ``--runs`` names (e.g. a race's (a) and (d) runs of one seed); ``--max-step N`` keeps their first N
 steps (a longer run's first N steps are those of an N-step run: the schedule is a function of the step).
-Eval images are shipped every ``--image-every`` steps (default 10, plus the first and last eval) so that the
+Eval images are shipped every ``--image-every`` steps (default 20, plus the first and last eval) so that the
 showcase stays under the Space's 3 MB; every eval metric is shipped.
 """
 
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=showcase.SHOWCASE_DIR, help="showcase folder to (re)write")
     p.add_argument("--runs", default=None, metavar="exact=ID,jagg=ID", help="with --pack-only: the run ids")
     p.add_argument("--max-step", type=int, default=None, help="with --pack-only: keep steps 0..N")
-    p.add_argument("--image-every", type=int, default=10, help="eval images every k steps (default 10)")
+    p.add_argument("--image-every", type=int, default=20, help="eval images every k steps (default 20)")
     p.add_argument("--recorded-with", default=None, help="with --pack-only: the command that recorded them")
     args = p.parse_args(argv)
     for name in ("steps", "max_step", "image_every"):
