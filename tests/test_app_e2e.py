@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -164,6 +165,23 @@ def _history(client) -> dict[int, dict]:
     return {row[0]: dict(zip(table["headers"], row)) for row in table["data"]}
 
 
+def _wait_mid_run(client, run_id: int, timeout: float, last: float = 1.0) -> dict:
+    """Poll the history (every 0.1 s: the default's test steps take well under a second) until the run is
+    running at a step k with 1 <= k <= last·N; fail at once if it finished, failed or went past that."""
+    deadline = time.time() + timeout
+    row: dict = {}
+    while time.time() < deadline:
+        row = _history(client).get(run_id, {})
+        match = re.fullmatch(r"(\d+)/(\d+)", str(row.get("step") or ""))
+        done, total = (int(match[1]), int(match[2])) if match else (0, 1)
+        if row.get("status") not in (None, "queued", "running") or done > last * total:
+            break
+        if done >= 1:
+            return row
+        time.sleep(0.1)
+    raise AssertionError(f"run {run_id} was not caught between step 1 and {last:.0%} of its steps: {row}")
+
+
 def _wait_status(client, run_id: int, statuses: tuple[str, ...], timeout: float) -> dict:
     deadline = time.time() + timeout
     row: dict = {}
@@ -268,9 +286,7 @@ def test_launch_restart_finish_and_cancel_through_the_api(app):
 
     # A second run; the app restarts while it trains, then it is cancelled from the new app.
     _, second, _ = client.predict(*_form(name="to-cancel", steps=50), api_name="/launch_run")
-    deadline = time.time() + 120
-    while time.time() < deadline and not (_history(client)[second]["step"] or "").startswith(("1/", "2/")):
-        time.sleep(1.0)
+    _wait_mid_run(client, second, 120, last=0.5)
     with open_store(app.runs_dir) as store:
         trainer_pid = store.get_run(second)["pid"]
     app.stop()
@@ -402,15 +418,13 @@ def cancelled_run(app) -> int:
         SHORT.replace("eval_num_prompts=4", "eval_num_prompts=2") + "\neval_every=2\ncheckpoint_every=1"
     )
     message, run_id, _ = client.predict(
-        *_form(name="manage", steps=4, lr=1e-3, group_size=2, overrides=overrides), api_name="/launch_run"
+        *_form(name="manage", steps=8, lr=1e-3, group_size=2, overrides=overrides), api_name="/launch_run"
     )
     assert isinstance(run_id, int), message
-    assert _wait(lambda: (_history(client)[run_id]["step"] or "").startswith(("1/", "2/")), 180), (
-        app.read_log()
-    )
+    _wait_mid_run(client, run_id, 180, last=0.5)
     assert "stop requested" in client.predict(run_id, api_name="/cancel_run")
     row = _wait_status(client, run_id, ("cancelled", "finished", "failed"), 90)
-    assert row["status"] == "cancelled" and row["step"] != "4/4", row
+    assert row["status"] == "cancelled" and row["step"] != "8/8", row
     return run_id
 
 
@@ -434,14 +448,14 @@ def test_browser_resume_finishes_a_cancelled_run(app, cancelled_run):
         )
         progress = lambda d: d.find_element(By.ID, "live-progress").text  # noqa: E731
         WebDriverWait(driver, 240, poll_frequency=1.0).until(lambda d: "finished" in progress(d))
-        assert "step 4/4" in progress(driver), progress(driver)
+        assert "step 8/8" in progress(driver), progress(driver)
         time.sleep(2.0)  # let the last refresh paint
         ARTIFACTS.mkdir(exist_ok=True)
         driver.save_screenshot(str(ARTIFACTS / "app-resume.png"))
     finally:
         driver.quit()
     row = _history(app.client())[cancelled_run]
-    assert (row["status"], row["step"]) == ("finished", "4/4"), row
+    assert (row["status"], row["step"]) == ("finished", "8/8"), row
 
 
 def _first_image(driver) -> tuple[str, bytes]:
@@ -466,7 +480,7 @@ def test_browser_step_slider_changes_the_image_of_one_prompt_and_seed(app, cance
     try:
         wait = WebDriverWait(driver, 60, poll_frequency=0.5)
         note = lambda d: d.find_element(By.ID, "step-note").text  # noqa: E731
-        wait.until(lambda d: "at step 4 (logged at steps 0, 2, 4)" in note(d))
+        wait.until(lambda d: "at step 8 (logged at steps 0, 2, 4, 6, 8)" in note(d))
         last_name, last = _first_image(driver)
         number = driver.find_element(By.CSS_SELECTOR, "#step-slider input[type='number']")
         number.send_keys(Keys.CONTROL, "a")
@@ -480,7 +494,7 @@ def test_browser_step_slider_changes_the_image_of_one_prompt_and_seed(app, cance
         driver.quit()
     assert first_name == last_name and first_name.endswith("_seed0.png")  # the same prompt and seed
     a, b = (np.asarray(Image.open(io.BytesIO(x)).convert("RGB"), dtype=float) for x in (first, last))
-    assert np.abs(a - b).mean() > 0, "step 0 and step 4 show the same picture"
+    assert np.abs(a - b).mean() > 0, "step 0 and step 8 show the same picture"
 
 
 def test_browser_duplicate_with_one_changed_field_launches_exactly_that_diff(app, cancelled_run):
@@ -496,7 +510,7 @@ def test_browser_duplicate_with_one_changed_field_launches_exactly_that_diff(app
             lambda d: "checkpoint_every=1" in d.find_element(By.XPATH, overrides).get_attribute("value")
         )
         steps = driver.find_element(By.XPATH, "//label[.//*[normalize-space()='steps']]//input")
-        assert steps.get_attribute("value") == "4"
+        assert steps.get_attribute("value") == "8"
         steps.clear()
         steps.send_keys("2")
         ARTIFACTS.mkdir(exist_ok=True)
@@ -513,5 +527,5 @@ def test_browser_duplicate_with_one_changed_field_launches_exactly_that_diff(app
     client.predict(new_id, api_name="/cancel_run")  # the diff is what this test checks, not the training
     with open_store(app.runs_dir) as store:
         old, new = store.get_run(cancelled_run)["config"], store.get_run(new_id)["config"]
-    assert {k: (old[k], new[k]) for k in old | new if old.get(k) != new.get(k)} == {"steps": (4, 2)}
+    assert {k: (old[k], new[k]) for k in old | new if old.get(k) != new.get(k)} == {"steps": (8, 2)}
     _wait_status(client, new_id, ("cancelled", "finished", "failed"), 90)
