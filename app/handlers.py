@@ -334,6 +334,7 @@ class LiveHandlers(_Part):
             number = self.app.resolve(run_id)
             if kind not in samples.KINDS:
                 raise ConfigError(f"images: must be one of {', '.join(samples.KINDS)}, got {brief(kind)}")
+            step = _optional_number(step, "step")
         except ConfigError as exc:
             return [], f"**Error:** {md_message(exc)}"
         if number is None or self.store.get_run(number) is None:

@@ -176,6 +176,11 @@ def live_tab(
         with gr.Row():
             step_kind = gr.Radio(list(samples.KINDS), value="eval", label="images", scale=1)
             step_slider = gr.Slider(0, 1, value=1, step=1, label="step", scale=4, elem_id="step-slider")
+        # The step the slider shows, for the timer: a tick sent while the bounds of another run arrive could
+        # carry a step outside the session's new bounds, which gr.Slider refuses with an error toast.
+        step_at = gr.State(None)
+        # The API's step (any number: the images of the logged step nearest to it are shown).
+        step_asked = gr.Number(label="step", visible=False)
         step_note = gr.Markdown(elem_id="step-note")
         step_gallery = gr.Gallery(
             label="images at this step", columns=6, height="auto", elem_id="step-gallery"

@@ -172,8 +172,29 @@ def readable_api_errors(demo: gr.Blocks) -> None:
     each component's ``preprocess`` is wrapped so that any error becomes a ``gr.Error`` (shown to the
     client) that names the component's label and what it accepts, echoing at most 80 characters."""
     for block in demo.blocks.values():
-        if isinstance(block, gr.components.Component) and not isinstance(block, gr.State):
-            block.preprocess = _readable(block, block.preprocess)  # type: ignore[method-assign]
+        _make_readable(block)
+    # A component updated in a session (new choices, new bounds) is a new instance kept in that session's
+    # state, and gradio preprocesses that copy: wrap each copy before an event's inputs are preprocessed.
+    preprocess_data = demo.preprocess_data
+
+    async def readable_preprocess_data(
+        block_fn: Any, inputs: list[Any], state: Any, *args: Any, **kw: Any
+    ) -> Any:
+        blocks = getattr(getattr(state, "blocks_config", None), "blocks", {})
+        for block in block_fn.inputs:
+            _make_readable(blocks.get(block._id))
+        return await preprocess_data(block_fn, inputs, state, *args, **kw)
+
+    demo.preprocess_data = readable_preprocess_data  # type: ignore[method-assign]
+
+
+def _make_readable(block: Any) -> None:
+    if (
+        isinstance(block, gr.components.Component)
+        and not isinstance(block, gr.State)
+        and not getattr(block.preprocess, "readable", False)
+    ):
+        block.preprocess = _readable(block, block.preprocess)
 
 
 def _readable(block: Any, preprocess: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -200,6 +221,7 @@ def _readable(block: Any, preprocess: Callable[[Any], Any]) -> Callable[[Any], A
                 f"{label}: must be {wanted}, got {brief(payload)}", print_exception=False
             ) from None
 
+    call.readable = True  # type: ignore[attr-defined]
     return call
 
 
@@ -268,9 +290,21 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
     )
     filled = [*new.form, page.tabs, live.action_msg]
     live.duplicate_btn.click(h.new.duplicate, live.live_run, filled, api_name="duplicate_run")
+    gr.Button(visible=False).click(
+        h.live.step_images,
+        [live.live_run, live.step_kind, live.step_asked],
+        step_shown,
+        api_name="step_images",
+    )
     steps = [live.live_run, live.step_kind, live.step_slider]
-    live.step_slider.change(h.live.step_images, steps, step_shown, api_name="step_images")
-    live.step_kind.change(h.live.step_images, steps, step_shown, api_visibility="private")
+    live.step_slider.change(h.live.step_images, steps, step_shown, api_visibility="private")
+    live.step_slider.change(lambda step: step, live.step_slider, live.step_at, api_visibility="private")
+    live.step_kind.change(
+        h.live.step_images,
+        [live.live_run, live.step_kind, live.step_at],
+        step_shown,
+        api_visibility="private",
+    )
     gr.Timer(TICK_S).tick(
         h.live.on_tick,
         [
@@ -278,7 +312,7 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
             new.r_input,
             page.run_seen,
             page.list_seen,
-            live.step_slider,
+            live.step_at,
             live.step_kind,
             *live.view.inputs,
         ],  # fmt: skip

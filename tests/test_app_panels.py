@@ -3,6 +3,8 @@ the memory / seconds-per-step panels — through the app's own handlers, without
 
 from __future__ import annotations
 
+import asyncio
+
 import plotly.graph_objects as go
 import pytest
 from PIL import Image
@@ -174,6 +176,36 @@ def test_the_step_slider_shows_one_step_of_images_in_a_fixed_prompt_and_seed_ord
     refreshed = next(f.fn for f in demo.fns.values() if f.fn.__name__ == "live_refresh")(run_id, 1.8)
     assert refreshed[-1]["maximum"] == 3 and refreshed[-1]["value"] == 3
     assert samples.nearest_step([], 3) is None and samples.nearest_step([0, 4], None) == 4
+
+
+def test_a_tick_carrying_a_step_outside_the_slider_bounds_its_session_last_drew_is_no_error(app):
+    """Through gradio's own preprocessing. A session's slider was last drawn for a run without images
+    (bounds 0 to 1) while a timer tick sent from the page still carries step 3 of the run shown before:
+    the tick redraws (the slider is not one of its inputs; gr.Slider would refuse 3 with a "greater than
+    maximum" error toast). The API's step_images takes any step from a session that never drew the slider,
+    and a value that is not a number is one line naming the step."""
+    from gradio.state_holder import SessionState
+
+    demo, run_id = app
+    fns = {f.fn.__name__: f for f in demo.fns.values() if hasattr(f.fn, "__name__")}
+    refresh, tick = fns["live_refresh"], fns["on_tick"]
+    step_images = next(f for f in demo.fns.values() if f.api_name == "step_images")
+    state = SessionState(demo)
+    values = [None, *(b.value for b in refresh.inputs[1:])]  # no run picked: the slider's bounds are 0..1
+    drawn = asyncio.run(demo.process_api(refresh, values, state))["data"][-1]
+    assert (drawn["minimum"], drawn["maximum"]) == (0, 1)
+    # the run, r, the run signature and run list seen (none yet: the tick redraws), the step the page's
+    # slider showed, then the image kind and the view controls at their defaults (app/ui.py's order)
+    values = [run_id, 1.8, None, None, 3, *(b.value for b in tick.inputs[5:])]
+    out = asyncio.run(demo.process_api(tick, values, state))["data"]
+    assert "step-slider" not in [getattr(b, "elem_id", None) for b in tick.inputs]
+    slider = next(o for o in out if isinstance(o, dict) and "maximum" in o)
+    assert (slider["maximum"], slider["value"]) == (3, 3)
+    for api_state in (state, None):
+        _, note = asyncio.run(demo.process_api(step_images, [run_id, "eval", 3], api_state))["data"]
+        assert "Eval images at step **3** (logged at steps 0, 2, 3)" in note
+    _, note = asyncio.run(demo.process_api(step_images, [run_id, "eval", "x"], state))["data"]
+    assert note == "**Error:** step: must be a number or empty, got 'x'"
 
 
 def test_duplicate_fills_the_form_so_that_it_rebuilds_the_same_config(app, tmp_path):
