@@ -145,3 +145,35 @@ def test_launch_flags_and_exposure_warning(monkeypatch):
     assert launch.exposure_warning("0.0.0.0", None, False, space=True) is None
     monkeypatch.setenv("SPACE_ID", "someone/jagg-studio")
     assert launch.parse_args([]).host == "0.0.0.0"
+
+
+def test_a_component_updated_in_a_session_still_refuses_bad_input_in_one_line():
+    """gradio keeps a copy of a component a handler updated (new bounds, new choices) in that session's
+    state and preprocesses the copy: a wrong value sent to that session is still one line naming the
+    component, as for a session that never updated it."""
+    import asyncio
+
+    import gradio as gr
+    from gradio.state_holder import SessionState
+
+    with gr.Blocks() as demo:
+        step = gr.Slider(0, 1, value=1, step=1, label="step")
+        out = gr.Textbox()
+        widen = gr.Button()
+        widen.click(lambda: gr.update(maximum=8), None, step, api_name="widen")
+        gr.Button().click(lambda v: f"step {v:g}", step, out, api_name="show")
+    ui.readable_api_errors(demo)
+    fns = {f.api_name: f for f in demo.fns.values()}
+    state = SessionState(demo)
+    asyncio.run(demo.process_api(fns["widen"], [], state))
+    assert (
+        state.blocks_config.blocks[step._id] is not step and state.blocks_config.blocks[step._id].maximum == 8
+    )
+    assert asyncio.run(demo.process_api(fns["show"], [5], state))["data"] == [
+        "step 5"
+    ]  # the session's bounds
+    for session in (state, None):
+        with pytest.raises(gr.Error) as caught:
+            asyncio.run(demo.process_api(fns["show"], ["five"], session))
+        bound = 8 if session else 1
+        assert caught.value.message == f"step: must be a number from 0 to {bound}, got 'five'"
