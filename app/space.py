@@ -21,7 +21,8 @@ work is checked here, by who asks (``gr.Request.session_hash``, one per page loa
   with their folders (never the owner's, never the showcase, never an active run).
 * **Files** (:class:`FilePublisher`): gradio's file route serves only what the app handed to a component
   (copied into gradio's cache): sample images and the exports a visitor asked for. The runs folder itself
-  is never an allowed path, so ``jagg.db``, checkpoints and logs are never served. A visitor's reports and
+  is never an allowed path, so ``jagg.db``, checkpoints and logs are never served (a runs folder gradio
+  cannot reach hands it copies of the images, bounded by :data:`PUBLIC_MAX_BYTES`). A visitor's reports and
   exports are written inside gradio's cache (so gradio serves them without another copy) and pruned by
   :func:`prune_exports` to :data:`EXPORTS_PER_SESSION` files a session and :data:`EXPORTS_MAX_BYTES` in all.
 
@@ -31,6 +32,8 @@ showcase is read-only. No torch here.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import dataclasses
 import hashlib
 import hmac
@@ -56,6 +59,9 @@ OAUTH_ENV = "OAUTH_CLIENT_ID"  # set by the Space runtime when README's front ma
 # is always kept, so the folder holds at most EXPORTS_MAX_BYTES plus the newest file).
 EXPORTS_PER_SESSION = 4
 EXPORTS_MAX_BYTES = 64 * 1024**2
+# The publisher's copies of run images (a runs folder gradio cannot reach): checked after every eighth of it
+# copied, past this size the oldest copies go, down to half of it (a copy gone is made again when shown again).
+PUBLIC_MAX_BYTES = 256 * 1024**2
 DATA_DIR = Path("/data")  # a Space's persistent storage, when the Space has it
 DATA_RUNS_NAME = "jagg-runs"
 
@@ -487,14 +493,24 @@ class FilePublisher:
     gradio copies a component's file into its cache (and its file route serves it from there) only when
     the file lies in the working directory, the temp directory or an allowed path. The runs folder is never
     an allowed path (the route would serve all of it), so a runs folder elsewhere (``/data`` on a Space)
-    hands gradio a copy under a private temp folder instead.
+    hands gradio a copy under a private temp folder instead. The copies are bounded: checked after every
+    eighth of ``max_bytes`` copied, past ``max_bytes`` the oldest go (down to half of it); a temp folder the
+    publisher made is removed when the app exits.
     """
 
-    def __init__(self, runs_dir: str | os.PathLike[str], public_dir: str | os.PathLike[str] | None = None):
+    def __init__(
+        self,
+        runs_dir: str | os.PathLike[str],
+        public_dir: str | os.PathLike[str] | None = None,
+        max_bytes: int = PUBLIC_MAX_BYTES,
+    ):
         self.root = Path(runs_dir).resolve()
         bases = (Path.cwd().resolve(), Path(tempfile.gettempdir()).resolve())
         self.direct = any(self.root.is_relative_to(base) for base in bases)
         self._public = Path(public_dir) if public_dir else None
+        self.max_bytes = max_bytes
+        self._written = 0  # bytes copied since the last check
+        self._lock = threading.Lock()
 
     def __call__(self, path: str | os.PathLike[str]) -> str:
         if self.direct:
@@ -502,15 +518,49 @@ class FilePublisher:
         src = Path(path)
         stat = src.stat()
         key = hashlib.sha256(f"{src.resolve()}:{stat.st_mtime_ns}:{stat.st_size}".encode()).hexdigest()[:24]
-        if self._public is None:
-            self._public = Path(tempfile.mkdtemp(prefix="jagg-public-"))
-        dst = self._public / key / src.name
-        if not dst.exists():
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dst.with_name(dst.name + ".tmp")
-            shutil.copyfile(src, tmp)
-            os.replace(tmp, dst)
+        with self._lock:
+            if self._public is None:
+                self._public = Path(tempfile.mkdtemp(prefix="jagg-public-"))
+                atexit.register(shutil.rmtree, self._public, ignore_errors=True)
+            dst = self._public / key / src.name
+            if not dst.exists():
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                tmp = dst.with_name(dst.name + ".tmp")
+                shutil.copyfile(src, tmp)
+                os.replace(tmp, dst)
+                self._written += stat.st_size
+                if self._written > self.max_bytes // 8:
+                    self.prune(keep=dst)
         return str(dst)
+
+    def prune(self, keep: Path | None = None) -> list[Path]:
+        """While the copies weigh more than ``max_bytes``, delete the oldest (never ``keep``) until they weigh
+        at most half of it. Returns the deleted copies."""
+        if self._public is None or not self._public.is_dir():
+            return []
+        files = []
+        for path in self._public.glob("*/*"):
+            try:
+                stat = path.stat()
+            except FileNotFoundError:
+                continue
+            files.append((stat.st_mtime_ns, stat.st_size, path))
+        total = sum(size for _, size, _ in files)
+        self._written = 0
+        deleted: list[Path] = []
+        if total <= self.max_bytes:
+            return deleted
+        for _, size, path in sorted(files, key=lambda f: f[:2]):
+            if total <= self.max_bytes // 2:
+                break
+            if path == keep:
+                continue
+            path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                path.parent.rmdir()
+            total -= size
+            deleted.append(path)
+        return deleted
 
     def items(self, items: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
         """Gallery items (path, caption) with publishable paths."""

@@ -281,3 +281,29 @@ def test_without_gradio_oauth_extras_the_app_still_starts_with_the_password(tmp_
         assert "owner login by password only" in capsys.readouterr().out
     finally:
         demo.jagg_manager.shutdown()
+
+
+def test_publisher_copies_are_bounded_oldest_first(tmp_path, monkeypatch):
+    """Past max_bytes the oldest copies go, down to half of it; the copy just made stays, and a copy that
+    went is made again when its image is shown again."""
+    runs = tmp_path / "runs"
+    (runs / "run-0001").mkdir(parents=True)
+    monkeypatch.setattr(space.tempfile, "gettempdir", lambda: str(tmp_path / "elsewhere"))
+    monkeypatch.chdir(runs / "run-0001")  # neither the working directory nor the temp dir holds the runs
+    publisher = space.FilePublisher(runs, public_dir=tmp_path / "public", max_bytes=8000)
+    assert not publisher.direct
+    images = []
+    for i in range(12):
+        image = runs / "run-0001" / f"{i:02d}.png"
+        image.write_bytes(bytes([i]) * 1000)
+        images.append(image)
+    copies = []
+    for i, image in enumerate(images):
+        copies.append(Path(publisher(image)))
+        os.utime(copies[-1], ns=(i * 10**9, i * 10**9))  # copy i is the i-th oldest
+        # checked after every 1000 bytes copied: at most max_bytes + 1000 between checks
+        assert sum(p.stat().st_size for p in (tmp_path / "public").glob("*/*")) <= 8000 + 1000, i
+    assert copies[-1].exists() and not copies[0].exists()
+    left = sorted(p.name for p in (tmp_path / "public").glob("*/*"))
+    assert left == [f"{i:02d}.png" for i in range(12 - len(left), 12)]  # the newest stay
+    assert Path(publisher(images[0])).read_bytes() == bytes([0]) * 1000  # made again
