@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
+from app.metrics import empty_figure
 from app.text import md_code_block, md_text
 from jagg_engine.cost import predicted_speedup
 from jagg_engine.sde_kinds import SDE_KINDS
@@ -198,21 +199,6 @@ def progress_markdown(run: Mapping[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------------- figures
 
 
-def _empty(title: str, note: str = "no data yet") -> go.Figure:
-    fig = go.Figure()
-    fig.update_layout(
-        title=title,
-        annotations=[
-            {"text": note, "showarrow": False, "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5}
-        ],
-        height=320,
-        margin={"l": 50, "r": 20, "t": 50, "b": 40},
-        xaxis={"visible": False},
-        yaxis={"visible": False},
-    )
-    return fig
-
-
 def reward_names(frame: pd.DataFrame) -> list[str]:
     """Reward series in a metrics frame: "total" (reward/mean) then each component reward/<name>/mean."""
     names = ["total"] if "reward/mean" in frame.columns else []
@@ -295,7 +281,7 @@ def reward_figure(
                     )
                 )  # fmt: skip
     if not fig.data:
-        return _empty(title)
+        return empty_figure(title)
     lines = [v for t in fig.data for v in t.y if v is not None and v == v]
     if lines:  # the y axis fitted to the means, with a margin
         lo, hi = min(lines), max(lines)
@@ -322,7 +308,7 @@ def _bars(
     them (step 0 is the eval alone) are left out."""
     keys = [key for key, _ in series if key in frame.columns]
     if not keys:
-        return _empty(title)
+        return empty_figure(title)
     frame = frame.dropna(subset=keys, how="all")
     fig = go.Figure(
         [
@@ -367,7 +353,7 @@ def probe_figure(
     latest routing (``route_frac`` of the groups, high noise first) sends to JAGG.
     """
     if not probes:
-        return _empty(title, "no probes (set probe_every > 0 or auto_route=true)")
+        return empty_figure(title, "no probes (set probe_every > 0 or auto_route=true)")
     n_groups = len({p["group_index"] for p in probes})
     if route_frac is not None and route_frac == route_frac:  # not NaN
         n = round(route_frac * n_groups)

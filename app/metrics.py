@@ -145,7 +145,7 @@ def metrics_figure(
     keys = [k for k in view.metrics if any(k in f.columns and f[k].notna().any() for f in frames.values())]
     if not keys:
         wanted = ", ".join(view.metrics)
-        return _empty(title, f"not logged: {wanted}" if view.metrics else "pick a metric")
+        return empty_figure(title, f"not logged: {wanted}" if view.metrics else "pick a metric")
     fig = make_subplots(rows=len(keys), cols=1, shared_xaxes=True, vertical_spacing=0.08, subplot_titles=keys)
     for i, (label, frame) in enumerate(frames.items()):
         color = _COLORS[i % len(_COLORS)]
@@ -186,7 +186,8 @@ def metrics_figure(
     return fig
 
 
-def _empty(title: str, note: str) -> go.Figure:
+def empty_figure(title: str, note: str = "no data yet") -> go.Figure:
+    """A figure with nothing to draw yet: its title and, in the middle, why (every panel's empty state)."""
     fig = go.Figure()
     fig.update_layout(
         title=title,
@@ -194,6 +195,7 @@ def _empty(title: str, note: str) -> go.Figure:
             {"text": note, "showarrow": False, "xref": "paper", "yref": "paper", "x": 0.5, "y": 0.5}
         ],
         height=320,
+        margin={"l": 50, "r": 20, "t": 50, "b": 40},
         xaxis={"visible": False},
         yaxis={"visible": False},
     )
@@ -274,10 +276,10 @@ def window_figure(frame: pd.DataFrame, sampling_steps: int | None = None) -> go.
     ``sampler/window_end`` (end exclusive), high noise (index 0) at the top."""
     title = "SDE window (sampling steps trained)"
     if not set(WINDOW_KEYS) <= set(frame.columns):
-        return _empty(title, "no sampler/window_start, sampler/window_end logged")
+        return empty_figure(title, "no sampler/window_start, sampler/window_end logged")
     rows = frame[["step", *WINDOW_KEYS]].dropna()
     if rows.empty:
-        return _empty(title, "no sampler/window_start, sampler/window_end logged")
+        return empty_figure(title, "no sampler/window_start, sampler/window_end logged")
     start, end = rows["sampler/window_start"], rows["sampler/window_end"]
     fig = go.Figure(
         [

@@ -74,7 +74,7 @@ class Panel:
     def empty(self, note: str) -> Any:
         """The value shown when there is nothing to draw (no run picked, an error)."""
         if self.kind == "plot":
-            return data._empty(self.label[:1].upper() + self.label[1:], note)
+            return metrics.empty_figure(self.label[:1].upper() + self.label[1:], note)
         return {"table": pd.DataFrame(), "gallery": []}.get(self.kind, "")
 
 
@@ -157,7 +157,7 @@ def metric_lines_figure(
                     go.Scatter(x=rows_["step"], y=rows_[key] / scale, mode="lines+markers", name=name)
                 )
     if not fig.data:
-        return data._empty(title, f"no {', '.join(series)} logged yet")
+        return metrics.empty_figure(title, f"no {', '.join(series)} logged yet")
     fig.update_layout(
         title=title, xaxis_title="step", yaxis_title=yaxis, height=300,
         margin={"l": 50, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h", "y": -0.25},
