@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from browser import chromium
+from polling import wait_for
 
 from jagg_engine.backbones.tiny_shapes import DEFAULT_WEIGHTS_DIR
 from jagg_engine.cost import cost_model_speedup
@@ -149,15 +150,6 @@ def _array(value) -> list:
     if isinstance(value, dict):
         return np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"]).tolist()
     return list(value)
-
-
-def _wait(predicate, timeout: float) -> bool:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.5)
-    return False
 
 
 def _history(client) -> dict[int, dict]:
@@ -305,7 +297,7 @@ def test_launch_restart_finish_and_cancel_through_the_api(app):
     assert "stop requested" in answer, answer
     row = _wait_status(client, second, ("cancelled", "failed", "finished"), 90)
     assert row["status"] == "cancelled", row
-    assert _wait(lambda: not pid_alive(trainer_pid), 30), "the cancelled trainer is still alive"
+    assert wait_for(lambda: not pid_alive(trainer_pid), 30), "the cancelled trainer is still alive"
 
     # Compare and export read the same history.
     # (message, reward, metrics, time to reach, summary, diff, images, metric choices: the showcase box is layout)

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from polling import wait_for
 
 from app.runs import RunManager
 from jagg_engine.store import ClaimError, RunLock, StoreError, open_store
@@ -42,15 +43,6 @@ def jagg_train(*args: str, runs_dir: Path) -> subprocess.Popen:
         env=ENV,
         start_new_session=True,
     )
-
-
-def wait_for(predicate, timeout: float = 300, every: float = 0.1) -> bool:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return True
-        time.sleep(every)
-    return False
 
 
 def last_step(store, run_id: int) -> int:

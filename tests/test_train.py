@@ -4,11 +4,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
+from polling import wait_for
 
 from jagg_engine.store import open_store
 
@@ -34,15 +34,6 @@ def jagg(*args, runs_dir, wait=True, timeout=600):
             cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
         )
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-
-
-def wait_for(predicate, timeout=300, every=0.5):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return True
-        time.sleep(every)
-    return False
 
 
 def steps_logged(store, run_id, key="reward/mean"):
