@@ -267,8 +267,9 @@ class LiveHandlers(_Part):
         self, run_id: Any, r: float, metric_keys: Any = metrics.DEFAULT_METRICS, smoothing: Any = 0.6,
         log_y: Any = False, x: Any = "step", kind: str = "eval",
     ) -> tuple[Any, ...]:  # fmt: skip
-        """The live view, the step slider on the run's last step with that step's images, and the metric
-        picker's choices."""
+        """The live view, the step slider on the run's last step with that step's images, the metric
+        picker's choices, and the run's signature as drawn (so that the next tick neither redraws it nor
+        moves a slider the user moved since)."""
         number = self._number(run_id)
         bounds = samples.slider_range(self.store, number)
         gallery, note = self.step_images(run_id, kind, bounds["maximum"])
@@ -278,7 +279,15 @@ class LiveHandlers(_Part):
             gallery,
             note,
             gr.update(**bounds, value=bounds["maximum"]),
+            self._signature(number, run_id),
         )
+
+    def _signature(self, number: int | None, run_id: Any) -> tuple:
+        """The watched run's signature (on_tick's ``seen``): the shared tick's, read afresh."""
+        if number is None:
+            return (None,) if run_id in (None, "") else ("invalid", repr(run_id))
+        run = self.store.get_run(number)
+        return tuple(data.run_signature(self.store, run)) if run is not None else (None,)
 
     def on_tick(
         self, run_id: Any, r: float, seen: Any, list_seen: Any, step: float | None = None, kind: str = "eval",

@@ -273,7 +273,12 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
     refreshed = [*live.outputs, live.view.pick, *step_shown, live.step_slider]
     gr.Button(visible=False).click(h.live.live_view, view, live.outputs, api_name="live_view")
     for trigger in (live.live_run.change, live.refresh_btn.click):
-        trigger(h.live.live_refresh, [*view, live.step_kind], refreshed, api_visibility="private")
+        trigger(
+            h.live.live_refresh,
+            [*view, live.step_kind],
+            [*refreshed, page.run_seen],
+            api_visibility="private",
+        )
     for control in live.view.inputs:
         control.change(h.live.live_view, view, live.outputs, api_visibility="private")
     _wire_confirm(
@@ -381,7 +386,9 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
         [history.owner_msg, history.owner_download],
         api_name="owner_file",
     )
-    demo.load(h.live.on_load, new.r_input, [live.live_run, *refreshed], api_visibility="private")
+    demo.load(
+        h.live.on_load, new.r_input, [live.live_run, *refreshed, page.run_seen], api_visibility="private"
+    )
     demo.load(h.history.history, filters, history.history_table, api_visibility="private")
 
 

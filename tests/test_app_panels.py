@@ -174,7 +174,7 @@ def test_the_step_slider_shows_one_step_of_images_in_a_fixed_prompt_and_seed_ord
     assert step_images(None, "eval", 1) == ([], "No run selected.")
     # picking the run puts the slider on its last step with images
     refreshed = next(f.fn for f in demo.fns.values() if f.fn.__name__ == "live_refresh")(run_id, 1.8)
-    assert refreshed[-1]["maximum"] == 3 and refreshed[-1]["value"] == 3
+    assert refreshed[-2]["maximum"] == 3 and refreshed[-2]["value"] == 3
     assert samples.nearest_step([], 3) is None and samples.nearest_step([0, 4], None) == 4
 
 
@@ -192,11 +192,12 @@ def test_a_tick_carrying_a_step_outside_the_slider_bounds_its_session_last_drew_
     step_images = next(f for f in demo.fns.values() if f.api_name == "step_images")
     state = SessionState(demo)
     values = [None, *(b.value for b in refresh.inputs[1:])]  # no run picked: the slider's bounds are 0..1
-    drawn = asyncio.run(demo.process_api(refresh, values, state))["data"][-1]
+    drawn = asyncio.run(demo.process_api(refresh, values, state))["data"][-2]
     assert (drawn["minimum"], drawn["maximum"]) == (0, 1)
-    # the run, r, the run signature and run list seen (none yet: the tick redraws), the step the page's
-    # slider showed, then the image kind and the view controls at their defaults (app/ui.py's order)
-    values = [run_id, 1.8, None, None, 3, *(b.value for b in tick.inputs[5:])]
+    # the run, r, the run signature and run list seen (gradio reads states from the session), the step
+    # the page's slider showed, then the image kind and the view controls at their defaults (app/ui.py's order)
+    state[tick.inputs[4]._id] = 3
+    values = [run_id, 1.8, None, None, None, *(b.value for b in tick.inputs[5:])]
     out = asyncio.run(demo.process_api(tick, values, state))["data"]
     assert "step-slider" not in [getattr(b, "elem_id", None) for b in tick.inputs]
     slider = next(o for o in out if isinstance(o, dict) and "maximum" in o)
@@ -206,6 +207,25 @@ def test_a_tick_carrying_a_step_outside_the_slider_bounds_its_session_last_drew_
         assert "Eval images at step **3** (logged at steps 0, 2, 3)" in note
     _, note = asyncio.run(demo.process_api(step_images, [run_id, "eval", "x"], state))["data"]
     assert note == "**Error:** step: must be a number or empty, got 'x'"
+
+
+def test_the_first_tick_after_picking_a_run_leaves_the_slider_where_the_user_put_it(app):
+    """Picking a run draws it (slider on its last step) and records what was drawn; the user then moves the
+    slider to step 0 before the next tick: that tick, with nothing new in the run, neither redraws nor moves
+    the slider back to the last step."""
+    from gradio.state_holder import SessionState
+
+    demo, run_id = app
+    fns = {f.fn.__name__: f for f in demo.fns.values() if hasattr(f.fn, "__name__")}
+    refresh, tick = fns["live_refresh"], fns["on_tick"]
+    state = SessionState(demo)
+    drawn = asyncio.run(demo.process_api(refresh, [run_id, *(b.value for b in refresh.inputs[1:])], state))
+    assert drawn["data"][-2]["value"] == 3
+    state[tick.inputs[4]._id] = 0  # the slider moved to step 0 (its change event keeps the step)
+    values = [run_id, 1.8, None, None, None, *(b.value for b in tick.inputs[5:])]
+    out = asyncio.run(demo.process_api(tick, values, state))["data"]
+    slider = out[[getattr(b, "elem_id", None) for b in tick.outputs].index("step-slider")]
+    assert "value" not in slider and "maximum" not in slider, slider  # skipped: the slider stays on 0
 
 
 def test_duplicate_fills_the_form_so_that_it_rebuilds_the_same_config(app, tmp_path):
