@@ -250,12 +250,6 @@ class LiveHandlers(_Part):
         ctx = panels.live_context(self.store, run, ratio, self.root, self.publish.items, view)
         return (data.progress_markdown(run), *(panels.render(p, ctx) for p in self.panels))
 
-    def _number(self, run_id: Any) -> int | None:
-        try:
-            return self.app.resolve(run_id)
-        except ConfigError:
-            return None
-
     def metric_choices(self, number: int | None, picked: Any) -> Any:
         """The metric picker's choices: every key the run logged (and what is picked, so it stays)."""
         frame = self.store.metrics_frame(number) if number is not None else pd.DataFrame()
@@ -270,7 +264,7 @@ class LiveHandlers(_Part):
         """The live view, the step slider on the run's last step with that step's images, the metric
         picker's choices, and the run's signature as drawn (so that the next tick neither redraws it nor
         moves a slider the user moved since)."""
-        number = self._number(run_id)
+        number, sig = self._watched(run_id)
         bounds = samples.slider_range(self.store, number)
         gallery, note = self.step_images(run_id, kind, bounds["maximum"])
         return (
@@ -279,15 +273,17 @@ class LiveHandlers(_Part):
             gallery,
             note,
             gr.update(**bounds, value=bounds["maximum"]),
-            self._signature(number, run_id),
+            sig,
         )
 
-    def _signature(self, number: int | None, run_id: Any) -> tuple:
-        """The watched run's signature (on_tick's ``seen``): the shared tick's, read afresh."""
-        if number is None:
-            return (None,) if run_id in (None, "") else ("invalid", repr(run_id))
-        run = self.store.get_run(number)
-        return tuple(data.run_signature(self.store, run)) if run is not None else (None,)
+    def _watched(self, run_id: Any) -> tuple[int | None, tuple]:
+        """The watched run's number and its signature (on_tick's ``seen``) from the shared tick's reads; a
+        run id that does not resolve has a signature of its own (live_view shows its one-line error once)."""
+        try:
+            number = self.app.resolve(run_id)
+        except ConfigError:
+            return None, ("invalid", repr(run_id))
+        return number, self.app.shared.signature(number)
 
     def on_tick(
         self, run_id: Any, r: float, seen: Any, list_seen: Any, step: float | None = None, kind: str = "eval",
@@ -298,11 +294,7 @@ class LiveHandlers(_Part):
         step while it sits on it, and then its images are redrawn too (a new eval at the step the slider
         already shows changes the images, not the slider's value)."""
         self.app.shared.tick()
-        try:
-            number = self.app.resolve(run_id)
-            sig = self.app.shared.signature(number)
-        except ConfigError:
-            number, sig = None, ("invalid", repr(run_id))  # live_view shows the one-line error once
+        number, sig = self._watched(run_id)
         runs = self.app.shared.runs()
         runs_sig = tuple((x_["id"], x_["status"]) for x_ in runs)
         choices_update = (
