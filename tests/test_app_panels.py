@@ -178,34 +178,49 @@ def test_the_step_slider_shows_one_step_of_images_in_a_fixed_prompt_and_seed_ord
     assert samples.nearest_step([], 3) is None and samples.nearest_step([0, 4], None) == 4
 
 
+class _LiveSession:
+    """One browser session of the Live tab, driven through gradio's own ``process_api`` (its preprocessing
+    and its per-session state): picking a run, and a timer tick carrying the step the page's slider shows."""
+
+    def __init__(self, demo) -> None:
+        from gradio.state_holder import SessionState
+
+        self.demo, self.state = demo, SessionState(demo)
+        fns = {f.fn.__name__: f for f in demo.fns.values() if hasattr(f.fn, "__name__")}
+        self.refresh_fn, self.tick_fn = fns["live_refresh"], fns["on_tick"]
+
+    def refresh(self, run_id) -> list:
+        values = [run_id, *(b.value for b in self.refresh_fn.inputs[1:])]
+        return asyncio.run(self.demo.process_api(self.refresh_fn, values, self.state))["data"]
+
+    def tick(self, run_id, step) -> list:
+        # the run, r, the run signature and run list seen (gradio reads states from the session), the step
+        # the page's slider showed (a state: set in the session), then the image kind and the view controls
+        # at their defaults (app/ui.py's order)
+        self.state[self.tick_fn.inputs[4]._id] = step
+        values = [run_id, 1.8, None, None, None, *(b.value for b in self.tick_fn.inputs[5:])]
+        return asyncio.run(self.demo.process_api(self.tick_fn, values, self.state))["data"]
+
+
 def test_a_tick_carrying_a_step_outside_the_slider_bounds_its_session_last_drew_is_no_error(app):
     """Through gradio's own preprocessing. A session's slider was last drawn for a run without images
     (bounds 0 to 1) while a timer tick sent from the page still carries step 3 of the run shown before:
     the tick redraws (the slider is not one of its inputs; gr.Slider would refuse 3 with a "greater than
     maximum" error toast). The API's step_images takes any step from a session that never drew the slider,
     and a value that is not a number is one line naming the step."""
-    from gradio.state_holder import SessionState
-
     demo, run_id = app
-    fns = {f.fn.__name__: f for f in demo.fns.values() if hasattr(f.fn, "__name__")}
-    refresh, tick = fns["live_refresh"], fns["on_tick"]
+    session = _LiveSession(demo)
     step_images = next(f for f in demo.fns.values() if f.api_name == "step_images")
-    state = SessionState(demo)
-    values = [None, *(b.value for b in refresh.inputs[1:])]  # no run picked: the slider's bounds are 0..1
-    drawn = asyncio.run(demo.process_api(refresh, values, state))["data"][-2]
+    drawn = session.refresh(None)[-2]  # no run picked: the slider's bounds are 0..1
     assert (drawn["minimum"], drawn["maximum"]) == (0, 1)
-    # the run, r, the run signature and run list seen (gradio reads states from the session), the step
-    # the page's slider showed, then the image kind and the view controls at their defaults (app/ui.py's order)
-    state[tick.inputs[4]._id] = 3
-    values = [run_id, 1.8, None, None, None, *(b.value for b in tick.inputs[5:])]
-    out = asyncio.run(demo.process_api(tick, values, state))["data"]
-    assert "step-slider" not in [getattr(b, "elem_id", None) for b in tick.inputs]
+    out = session.tick(run_id, 3)
+    assert "step-slider" not in [getattr(b, "elem_id", None) for b in session.tick_fn.inputs]
     slider = next(o for o in out if isinstance(o, dict) and "maximum" in o)
     assert (slider["maximum"], slider["value"]) == (3, 3)
-    for api_state in (state, None):
+    for api_state in (session.state, None):
         _, note = asyncio.run(demo.process_api(step_images, [run_id, "eval", 3], api_state))["data"]
         assert "Eval images at step **3** (logged at steps 0, 2, 3)" in note
-    _, note = asyncio.run(demo.process_api(step_images, [run_id, "eval", "x"], state))["data"]
+    _, note = asyncio.run(demo.process_api(step_images, [run_id, "eval", "x"], session.state))["data"]
     assert note == "**Error:** step: must be a number or empty, got 'x'"
 
 
@@ -213,18 +228,11 @@ def test_the_first_tick_after_picking_a_run_leaves_the_slider_where_the_user_put
     """Picking a run draws it (slider on its last step) and records what was drawn; the user then moves the
     slider to step 0 before the next tick: that tick, with nothing new in the run, neither redraws nor moves
     the slider back to the last step."""
-    from gradio.state_holder import SessionState
-
     demo, run_id = app
-    fns = {f.fn.__name__: f for f in demo.fns.values() if hasattr(f.fn, "__name__")}
-    refresh, tick = fns["live_refresh"], fns["on_tick"]
-    state = SessionState(demo)
-    drawn = asyncio.run(demo.process_api(refresh, [run_id, *(b.value for b in refresh.inputs[1:])], state))
-    assert drawn["data"][-2]["value"] == 3
-    state[tick.inputs[4]._id] = 0  # the slider moved to step 0 (its change event keeps the step)
-    values = [run_id, 1.8, None, None, None, *(b.value for b in tick.inputs[5:])]
-    out = asyncio.run(demo.process_api(tick, values, state))["data"]
-    slider = out[[getattr(b, "elem_id", None) for b in tick.outputs].index("step-slider")]
+    session = _LiveSession(demo)
+    assert session.refresh(run_id)[-2]["value"] == 3
+    out = session.tick(run_id, 0)  # the slider moved to step 0 (its change event keeps the step)
+    slider = out[[getattr(b, "elem_id", None) for b in session.tick_fn.outputs].index("step-slider")]
     assert "value" not in slider and "maximum" not in slider, slider  # skipped: the slider stays on 0
 
 
