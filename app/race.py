@@ -6,8 +6,10 @@
 Each variant is the config with its own ``key=value`` overrides on top of the trailing ones (which apply to
 every variant, as ``jagg train`` takes them; a variant's own value wins); the FIRST variant is the baseline.
 Every (variant, seed) config is validated before anything starts: a bad spec or field is one line naming the
-variant, and nothing is written. Variants must measure the eval alike (same eval prompts, seeds, rewards,
-sampling steps and shift) and evaluate (``eval_every`` >= 1).
+variant, and nothing is written. Variants must measure the eval alike (every field of :data:`EVAL_FIELDS`:
+eval prompts, seeds, rewards, sampling steps, shift, schedule, cfg_scale, backbone and its options, model_path,
+precision) and evaluate at the same steps (the same ``eval_every`` >= 1: a variant with cheaper steps and
+its own eval_every would get denser eval points in time, which favours it at a first crossing).
 
 Schedule: one heat per seed, heats one after the other. In a heat the variants start together, each with an
 equal share of the CPU cores as torch threads (``OMP_NUM_THREADS``/``MKL_NUM_THREADS``), the rule the app uses
@@ -78,9 +80,23 @@ EVAL_FIELDS = (
     "reward_options",
     "sampling_steps",
     "shift",
+    "schedule",
+    "cfg_scale",
     "backbone",
+    "backbone_options",
+    "model_path",
+    "precision",
+    "eval_every",
 )
 POLL_S = 1.0
+
+
+def _eval_value(cfg: Any, key: str) -> Any:
+    """What field ``key`` of ``cfg`` means for the eval: ``schedule`` as resolved (null = the backbone's
+    default), every other field as set."""
+    return cfg.resolved_schedule() if key == "schedule" else getattr(cfg, key)
+
+
 STOP_GRACE_S = 300.0  # how long a cooperative stop may take (one training step) before the runs are killed
 METHOD = (
     "first crossing of the piecewise-linear curve through the eval points (training time, eval reward): "
@@ -209,10 +225,10 @@ def check_variants(
     for v in variants[1:]:
         cfg = configs[(v.name, seeds[0])]
         for key in EVAL_FIELDS:
-            if getattr(cfg, key) != getattr(base, key):
+            if _eval_value(cfg, key) != _eval_value(base, key):
                 raise UsageError(
-                    f"variant {v.name!r}: {key}: {getattr(cfg, key)!r} differs from the baseline's"
-                    f" {getattr(base, key)!r}; the eval reward must be measured alike in every variant"
+                    f"variant {v.name!r}: {key}: {_eval_value(cfg, key)!r} differs from the baseline's"
+                    f" {_eval_value(base, key)!r}; the eval reward must be measured alike in every variant"
                 )
         source = (cfg.eval_prompts_file or cfg.prompts_file, base.eval_prompts_file or base.prompts_file)
         if source[0] != source[1]:

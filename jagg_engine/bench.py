@@ -52,6 +52,7 @@ from .jagg import (
     policy_update,
 )
 from .sde import SamplerConfig, Trajectory, rollout
+from .streams import torch_stream
 
 CLOCKS = ("wall", "cpu")
 
@@ -509,11 +510,11 @@ def bench_backbone(
     :data:`BENCH_STRATEGIES`, less paper-code with a ``micro_batch``."""
     sampler = SamplerConfig(num_steps=steps)
     params = backbone.trainable_parameters()
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch_stream(seed, 0, 0, "init_noise")  # the trainer's independent streams (jagg_engine.streams)
     device = params[0].device
     cond = backbone.encode_prompts(default_prompts(backbone, batch, seed))
     noise = torch.randn(batch, *backbone.latent_shape, generator=gen).to(device, params[0].dtype)
-    sde_gen = torch.Generator(device).manual_seed(seed)  # the SDE draws its noise on the model's device
+    sde_gen = torch_stream(seed, 0, 0, "sde_noise", device)  # drawn on the model's device
     traj = rollout(backbone, cond, noise, sampler, generator=sde_gen, store_velocities=True)  # for jagg+reuse
     # Timing needs a policy-gradient signal, not a good one: seeded N(0, 1) advantages.
     advantages = torch.randn(traj.batch_size, generator=gen, dtype=torch.float64).to(device)

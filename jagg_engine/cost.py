@@ -32,10 +32,13 @@ ROUTED_STRATEGIES = ("exact", "jagg", "endpoint")
 # Grouping and routing
 
 
-def check_routing(window: int, jagg_frac: float) -> None:
-    """W must be an integer ≥ 2 and f lie in [0, 1]; raises ValueError naming the field."""
-    if isinstance(window, bool) or int(window) != window or window < 2:
-        raise ValueError(f"window: must be an integer >= 2, got {window}")
+def check_routing(window: int, jagg_frac: float, strategy: str = "jagg") -> None:
+    """W must be an integer ≥ 2 (≥ 1 for exact, whose one-step window is Flash-GRPO's) and f lie in [0, 1];
+    raises ValueError naming the field."""
+    low = 1 if strategy == "exact" else 2
+    if isinstance(window, bool) or int(window) != window or window < low:
+        why = "" if low == 1 else f" for strategy {strategy} (a one-step window trains with strategy=exact)"
+        raise ValueError(f"window: must be an integer >= {low}{why}, got {window}")
     if not 0.0 <= jagg_frac <= 1.0:
         raise ValueError(f"jagg_frac: must be in [0, 1], got {jagg_frac}")
 
@@ -105,7 +108,7 @@ def cost_model_speedup(
         raise ValueError(f"r: must be > 0, got {r}")
     if not 0 <= reuse_fraction <= 1:
         raise ValueError(f"reuse_fraction: must be in [0, 1], got {reuse_fraction}")
-    check_routing(window, jagg_frac)
+    check_routing(window, jagg_frac, strategy)
 
     def cost(n: int, kind: str) -> float:
         if kind == "jagg+reuse":

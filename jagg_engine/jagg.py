@@ -55,7 +55,7 @@ class UpdateConfig:
     """How the policy gradient of one rollout batch is computed.
 
     strategy:          exact | jagg | endpoint (see the module docstring)
-    window:            W ≥ 2, trained steps per group
+    window:            W ≥ 2 (≥ 1 for exact), trained steps per group
     jagg_frac:         fraction of the groups (high noise first) that use the strategy; the rest are exact
     endpoint_backward: joint (one backward over both endpoints) | sequential (half the activation memory)
     clip_range:        PPO clip range ε
@@ -87,7 +87,7 @@ class UpdateConfig:
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy: must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
-        check_routing(self.window, self.jagg_frac)
+        check_routing(self.window, self.jagg_frac, self.strategy)
         if self.endpoint_backward not in ENDPOINT_BACKWARDS:
             raise ValueError(
                 f"endpoint_backward: must be one of {', '.join(ENDPOINT_BACKWARDS)}, got {self.endpoint_backward!r}"

@@ -59,6 +59,7 @@ from jagg_engine.devices import default_dtype  # noqa: E402
 from jagg_engine.grpo import group_advantages  # noqa: E402
 from jagg_engine.jagg import UpdateConfig, policy_update  # noqa: E402
 from jagg_engine.sde import SamplerConfig, rollout, sliding_window  # noqa: E402
+from jagg_engine.streams import torch_stream  # noqa: E402
 
 # SD3Transformer2DModel of stabilityai/stable-diffusion-3.5-medium (transformer/config.json): 2.2 B parameters.
 SD35_MEDIUM_CONFIG: dict[str, Any] = dict(
@@ -311,7 +312,7 @@ def train(
         if time.perf_counter() > budget_end:
             break
         t0 = _now(device)
-        gen = torch.Generator().manual_seed(seed * 1000 + step)
+        gen = torch_stream(seed, step + 1, 0, "init_noise")  # the trainer's streams (jagg_engine.streams)
         prompts = [f"prompt {step}-{k}" for k in range(batch // group_size) for _ in range(group_size)]
         groups = torch.arange(batch // group_size).repeat_interleave(group_size)
         cond = model.encode_prompts(prompts)
@@ -321,7 +322,7 @@ def train(
             noise = noise[::group_size].repeat_interleave(group_size, 0)  # one noise per group
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        sde_gen = torch.Generator(device).manual_seed(seed * 1000 + step)  # SDE noise is drawn on the device
+        sde_gen = torch_stream(seed, step + 1, 0, "sde_noise", device)  # drawn on the device, its own stream
         traj = rollout(
             model,
             cond,

@@ -140,6 +140,9 @@ def test_variant_specs_split_at_top_level_commas_only():
             ["exact:strategy=exact", "fast:eval_num_prompts=3"],
             ["variant 'fast'", "eval_num_prompts", "baseline"],
         ),
+        (["exact:strategy=exact", "fast:eval_every=3"], ["variant 'fast'", "eval_every", "baseline"]),
+        (["exact:strategy=exact", "fast:cfg_scale=2.0"], ["variant 'fast'", "cfg_scale", "baseline"]),
+        (["exact:strategy=exact", "fast:shift=2.0"], ["variant 'fast'", "shift", "baseline"]),
         (["exact:strategy=exact", "exact:strategy=jagg"], ["variant 'exact'", "twice"]),
         (["exact:window=1", "fast:strategy=jagg"], ["variant 'exact'", "window"]),  # the baseline too
     ],

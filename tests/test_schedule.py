@@ -9,7 +9,7 @@ import torch
 from test_backbones_diffusers import SD3_OPTIONS, save_tiny_flux, save_tiny_sd3  # noqa: I001
 
 from jagg_engine.train.config import ConfigError, load_config
-from jagg_engine.train.trainer import build_model, sampler_config
+from jagg_engine.train.trainer import build_model, pipeline_schedule, sampler_config
 
 # FLUX.1-dev's scheduler_config.json: dynamic shift from the image sequence length
 FLUX1_SCHEDULER = dict(
@@ -81,7 +81,7 @@ def test_flux_pipeline_sigmas_at_two_resolutions(flux1_dir, steps):
     for side in (8, 32):  # 4 and 64 packed tokens: different dynamic shifts
         cfg = config("flux", flux1_dir, steps, resolution=side, max_sequence_length=6)
         assert cfg.resolved_schedule() == "pipeline"  # the default for a diffusers backbone
-        sampler = sampler_config(cfg, build_model(cfg, torch.device("cpu")))
+        sampler = sampler_config(cfg, pipeline_schedule(cfg, build_model(cfg, torch.device("cpu"))))
         ours = sampler.sigmas()
         theirs = sigmas_after_pipeline_call(FluxPipeline, flux1_dir, steps, side)
         assert ours.shape == (steps + 1,)
@@ -95,11 +95,12 @@ def test_sd3_pipeline_sigmas_static_shift(sd3_dir):
 
     cfg = config("sd3", sd3_dir, 10, **{k: v for k, v in SD3_OPTIONS.items() if k != "lora_rank"})
     model = build_model(cfg, torch.device("cpu"))
-    ours = sampler_config(cfg, model).sigmas()
+    ours = sampler_config(cfg, pipeline_schedule(cfg, model)).sigmas()
     theirs = sigmas_after_pipeline_call(StableDiffusion3Pipeline, sd3_dir, 10, 8)
     torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=0)
     # not the shifted-linear grid with the same shift: the scheduler's grid ends before σ = 0
-    linear = sampler_config(cfg.apply_overrides(["schedule=shifted-linear", "shift=3.0"]), model).sigmas()
+    linear_cfg = cfg.apply_overrides(["schedule=shifted-linear", "shift=3.0"])
+    linear = sampler_config(linear_cfg, pipeline_schedule(linear_cfg, model)).sigmas()
     assert (ours - linear).abs().max() > 1e-3
 
 

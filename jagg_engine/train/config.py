@@ -54,7 +54,8 @@ ENDPOINT_BACKWARDS = ("joint", "sequential")
 ADV_STDS = ("group", "global", "centered", "group-unbiased")  # jagg_engine.grpo.ADV_STDS, without torch
 SCHEDULES = ("pipeline", "shifted-linear")
 PRECISIONS = ("fp32", "bf16")
-WINDOW_SCHEDULES = ("fixed", "sliding")
+WINDOW_SCHEDULES = ("fixed", "sliding", "random")
+MOVING_WINDOWS = ("sliding", "random")  # schedules whose window is `window` steps that move between steps
 GROUP_NOISES = ("independent", "shared")
 PROMPT_SUFFIXES = (".txt", ".jsonl")
 _WEIGHT_SUFFIXES = (".safetensors", ".pt", ".pth", ".ckpt", ".bin", ".gguf")
@@ -180,12 +181,15 @@ class TrainConfig:
         "sliding",
         "fixed: the SDE window is sde_window_start..sde_window_end every step. sliding (MixGRPO): the window is"
         " `window` consecutive steps inside that range, starting at sde_window_start and moving window_stride"
-        " steps toward low noise every window_shift_every training steps; after window_last_start it rolls back.",
+        " steps toward low noise every window_shift_every training steps; after window_last_start it rolls back."
+        " random (Flow-GRPO-Fast, Flash-GRPO): `window` consecutive steps starting at a step drawn uniformly from"
+        " sde_window_start..window_last_start each training step (the whole batch, every rank).",
     )
     window_shift_every: int = _f(5, "sliding: training steps between two shifts of the window.", low=1)
     window_stride: int = _f(1, "sliding: sampling steps the window moves per shift.", low=1)
     window_last_start: int | None = _f(
-        None, "sliding: the last window start; null = the last start that fits (sde_window_end - window)."
+        None,
+        "sliding, random: the last window start; null = the last start that fits (sde_window_end - window).",
     )
     group_noise: str = _f(
         "shared",
@@ -225,7 +229,12 @@ class TrainConfig:
     strategy: str = _f(
         "jagg", "Backward per window: exact (every step), jagg (two endpoints), endpoint (ablation)."
     )
-    window: int = _f(4, "JAGG window W: consecutive trained steps aggregated into one group.", low=2)
+    window: int = _f(
+        4,
+        "JAGG window W: consecutive trained steps aggregated into one group (>= 2 for jagg and endpoint; exact"
+        " takes 1, a one-step window under sliding or random).",
+        low=1,
+    )
     jagg_frac: float = _f(
         1.0, "Fraction of the windows (high-noise first) that use the strategy; the rest use exact backward."
     )
@@ -356,9 +365,9 @@ class TrainConfig:
 
     @property
     def num_trained_steps(self) -> int:
-        """Sampling steps trained per training step: the fixed window's length, or W under sliding."""
+        """Sampling steps trained per training step: the fixed window's length, or W under sliding / random."""
         start, end = self.sde_window()
-        return self.window if self.sde_window_schedule == "sliding" else end - start
+        return self.window if self.sde_window_schedule in MOVING_WINDOWS else end - start
 
     @property
     def num_windows(self) -> int:
@@ -367,18 +376,25 @@ class TrainConfig:
         return math.ceil(self.num_trained_steps / self.window)
 
     def window_last(self) -> int:
-        """sliding: the last window start (window_last_start, or the last start that fits)."""
+        """sliding, random: the last window start (window_last_start, or the last start that fits)."""
         end = self.sde_window()[1]
         return end - self.window if self.window_last_start is None else self.window_last_start
 
     def sde_window_at(self, step: int) -> tuple[int, int]:
         """The SDE window [start, end) of training step ``step`` (from 1): the fixed window, or the sliding one
-        (:func:`jagg_engine.sde.sliding_window`, a pure function of the step)."""
-        if self.sde_window_schedule != "sliding":
+        (:func:`jagg_engine.sde.sliding_window`), or the random one (its start drawn uniformly from
+        sde_window_start .. window_last() by the step's "window" stream, :mod:`jagg_engine.streams`; the same on
+        every rank and after a resume). Each is a pure function of (config, step)."""
+        if self.sde_window_schedule not in MOVING_WINDOWS:
             return self.sde_window()
         from jagg_engine.sde import sliding_window
 
         start = self.sde_window()[0]
+        if self.sde_window_schedule == "random":
+            from jagg_engine.streams import numpy_stream
+
+            first = int(numpy_stream(self.seed, step, 0, "window").integers(start, self.window_last() + 1))
+            return first, first + self.window
         return sliding_window(
             step, start, self.window_last(), self.window, self.window_shift_every, self.window_stride
         )
@@ -390,7 +406,7 @@ class TrainConfig:
         from jagg_engine.sde import SamplerConfig  # lazy: the engine module is owned elsewhere
 
         all_steps = self.sde_window_start is None and self.sde_window_end is None
-        sliding = self.sde_window_schedule == "sliding"
+        sliding = self.sde_window_schedule in MOVING_WINDOWS
         sampler = SamplerConfig(
             kind=self.algorithm,
             num_steps=self.sampling_steps,
@@ -622,11 +638,12 @@ class TrainConfig:
         from jagg_engine.sde import ODE_SOLVERS
 
         _one_of("ode_solver", self.ode_solver, ODE_SOLVERS)
-        if self.window_last_start is not None and self.sde_window_schedule != "sliding":
+        if self.window_last_start is not None and self.sde_window_schedule not in MOVING_WINDOWS:
             raise ConfigError(
-                "window_last_start: only used with sde_window_schedule sliding; set it to null or use sliding"
+                "window_last_start: only used with sde_window_schedule sliding or random; set it to null or use"
+                " one of them"
             )
-        if self.sde_window_schedule == "sliding" and self.window <= end - start:
+        if self.sde_window_schedule in MOVING_WINDOWS and self.window <= end - start:
             first, fits = start, end - self.window
             if not first <= self.window_last() <= fits:
                 raise ConfigError(
@@ -640,6 +657,11 @@ class TrainConfig:
         from jagg_engine.sde import CPS_LOG_PROBS
 
         _one_of("strategy", self.strategy, STRATEGIES)
+        if self.window < 2 and self.strategy != "exact":
+            raise ConfigError(
+                f"window: strategy {self.strategy} needs an integer >= 2 (it backpropagates a window's two"
+                f" endpoints); a one-step window trains with strategy=exact, got {self.window}"
+            )
         start, end = self.sde_window()
         if self.window > end - start:
             raise ConfigError(

@@ -48,6 +48,7 @@ from jagg_engine.probe import probe_groups
 from jagg_engine.rewards.registry import WeightedReward
 from jagg_engine.sde import SamplerConfig, Trajectory, eval_noise, ode_sample, rollout
 from jagg_engine.store import ClaimError, RunLock, RunStore, open_store
+from jagg_engine.streams import numpy_stream, torch_stream
 from jagg_engine.train import checkpoint
 from jagg_engine.train.config import TrainConfig, read_prompts
 
@@ -135,14 +136,32 @@ def build_model(cfg: TrainConfig, device: torch.device) -> Any:
     return model
 
 
-def sampler_config(cfg: TrainConfig, model: Any) -> SamplerConfig:
-    """The rollout's sampler: ``cfg.sampler_config()`` with, under ``schedule: pipeline``, the σ grid of the
-    backbone's diffusers pipeline for ``sampling_steps`` steps at the size it trains (``model.pipeline_sigmas``)."""
-    sampler = cfg.sampler_config()
+def pipeline_schedule(cfg: TrainConfig, model: Any) -> tuple[float, ...] | None:
+    """Under ``schedule: pipeline`` the σ grid of the backbone's diffusers pipeline for ``sampling_steps`` steps
+    at the size it trains (``model.pipeline_sigmas``, T + 1 values); None under shifted-linear."""
     if cfg.resolved_schedule() != "pipeline":
-        return sampler
-    sigmas = model.pipeline_sigmas(cfg.sampling_steps)  # (T + 1,)
-    return dataclasses.replace(sampler, schedule=tuple(float(s) for s in sigmas))
+        return None
+    return tuple(float(s) for s in model.pipeline_sigmas(cfg.sampling_steps))
+
+
+def sampler_config(
+    cfg: TrainConfig, schedule: tuple[float, ...] | None, step: int | None = None
+) -> SamplerConfig:
+    """The sampler of training step ``step`` (None = the first), the one builder the rollout, the update, the
+    probe and the eval read: ``cfg.sampler_config(step)`` (its SDE window at that step) on the σ grid
+    ``schedule`` (:func:`pipeline_schedule`; None keeps the shifted-linear grid). Under a pipeline grid the
+    re-spaced ODE parts (ode_steps_before / ode_steps_after) interpolate the pipeline's σ linearly over its
+    step index (:func:`jagg_engine.sde.respace` at shift 1, the shift a pipeline schedule requires)."""
+    sampler = cfg.sampler_config(step)
+    return sampler if schedule is None else dataclasses.replace(sampler, schedule=schedule)
+
+
+def window_sigmas(sampler: SamplerConfig) -> tuple[float, float]:
+    """σ at the SDE window's first step and after its last step, on the grid the rollout walks."""
+    grid = sampler.grid()
+    if not grid.sde_steps:
+        return math.nan, math.nan
+    return float(grid.sigmas[grid.sde_steps[0]]), float(grid.sigmas[grid.sde_steps[-1] + 1])
 
 
 def prompt_source(cfg: TrainConfig, eval_set: bool = False) -> list[str]:
@@ -157,35 +176,37 @@ def prompt_source(cfg: TrainConfig, eval_set: bool = False) -> list[str]:
 
 def epoch_prompt_indices(seed: int, step: int, n_prompts: int, per_step: int) -> np.ndarray:
     """Indices of step ``step``'s prompts (steps count from 1): the prompt list is read in epochs, each one a
-    fresh permutation seeded by (seed, epoch), ``per_step`` prompts a step. Every prompt comes once per epoch,
-    so windows of whole epochs see the same prompt mix (the training-reward curve is not a prompt lottery),
-    and the order depends only on (seed, step): a resumed run sees the same prompts. Same on every rank."""
+    fresh permutation from the "prompts" stream of (seed, epoch), ``per_step`` prompts a step. Every prompt
+    comes once per epoch, so windows of whole epochs see the same prompt mix (the training-reward curve is not
+    a prompt lottery), and the order depends only on (seed, step): a resumed run sees the same prompts. Same
+    on every rank."""
     start = (step - 1) * per_step
     out = np.empty(per_step, dtype=np.int64)
     perms: dict[int, np.ndarray] = {}
     for i, pos in enumerate(range(start, start + per_step)):
         epoch, k = divmod(pos, n_prompts)
         if epoch not in perms:
-            perms[epoch] = np.random.default_rng([seed, epoch]).permutation(n_prompts)
+            perms[epoch] = numpy_stream(seed, epoch, 0, "prompts").permutation(n_prompts)
         out[i] = perms[epoch][k]
     return out
 
 
 def step_generator(
-    cfg: TrainConfig, step: int, rank: int, device: torch.device | str = "cpu"
+    cfg: TrainConfig, step: int, rank: int, purpose: str, device: torch.device | str = "cpu"
 ) -> torch.Generator:
-    """The generator of step ``step`` on ``rank``: the same after a resume as in an uninterrupted run."""
-    return torch.Generator(device=device).manual_seed((cfg.seed * 1_000_003 + step) * 1009 + rank)
+    """The torch stream ``purpose`` ("init_noise", "sde_noise", …: :mod:`jagg_engine.streams`) of step
+    ``step`` on ``rank``: independent of every other stream, the same after a resume."""
+    return torch_stream(cfg.seed, step, rank, purpose, device)
 
 
 def minibatch_indices(cfg: TrainConfig, step: int, rank: int, n: int) -> list[torch.Tensor | None]:
     """The samples of each of the ``updates_per_rollout`` mini-batches of a rank's ``n`` samples: slices of a
-    permutation seeded by (seed, step, rank), as Flow-GRPO shuffles before splitting; ``[None]`` (the whole
-    batch, in order) when there is one."""
+    permutation from the "minibatch" stream of (seed, step, rank), as Flow-GRPO shuffles before splitting;
+    ``[None]`` (the whole batch, in order) when there is one."""
     m = cfg.updates_per_rollout
     if m == 1:
         return [None]
-    perm = torch.from_numpy(np.random.default_rng([cfg.seed, step, rank, 1]).permutation(n))
+    perm = torch.from_numpy(numpy_stream(cfg.seed, step, rank, "minibatch").permutation(n))
     return list(perm.reshape(m, n // m))  # (M, n / M)
 
 
@@ -283,7 +304,8 @@ class Trainer:
             raise TrainingError("backbone: the model has no trainable parameters")
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.reward = WeightedReward(cfg.rewards, cfg.reward_options)
-        self.sampler, self.update = sampler_config(cfg, self.model), cfg.update_config()
+        self.schedule = pipeline_schedule(cfg, self.model)  # the pipeline's σ grid, or None (shifted-linear)
+        self.sampler, self.update = sampler_config(cfg, self.schedule), cfg.update_config()
         self.prompts = prompt_source(cfg)
         self.eval_prompts = prompt_source(cfg, eval_set=True)[: cfg.eval_num_prompts]
         self.start_step = 1
@@ -304,8 +326,8 @@ class Trainer:
     def sample(self, step: int, prompts: list[str]) -> Trajectory:
         """This rank's rollout of step ``step`` with the step's sampler (its SDE window). With group_noise shared
         the G samples of a prompt start from one noise and their steps before the window are computed once."""
-        gen = step_generator(self.cfg, step, self.rank)
-        sde_gen = step_generator(self.cfg, step, self.rank, self.acc.device)
+        gen = step_generator(self.cfg, step, self.rank, "init_noise")
+        sde_gen = step_generator(self.cfg, step, self.rank, "sde_noise", self.acc.device)
         G, shared = self.cfg.group_size, self.cfg.group_noise == "shared"
         n = len(prompts) // G if shared else len(prompts)
         noise = torch.randn(n, *self.model.latent_shape, generator=gen, dtype=torch.float32)
@@ -427,8 +449,9 @@ class Trainer:
         t0 = time.perf_counter()
         # The step's sampler: under a sliding schedule its SDE window is a function of the step (a resumed run
         # continues the schedule); the update, the probe and routing read the same one.
-        self.sampler = self.cfg.sampler_config(step)
+        self.sampler = sampler_config(self.cfg, self.schedule, step)
         window = self.cfg.sde_window_at(step)
+        sigma_start, sigma_end = window_sigmas(self.sampler)
         prompts, groups = self.step_prompts(step)
         traj = self.sample(step, prompts)
         t1 = time.perf_counter()
@@ -461,6 +484,8 @@ class Trainer:
             "route/jagg_frac": self.update.jagg_frac,
             "sampler/window_start": float(window[0]),
             "sampler/window_end": float(window[1]),
+            "sampler/sigma_window_start": sigma_start,
+            "sampler/sigma_window_end": sigma_end,
             "count/sampling_forward": traj.forwards,
             **memory_metrics(self.acc.device),
         }
@@ -524,7 +549,7 @@ class Trainer:
                 noise[i : i + 64].to(self.acc.device, dtype),
                 self.cfg.sampling_steps,
                 self.cfg.shift,
-                self.sampler.schedule,
+                self.schedule,
             )
             img = self.model.decode(z)
             total, parts = self.reward(img, chunk)
