@@ -367,3 +367,25 @@ def test_missing_images_are_skipped_at_once(store, monkeypatch):
     assert data.gallery_items(s, ids["jagg"], root) == []
     assert data.side_by_side(s, [ids["jagg"], ids["exact"]], root) == []
     assert (len(safe), len(listings)) == (0, 0)
+
+
+def test_window_panel_draws_the_window_sigmas_on_a_sigma_axis():
+    import pandas as pd
+
+    from app import metrics
+
+    frame = pd.DataFrame(
+        {
+            "step": [1, 2, 3],
+            "sampler/window_start": [0.0, 1.0, 2.0],
+            "sampler/window_end": [4.0, 5.0, 6.0],
+            "sampler/sigma_window_start": [1.0, 0.99, 0.98],
+            "sampler/sigma_window_end": [0.93, 0.83, 0.61],
+        }
+    )
+    fig = metrics.window_figure(frame, 12)
+    sigma = [t for t in fig.data if t.yaxis == "y2"]
+    assert [t.name for t in sigma] == ["σ at window start", "σ after window end"]
+    assert list(sigma[1].y) == [0.93, 0.83, 0.61] and fig.layout.yaxis2.title.text == "σ"
+    older = metrics.window_figure(frame.drop(columns=list(metrics.SIGMA_KEYS)), 12)  # a history without σ
+    assert all(t.yaxis in (None, "y") for t in older.data) and len(older.data) == 2

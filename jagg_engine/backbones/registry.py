@@ -196,3 +196,9 @@ register_backbone(
     procedural_prompts=True,
     help="v = A·z + θ_0 + t·θ_1 (float64), the Theorem 1 field",
 )
+register_backbone(
+    "gauss-toy",
+    "jagg_engine.backbones.gauss_toy:GaussToy",
+    procedural_prompts=True,
+    help="the exact flow velocity of Gaussian data (+ a trained offset): rollout marginals in closed form",
+)
