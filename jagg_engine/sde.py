@@ -766,8 +766,8 @@ def rollout(
 
     Shared prefix (``prefix_group`` = G): samples g·G … g·G + G − 1 share their noise (DanceGRPO's
     ``init_same_noise``), so their deterministic steps before the SDE window are the same: they are computed
-    once per group, on noise[::G], and broadcast to the G samples — 1/G of the prefix forwards. Noise that is
-    not shared within the groups is refused.
+    once per group, on noise[::G], and broadcast to the G samples — 1/G of the prefix forwards. Noise or
+    conditioning (prompts) that is not shared within the groups is refused.
     """
     if micro_batch is not None and micro_batch < 1:
         raise ValueError(f"micro_batch: must be an integer >= 1 or None, got {micro_batch}")
@@ -786,6 +786,10 @@ def rollout(
         if B % G or not torch.equal(z, z[::G].repeat_interleave(G, 0)):
             raise ValueError(
                 f"group_noise: a shared prefix needs the noise of each group of {G} samples to be the same"
+            )
+        if not _same_within_groups(cond, G):
+            raise ValueError(
+                f"group_noise: a shared prefix needs one conditioning (one prompt) for each group of {G} samples"
             )
         head, c = _rollout_parts(
             z[::G], index_cond(cond, slice(None, None, G)), eps[:, ::G], 0, prefix, micro_batch, **run
@@ -814,6 +818,17 @@ def rollout(
         policy=policy,
         forwards=calls / B,
     )
+
+
+def _same_within_groups(cond: Cond, G: int) -> bool:
+    """Whether every batch-first tensor leaf of ``cond`` holds one value per group of G consecutive samples."""
+    if isinstance(cond, torch.Tensor):
+        return cond.dim() == 0 or torch.equal(cond, cond[::G].repeat_interleave(G, 0))
+    if isinstance(cond, dict):
+        return all(_same_within_groups(v, G) for v in cond.values())
+    if isinstance(cond, (list, tuple)):
+        return all(_same_within_groups(v, G) for v in cond)
+    return True
 
 
 def _rollout_parts(

@@ -47,7 +47,10 @@ def test_form_values_become_a_validated_config(tmp_path):
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"window": 1}, "window: must be an integer >= 2, got 1"),
+        (
+            {"window": 1},
+            "window: must be an integer >= 2 for strategy jagg (a one-step window trains with strategy=exact), got 1",
+        ),
         ({"jagg_frac": 1.5}, "jagg_frac: must be a number in [0, 1], got 1.5"),
         ({"rewards": "nope: 1"}, "rewards: unknown reward 'nope'"),
         ({"rewards": "brightness: lots"}, "rewards: weight of 'brightness' must be a number"),

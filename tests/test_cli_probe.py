@@ -69,7 +69,10 @@ def test_probe_bad_input_one_line_exit_2(args, field, capsys):
 def test_probe_bad_input_through_the_entry_point_has_no_traceback():
     proc = jagg("probe", "--window", "1")
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "jagg probe: error: window: must be an integer >= 2, got 1"
+    assert (
+        proc.stderr.strip()
+        == "jagg probe: error: window: must be an integer >= 2 for strategy jagg (a one-step window trains with strategy=exact), got 1"
+    )
     assert proc.stdout == ""
 
 

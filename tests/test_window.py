@@ -245,7 +245,7 @@ def test_shared_prefix_forwards_drop_by_the_group_size():
     inner = TokenMLP(dtype=torch.float32)
     noise = shared_noise(G, prompts)
     B = noise.shape[0]
-    cond = torch.randn(B, 4)
+    cond = torch.randn(B // G, 4).repeat_interleave(G, 0)  # one prompt a group
     sampler = SamplerConfig(num_steps=10, sde_window=(5, 9))  # 5 prefix steps, 4 SDE, 1 after
     seen = {}
     for group in (None, G):
@@ -255,6 +255,19 @@ def test_shared_prefix_forwards_drop_by_the_group_size():
     assert seen[None] == (10 * B, 10.0)
     assert seen[G] == (5 * B // G + 5 * B, 5 / G + 5)
     assert seen[None][0] - seen[G][0] == 5 * B * (G - 1) // G  # prefix sample-forwards: 5·B → 5·B / G
+
+
+def test_shared_prefix_refuses_a_group_of_several_prompts():
+    cond = torch.randn(2, 4).repeat_interleave(3, 0)
+    cond[4] += 1e-3  # sample 4 of group 1 has its own prompt
+    with pytest.raises(ValueError, match="one conditioning"):
+        rollout(
+            TokenMLP(dtype=torch.float32),
+            cond,
+            shared_noise(3),
+            SamplerConfig(num_steps=6, sde_window=(2, 4)),
+            prefix_group=3,
+        )
 
 
 def test_shared_prefix_refuses_noise_that_is_not_shared():

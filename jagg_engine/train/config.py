@@ -659,8 +659,8 @@ class TrainConfig:
         _one_of("strategy", self.strategy, STRATEGIES)
         if self.window < 2 and self.strategy != "exact":
             raise ConfigError(
-                f"window: strategy {self.strategy} needs an integer >= 2 (it backpropagates a window's two"
-                f" endpoints); a one-step window trains with strategy=exact, got {self.window}"
+                f"window: must be an integer >= 2 for strategy {self.strategy} (a one-step window trains with"
+                f" strategy=exact), got {self.window}"
             )
         start, end = self.sde_window()
         if self.window > end - start:
