@@ -259,7 +259,9 @@ def pipelines(tmp_path_factory):
     pipe.save_pretrained(str(flux))
     sd3 = tmp_path_factory.mktemp("inv-sd3")
     save_tiny_sd3(str(sd3))
-    return {"flux": str(flux), "sd3": str(sd3)}
+    prompts = flux / "prompts.txt"
+    prompts.write_text("a red cat\na blue dog\na green bird\n")
+    return {"flux": str(flux), "sd3": str(sd3), "prompts": str(prompts)}
 
 
 @pytest.mark.parametrize("backbone", ["flux", "sd3"])
@@ -272,7 +274,7 @@ def test_trainer_step_invariants_pipeline_schedule(tmp_path, pipelines, backbone
             *TINY,
             f"backbone={backbone}",
             f"model_path={pipelines[backbone]}",
-            "prompts_file=null",
+            f"prompts_file={pipelines['prompts']}",
             "lora_rank=4",
             "backbone_options={resolution: 8, max_sequence_length: 6}",
             f"strategy={strategy}",
