@@ -355,7 +355,10 @@ def test_browser_launch_shows_reward_plot_and_samples(app):
         window.send_keys("1")
         driver.find_element(By.XPATH, "//button[normalize-space()='Launch']").click()
         wait.until(lambda d: "Not launched" in d.page_source)
-        assert "window: must be an integer &gt;= 2, got 1" in driver.page_source
+        assert (
+            "window: must be an integer &gt;= 2 for strategy jagg (a one-step window trains with strategy=exact), got 1"
+            in driver.page_source
+        )
         ARTIFACTS.mkdir(exist_ok=True)
         driver.save_screenshot(str(ARTIFACTS / "app-new-run-error.png"))
         window.clear()
