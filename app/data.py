@@ -46,13 +46,14 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
 
 
 def trained_steps(config: Mapping[str, Any]) -> int:
-    """Sampling steps a training step of this stored config trains: its fixed SDE window, or W under sliding."""
+    """Sampling steps a training step of this stored config trains: its fixed SDE window, or W under sliding
+    and random (the schedules whose window of W steps moves)."""
     start = config.get("sde_window_start") or 0
     end = config.get("sde_window_end")
     if end is None:
         last_stochastic = SDE_KINDS[config.get("algorithm", "flow-grpo")].last_step_stochastic
         end = config["sampling_steps"] - (0 if last_stochastic else 1)
-    if config.get("sde_window_schedule") == "sliding":
+    if config.get("sde_window_schedule") in ("sliding", "random"):
         return min(int(config["window"]), end - start)
     return end - start
 

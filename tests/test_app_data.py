@@ -389,3 +389,10 @@ def test_window_panel_draws_the_window_sigmas_on_a_sigma_axis():
     assert list(sigma[1].y) == [0.93, 0.83, 0.61] and fig.layout.yaxis2.title.text == "σ"
     older = metrics.window_figure(frame.drop(columns=list(metrics.SIGMA_KEYS)), 12)  # a history without σ
     assert all(t.yaxis in (None, "y") for t in older.data) and len(older.data) == 2
+
+
+def test_trained_steps_of_a_random_or_one_step_window():
+    base = {"sampling_steps": 12, "sde_window_start": 0, "sde_window_end": 8, "algorithm": "flow-grpo"}
+    assert data.trained_steps({**base, "sde_window_schedule": "random", "window": 1}) == 1
+    assert data.trained_steps({**base, "sde_window_schedule": "sliding", "window": 4}) == 4
+    assert data.trained_steps({**base, "sde_window_schedule": "fixed", "window": 4}) == 8
