@@ -517,12 +517,13 @@ class HistoryHandlers(_Part):
             self.guard.check_action(
                 session(request), number, "delete"
             )  # who may delete a run may annotate it
-            notes.set_note(self.root, number, text or "")
+            saved = notes.set_note(self.root, number, text or "")
         except SpaceError as exc:
             return f"**Refused.** {exc}", self.history()
         except (ConfigError, notes.NoteError) as exc:
-            return f"**Error:** {exc}", self.history()
-        return f"Note of run #{number} saved.", self.history()
+            return f"**Error:** {md_message(exc)}", self.history()
+        kept = f" {md_message(saved.message)}" if saved.message else ""  # a damaged notes.json, kept aside
+        return f"Note of run #{number} saved.{kept}", self.history()
 
     def confirmed(
         self, pending: Any, request: gr.Request | None = None
