@@ -1,4 +1,4 @@
-"""The `jagg` command: probe | eval | bench | train | runs | export | reindex | report | race.
+"""The `jagg` command: probe | eval | bench | train | runs | export | export-model | sample | reindex | report | race.
 
 Every user error (a bad flag value, an unknown backbone or strategy) ends with exit code 2 and ONE line
 ``jagg <command>: error: <field>: <what is allowed>`` — no traceback, nothing half-written. So does a corrupt
@@ -154,6 +154,18 @@ def _commands() -> dict[str, tuple[str, Callable, Callable]]:
             "jagg_engine.runs_cli",
             "add_export_arguments",
             "run_export",
+        ),
+        "export-model": (
+            "write a run's trained weights as a folder diffusers (or model_path=) loads, with a model card",
+            "jagg_engine.export",
+            "add_arguments",
+            "run",
+        ),
+        "sample": (
+            "images of typed prompts from a run, an export or the base model, each with its reward",
+            "jagg_engine.sample",
+            "add_arguments",
+            "run",
         ),
         "reindex": (
             "rebuild the run index (jagg.db) from the run folders",

@@ -1,6 +1,13 @@
 """`jagg eval`: deterministic ODE samples of fixed prompts × seeds, scored by a reward, with a grid and a JSON.
 
     jagg eval --backbone tiny-shapes --reward shapes [--prompts FILE] [--seeds 4] [--steps 20] [--out DIR]
+    jagg eval --run RUN [--step N] [--runs-dir DIR] [--json]     a run's weights at a checkpoint (or step 0)
+    jagg eval --model DIR [--json]                               an export of `jagg export-model`
+
+With ``--run`` or ``--model`` the eval is the run's own (:func:`evaluate_run_settings`, the trainer's eval:
+its eval prompts, eval seeds, sampling steps, schedule and weighted rewards), unless ``--prompts``,
+``--seeds``, ``--steps``, ``--shift``, ``--schedule`` or ``--reward`` override them; on the same settings the
+mean equals the run's logged ``eval/reward/mean`` at that step. ``--json`` prints one object.
 
 Each (prompt i, seed s) pair gets its own noise (:func:`jagg_engine.sde.eval_noise`: a generator seeded
 s·100003 + i), so a sample does not depend on the batch size or on the other prompts. Sampling is the Euler ODE
@@ -14,12 +21,13 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import json
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -101,6 +109,67 @@ def sample_and_score(
     return EvalResult(np.concatenate(images), torch.cat(scores), per, time.time() - start)
 
 
+class RunEval(NamedTuple):
+    """The trainer's eval of a model, seed-major: sample k is prompt k % P with seed ``seeds[k // P]``."""
+
+    images: torch.Tensor  # (S·P, H, W, 3) uint8
+    prompts: list[str]  # (S·P,)
+    seeds: list[int]  # (S·P,)
+    totals: torch.Tensor  # (S·P,) the weighted reward
+    parts: dict[str, torch.Tensor]  # reward name → (S·P,)
+    seconds: float
+
+    def summary(self) -> dict[str, Any]:
+        """reward_mean, reward_std (population, as the trainer logs it) and each reward's mean."""
+        return {
+            "reward_mean": float(self.totals.mean()),
+            "reward_std": float(self.totals.std(unbiased=False)),
+            "rewards": {k: float(v.mean()) for k, v in self.parts.items()},
+            "samples": len(self.totals),
+        }
+
+
+@torch.no_grad()
+def evaluate_run_settings(
+    model: Any,
+    reward: Callable[[torch.Tensor, list[str]], tuple[torch.Tensor, dict[str, torch.Tensor]]],
+    prompts: Sequence[str],
+    seeds: Sequence[int],
+    steps: int,
+    shift: float,
+    schedule: tuple[float, ...] | None,
+    device: str | torch.device = "cpu",
+    batch_size: int = 64,
+) -> RunEval:
+    """The trainer's eval (:meth:`jagg_engine.train.trainer.Trainer.evaluate`), sample for sample: every prompt
+    under each seed, seed-major, the noise of (prompt i, seed s) from :func:`eval_noise` in the dtype of the
+    trained parameters, ODE samples in chunks of ``batch_size``, scored by the weighted ``reward``."""
+    start = time.time()
+    all_prompts = [p for _ in seeds for p in prompts]
+    all_seeds = [s for s in seeds for _ in prompts]
+    index = list(range(len(prompts))) * len(seeds)
+    noise = torch.stack([eval_noise(model.latent_shape, i, s) for i, s in zip(index, all_seeds)])
+    dtype = model.trainable_parameters()[0].dtype
+    images, totals, parts = [], [], []
+    for i in range(0, len(all_prompts), batch_size):
+        chunk = all_prompts[i : i + batch_size]
+        z = ode_sample(
+            model,
+            model.encode_prompts(chunk),
+            noise[i : i + batch_size].to(device, dtype),
+            steps,
+            shift,
+            schedule,
+        )
+        img = model.decode(z)
+        total, part = reward(img, chunk)
+        images.append(img)
+        totals.append(total)
+        parts.append(part)
+    merged = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+    return RunEval(torch.cat(images), all_prompts, all_seeds, torch.cat(totals), merged, time.time() - start)
+
+
 def _parse_options(items: Sequence[str]) -> dict[str, object]:
     options: dict[str, object] = {}
     for item in items:
@@ -116,18 +185,45 @@ def _parse_options(items: Sequence[str]) -> dict[str, object]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of ``jagg eval``."""
-    parser.add_argument("--backbone", default="tiny-shapes", help="backbone name (see jagg_engine.backbones)")
-    parser.add_argument("--reward", default="shapes", help="reward name (see jagg_engine.rewards)")
     parser.add_argument(
-        "--prompts", type=Path, default=None, help="file with one prompt a line (default: 64 fixed)"
+        "--run",
+        type=int,
+        default=None,
+        metavar="RUN",
+        help="evaluate run RUN's weights with its eval settings",
     )
-    parser.add_argument("--seeds", type=int, default=4, help="noise seeds per prompt")
-    parser.add_argument("--steps", type=int, default=20, help="Euler ODE steps")
-    parser.add_argument("--shift", type=float, default=1.0, help="time shift of the σ grid (1 = uniform)")
+    parser.add_argument(
+        "--step",
+        type=int,
+        default=None,
+        help="with --run: the checkpoint's step (0 = base; default: the last)",
+    )
+    parser.add_argument("--runs-dir", default="runs", help="with --run: runs root holding jagg.db")
+    parser.add_argument(
+        "--model", type=Path, default=None, metavar="DIR", help="evaluate an export of `jagg export-model`"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--backbone", default="tiny-shapes", help="backbone name (see jagg_engine.backbones)")
+    parser.add_argument(
+        "--reward", default=None, help="reward name (see jagg_engine.rewards; default shapes, or the run's)"
+    )
+    parser.add_argument(
+        "--prompts",
+        type=Path,
+        default=None,
+        help="file with one prompt a line (default: 64 fixed, or the run's)",
+    )
+    parser.add_argument(
+        "--seeds", default=None, help="noise seeds per prompt: a count N (0 … N-1) or a list 0,3 (default 4)"
+    )
+    parser.add_argument("--steps", type=int, default=None, help="Euler ODE steps (default 20, or the run's)")
+    parser.add_argument(
+        "--shift", type=float, default=None, help="time shift of the σ grid (1 = uniform; default: the run's)"
+    )
     parser.add_argument(
         "--schedule",
         choices=("shifted-linear", "pipeline"),
-        default="shifted-linear",
+        default=None,
         help="σ grid: shifted-linear (uniform, then --shift) or pipeline (the diffusers pipeline's scheduler)",
     )
     parser.add_argument(
@@ -142,7 +238,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="extra backbone option, repeatable",
     )
-    parser.add_argument("--out", type=Path, default=Path("runs/eval"), help="output directory")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output directory (default runs/eval; with --run/--model: none)",
+    )
 
 
 def _fail(message: str) -> int:
@@ -157,11 +258,47 @@ def _load_prompts(path: Path | None) -> list[str]:
     return [line for line in lines if line and not line.startswith("#")]
 
 
+def parse_seeds(text: str | None, default: Sequence[int]) -> list[int]:
+    """``--seeds``: a count N (seeds 0 … N-1) or a comma list of distinct whole numbers >= 0."""
+    if text is None:
+        return list(default)
+    parts = [p.strip() for p in str(text).split(",")]
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise ValueError(f"--seeds must be a count or a list like 0,1, got {text!r}") from None
+    if len(values) == 1 and "," not in str(text):
+        if values[0] <= 0:
+            raise ValueError(f"--seeds must be > 0, got {values[0]}")
+        return list(range(values[0]))
+    if any(v < 0 for v in values) or len(set(values)) != len(values):
+        raise ValueError(f"--seeds must list distinct whole numbers >= 0, got {text!r}")
+    return values
+
+
 def run(args: argparse.Namespace) -> int:
     """Sample, score, print and write; returns the exit code (2 on bad input, one line on stderr)."""
     from .backbones import BACKBONES, BackboneConfigError, build_backbone
     from .rewards.registry import RewardConfigError, build_reward, check_reward
 
+    if args.run is not None or args.model is not None:
+        from .errors import UsageError
+
+        try:
+            return run_model(args)
+        except UsageError as exc:
+            return _fail(str(exc))
+    if args.step is not None:
+        return _fail("--step: only with --run")
+    args.reward = args.reward or "shapes"
+    args.steps = 20 if args.steps is None else args.steps
+    args.shift = 1.0 if args.shift is None else args.shift
+    args.schedule = args.schedule or "shifted-linear"
+    args.out = Path("runs/eval") if args.out is None else args.out
+    try:
+        args.seeds = int(args.seeds) if args.seeds is not None else 4
+    except ValueError:
+        return _fail(f"--seeds: with --backbone a count of seeds, got {args.seeds!r}")
     if args.backbone not in BACKBONES:
         return _fail(f"unknown backbone {args.backbone!r}; allowed: {', '.join(BACKBONES)}")
     try:
@@ -269,6 +406,144 @@ def run(args: argparse.Namespace) -> int:
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print("\n".join(lines))
     print(f"wrote {out / 'grid.png'} and {out / 'summary.json'}")
+    return 0
+
+
+def resolve_model(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
+    """The config, model and description of ``--run RUN [--step N]`` or ``--model DIR`` (UsageError, one line,
+    on bad input). The description names the run, the step and the eval reward the run logged there."""
+    from .errors import UsageError
+    from .export import load_run_model, model_config, open_run, pick_checkpoint
+
+    device = resolve_device(args.device)
+    if args.run is not None and args.model is not None:
+        raise UsageError("--model: give --run or --model, not both")
+    if args.model is not None:
+        if args.step is not None:
+            raise UsageError("--step: an export holds one step; leave --step out with --model")
+        cfg, info = model_config(args.model)
+        from .export import build_model
+
+        model = build_model(cfg, device)
+        logged = info.get("eval_reward", {}).get("after", {})
+        where = {"model": str(args.model), "run": info["run"].get("id"), "step": info["step"]}
+        if logged.get("step") == info["step"]:
+            where["logged_eval_reward_mean"] = logged.get("mean")
+        return cfg, model, {**where, "eval_prompts": info["eval"]["prompts"]}
+    if args.run < 1:
+        raise UsageError(f"--run: must be a run id >= 1, got {args.run}")
+    run = open_run(args.runs_dir, args.run)
+    step = args.step
+    if step is None:
+        step = pick_checkpoint(run, None)[0]
+    elif step < 0:
+        raise UsageError(f"--step: must be a whole number >= 0, got {step}")
+    model = load_run_model(run, step, device)
+    from .store import open_store
+
+    with open_store(args.runs_dir) as store:
+        frame = store.metrics_frame(run.id)
+    where: dict[str, Any] = {"run": run.id, "step": step}
+    key = "eval/reward/mean"
+    if not frame.empty and key in frame:
+        rows = frame.loc[(frame["step"] == step) & frame[key].notna(), key]
+        if not rows.empty:
+            where["logged_eval_reward_mean"] = float(rows.iloc[0])
+    return run.cfg, model, where
+
+
+def run_model(args: argparse.Namespace) -> int:
+    """``jagg eval --run`` / ``--model``: the run's eval settings, overridden by the flags given."""
+    from .errors import UsageError
+    from .rewards.registry import RewardConfigError, WeightedReward, check_reward
+    from .train.trainer import pipeline_schedule, prompt_source
+
+    cfg, model, where = resolve_model(args)
+    device = resolve_device(args.device)
+    try:
+        seeds = parse_seeds(args.seeds, cfg.eval_seeds)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.prompts is not None:
+        if not args.prompts.is_file():
+            raise UsageError(f"--prompts: prompts file not found: {args.prompts}")
+        prompts = _load_prompts(args.prompts)
+    elif "eval_prompts" in where:
+        prompts = list(where.pop("eval_prompts"))
+    else:
+        try:
+            prompts = prompt_source(cfg, eval_set=True)[: cfg.eval_num_prompts]
+        except ValueError as exc:
+            raise UsageError(f"--run: the run's eval prompts cannot be read here: {exc}") from None
+    if not prompts:
+        raise UsageError("--prompts: no prompts")
+    for flag, value in (("--steps", args.steps), ("--batch-size", args.batch_size)):
+        if value is not None and value <= 0:
+            raise UsageError(f"{flag} must be > 0, got {value}")
+    steps = cfg.sampling_steps if args.steps is None else args.steps
+    shift = cfg.shift if args.shift is None else args.shift
+    schedule_name = args.schedule or cfg.resolved_schedule()
+    cfg = dataclasses.replace(cfg, sampling_steps=steps, shift=shift, schedule=schedule_name)
+    if schedule_name == "pipeline" and not hasattr(model, "pipeline_sigmas"):
+        raise UsageError(f"--schedule: backbone {cfg.backbone!r} has no diffusers pipeline scheduler")
+    if schedule_name == "pipeline" and shift != 1.0:
+        raise UsageError(
+            "--shift: the pipeline schedule takes its shift from the model's scheduler; leave it at 1"
+        )
+    rewards, options = dict(cfg.rewards), dict(cfg.reward_options)
+    if args.reward is not None:
+        try:
+            check_reward(args.reward)
+        except RewardConfigError as exc:
+            raise UsageError(str(exc)) from None
+        rewards, options = {args.reward: 1.0}, {}
+    try:
+        reward = WeightedReward(rewards, options)
+        result = evaluate_run_settings(
+            model,
+            reward,
+            prompts,
+            seeds,
+            steps,
+            shift,
+            pipeline_schedule(cfg, model),
+            device,
+            args.batch_size,
+        )
+    except (RewardConfigError, ValueError) as exc:
+        raise UsageError(str(exc).splitlines()[0]) from None
+    summary = {
+        **where,
+        **result.summary(),
+        "prompts": len(prompts),
+        "seeds": seeds,
+        "sampling_steps": steps,
+        "schedule": schedule_name,
+        "shift": shift,
+        "reward_weights": rewards,
+        "seconds": result.seconds,
+    }
+    if args.out is not None:
+        from PIL import Image
+
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        images = result.images.numpy()
+        scale = max(1, 128 // images.shape[1])
+        Image.fromarray(image_grid(images, len(prompts) if len(prompts) <= 16 else 16, scale)).save(
+            out / "grid.png"
+        )
+        (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    what = f"run {where['run']} step {where['step']}" if args.model is None else f"{args.model}"
+    print(
+        f"{what}: reward {summary['reward_mean']:.4f} ± {summary['reward_std']:.4f} ({summary['samples']} samples,"
+        f" {result.seconds:.0f} s); " + ", ".join(f"{k} {v:.4f}" for k, v in summary["rewards"].items())
+    )
+    if "logged_eval_reward_mean" in where:
+        print(f"logged eval/reward/mean at step {where['step']}: {where['logged_eval_reward_mean']:.4f}")
     return 0
 
 

@@ -444,6 +444,7 @@ def test_every_backbone_says_which_model_fields_it_uses() -> None:
         "gradient_checkpointing": True,
         "precision": "bf16",
         "cfg_scale": 2.5,
+        "lora_path": "/models/lora",
     }
     assert set(changed) == set(MODEL_FIELDS)
     for backbone, spec in BACKBONES.items():

@@ -76,9 +76,26 @@ def _is_local(model_path: str) -> bool:
 
 
 def missing_pipeline_files(folder: Path) -> list[str]:
-    """Files a diffusers pipeline folder lacks: ``model_index.json`` and each component's subfolder."""
+    """Files a diffusers pipeline folder lacks: ``model_index.json`` and each component's subfolder.
+
+    An export of ``jagg export-model`` with a whole transformer (kinds merged, full) stands for a pipeline: its
+    ``transformer/`` over the base pipeline it names (:func:`load_pipeline`); a LoRA export does not (it is a
+    ``lora_path``)."""
+    from ..export_format import INFO, export_kind
+
     if not folder.is_dir():
         return [f"the folder {folder}"]
+    if (folder / INFO).is_file():
+        kind = export_kind(folder)
+        if kind == "lora":
+            return [
+                f"model_index.json (a LoRA export: pass the base model as model_path and {folder} as lora_path)"
+            ]
+        if kind not in ("merged", "full"):
+            return [
+                f"model_index.json (an export of kind {kind or 'unreadable'}, not a diffusers transformer)"
+            ]
+        return [] if (folder / "transformer" / "config.json").is_file() else ["transformer/config.json"]
     index = folder / "model_index.json"
     if not index.is_file():
         return ["model_index.json"]
@@ -113,6 +130,16 @@ def load_pipeline(
         missing = missing_pipeline_files(folder)
         if missing:
             raise BackboneConfigError(f"{model_name}: missing {', '.join(missing)} in {model_path!r}; {hint}")
+        from ..export_format import INFO, read_export
+
+        if (folder / INFO).is_file():  # an export's transformer/ over the base pipeline it was trained from
+            info = read_export(folder)
+            if "transformer" in kwargs:
+                raise BackboneConfigError(
+                    f"{model_name}: {model_path!r} is an export; it brings its transformer"
+                )
+            kwargs["transformer"] = _load_transformer(folder / "transformer", torch_dtype, model_name)
+            return load_pipeline(pipeline_cls, info["base_model"], model_name, torch_dtype, **kwargs)
     try:
         with warnings.catch_warnings():  # newer diffusers renamed torch_dtype to dtype; older ones lack dtype
             warnings.filterwarnings("ignore", message=".*torch_dtype.*", category=FutureWarning)
@@ -121,6 +148,18 @@ def load_pipeline(
         raise BackboneConfigError(
             f"{model_name}: cannot load {model_path!r} (model_index.json and component weights): "
             f"{_one_line(exc)}; {hint}"
+        ) from exc
+
+
+def _load_transformer(folder: Path, torch_dtype: torch.dtype, model_name: str) -> Any:
+    """The diffusers model saved in ``folder`` (``save_pretrained``), of the class its config names."""
+    try:
+        name = json.loads((folder / "config.json").read_text())["_class_name"]
+        cls = getattr(importlib.import_module("diffusers"), name)
+        return cls.from_pretrained(folder, torch_dtype=torch_dtype)
+    except (OSError, ValueError, KeyError, AttributeError, RuntimeError) as exc:
+        raise BackboneConfigError(
+            f"{model_name}: cannot load the transformer in {folder}: {_one_line(exc)}"
         ) from exc
 
 
@@ -163,6 +202,35 @@ def add_lora(
     return params
 
 
+def load_lora(
+    pipe: Any, lora_path: str, rank: int, alpha: float | None, model_name: str
+) -> list[torch.nn.Parameter]:
+    """Freeze the pipeline's transformer and load the LoRA export ``lora_path`` into it as the trained adapter
+    ("default") with diffusers' own ``load_lora_weights``; its rank (and α, when ``alpha`` is set) must be the
+    config's. Returns the LoRA parameters, cast to float32 and trainable (training goes on from them)."""
+    transformer = pipe.transformer
+    transformer.requires_grad_(False)
+    try:
+        pipe.load_lora_weights(str(Path(lora_path).expanduser()), adapter_name="default")
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise BackboneConfigError(f"lora_path: cannot load {lora_path!r}: {_one_line(exc)}") from exc
+    config = transformer.peft_config["default"]
+    if config.r != rank:
+        raise BackboneConfigError(
+            f"lora_rank: the LoRA in {lora_path} has rank {config.r}; set lora_rank={config.r}"
+        )
+    if alpha is not None and float(config.lora_alpha) != float(alpha):
+        raise BackboneConfigError(
+            f"lora_alpha: the LoRA in {lora_path} has alpha {config.lora_alpha:g}; set lora_alpha={config.lora_alpha:g}"
+            " or leave it null"
+        )
+    params = [p for n, p in transformer.named_parameters() if "lora_" in n]
+    for p in params:
+        p.data = p.data.float()
+        p.requires_grad_(True)
+    return params
+
+
 class DiffusersBackbone(torch.nn.Module):
     """Shared machinery of the diffusers adapters; see the module docstring.
 
@@ -175,6 +243,8 @@ class DiffusersBackbone(torch.nn.Module):
         gradient_checkpointing: recompute transformer blocks in the backward pass.
         reference_copy: with ``lora_rank=0``, keep a frozen copy of the initial transformer for
             :meth:`reference` (doubles the transformer's memory); without it :meth:`reference` raises.
+        lora_path: a LoRA export (``jagg export-model``) the adapter starts from (:func:`load_lora`) instead
+            of a fresh one; the reference policy stays the base model (the adapter disabled).
     """
 
     name = "diffusers"
@@ -189,6 +259,7 @@ class DiffusersBackbone(torch.nn.Module):
         lora_target_modules: Sequence[str] = ATTENTION_PROJECTIONS,
         gradient_checkpointing: bool = False,
         reference_copy: bool = True,
+        lora_path: str | None = None,
     ):
         super().__init__()
         if lora_rank < 0:
@@ -204,8 +275,12 @@ class DiffusersBackbone(torch.nn.Module):
         self.transformer.eval()  # no dropout: rollout and update must see the same function
         self.lora_rank = lora_rank
         self._reference_transformer: list[torch.nn.Module] = []  # a list keeps it out of the module tree
-        if lora_rank > 0:
+        if lora_rank > 0 and lora_path is not None:
+            self._trainable = load_lora(pipe, lora_path, lora_rank, lora_alpha, self.name)
+        elif lora_rank > 0:
             self._trainable = add_lora(self.transformer, lora_rank, lora_alpha, lora_target_modules)
+        elif lora_path is not None:
+            raise BackboneConfigError("lora_path: a LoRA to start from needs LoRA; set lora_rank to its rank")
         else:
             self.transformer.requires_grad_(True)
             if reference_copy:  # frozen, so in the compute dtype

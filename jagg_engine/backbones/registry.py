@@ -130,6 +130,7 @@ DIFFUSERS_OPTIONS: dict[str, str] = {
     "reference_copy": "beta",
     "dtype": "precision",
     "device": "(the trainer)",
+    "lora_path": "lora_path",
 }
 DIFFUSERS_FOLDER = ModelFolder(
     "jagg_engine.backbones.common:missing_pipeline_files", "pipeline", "; pass a diffusers pipeline folder"

@@ -85,7 +85,7 @@ REWARD_WEIGHT_MAX = 1e3  # |weight| of each reward
 # Fields that only some backbones read (their registry entry's ``options``, jagg_engine.backbones.registry); a
 # non-default value on another backbone would be silently ignored, so the validator refuses it.
 MODEL_FIELDS = ("model_path", "lora_rank", "lora_alpha", "lora_targets", "gradient_checkpointing", "precision",
-                "cfg_scale")  # fmt: skip
+                "cfg_scale", "lora_path")  # fmt: skip
 
 
 class ConfigError(ValueError):
@@ -140,6 +140,11 @@ class TrainConfig:
     lora_rank: int = _f(0, "LoRA rank; 0 = full fine-tune of all trainable weights.")
     lora_alpha: float | None = _f(None, "LoRA alpha; null = lora_rank (scale 1).")
     lora_targets: list[str] = _f([], "Module names LoRA wraps; empty = the backbone's default set.")
+    lora_path: str | None = _f(
+        None,
+        "A LoRA export of `jagg export-model` (its folder, holding pytorch_lora_weights.safetensors) that the"
+        " adapter starts from instead of B = 0; its rank must be lora_rank. null = a fresh adapter.",
+    )
     gradient_checkpointing: bool = _f(False, "Recompute activations in backward to save memory.")
     precision: str = _f("fp32", "Compute precision: fp32 or bf16.")
     fsdp: bool = _f(False, "Shard the model with FSDP across processes.")
@@ -541,6 +546,8 @@ class TrainConfig:
             )
         _one_of("precision", self.precision, PRECISIONS)
         self._check_backbone_fields()
+        if self.lora_path is not None and self.lora_rank == 0:
+            raise ConfigError("lora_path: a LoRA to start from needs LoRA; set lora_rank to its rank")
         if self.fsdp and self.processes == 1:
             raise ConfigError("fsdp: shards the model across processes; needs processes > 1, got processes 1")
 
@@ -707,6 +714,15 @@ class TrainConfig:
             raise ConfigError(f"model_path: no such file or folder: {self.model_path}")
         if self.model_path is not None:
             _check_model_folder(self.backbone, self.model_path)
+        if self.lora_path is not None:
+            from jagg_engine.export_format import missing_lora_files
+
+            missing = missing_lora_files(Path(self.lora_path).expanduser())
+            if missing:
+                raise ConfigError(
+                    f"lora_path: {self.lora_path} holds no LoRA export (missing {', '.join(missing)}); pass a"
+                    " folder written by `jagg export-model` from a LoRA run"
+                )
         for reward in self.rewards:
             try:
                 check_reward(reward, **self.reward_options.get(reward, {}))

@@ -1,0 +1,71 @@
+"""The folder ``jagg export-model`` writes, as the rest of the code reads it (no torch: the config validator and
+the app read it too).
+
+One export is one folder::
+
+    README.md                           model card: YAML front matter (base_model, library_name, tags, license),
+                                        the run's setting, its eval reward before and after, the figures below
+    jagg_run.json                       this module's INFO: format, kind, backbone, base model, run, step,
+                                        the run's config and its eval settings (prompts included)
+    reward_curve.png, before_after.png  the run's reward curves; its eval images at step 0 and at the step
+    pytorch_lora_weights.safetensors    kind "lora": diffusers' LoRA format (``load_lora_weights(folder)``)
+    transformer/                        kinds "merged" and "full": the transformer, ``save_pretrained``
+    transformer/, text_embedding.safetensors, vocab.json
+                                        kind "tiny-shapes": the whole model folder (``model_path=folder``)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+FORMAT = 1
+INFO = "jagg_run.json"
+LORA_WEIGHTS = "pytorch_lora_weights.safetensors"
+KINDS = ("lora", "merged", "full", "tiny-shapes")
+
+
+class ExportFormatError(ValueError):
+    """A folder that is not a readable export; the message is one line."""
+
+
+def read_export(folder: str | Path) -> dict[str, Any]:
+    """The ``jagg_run.json`` of an export folder, checked for the keys the loaders read."""
+    folder = Path(folder).expanduser()
+    path = folder / INFO
+    if not folder.is_dir():
+        raise ExportFormatError(f"{folder}: no such folder")
+    if not path.is_file():
+        raise ExportFormatError(
+            f"{folder}: not a jagg export (no {INFO}); pass a folder written by `jagg export-model`"
+        )
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ExportFormatError(f"{path}: unreadable ({type(exc).__name__})") from None
+    if not isinstance(info, dict) or info.get("format") != FORMAT:
+        raise ExportFormatError(f"{path}: not an export of format {FORMAT}")
+    missing = [k for k in ("kind", "backbone", "base_model", "step", "config", "eval") if k not in info]
+    if missing:
+        raise ExportFormatError(f"{path}: lacks {', '.join(missing)}")
+    if info["kind"] not in KINDS:
+        raise ExportFormatError(f"{path}: kind must be one of {', '.join(KINDS)}, got {info['kind']!r}")
+    if not isinstance(info["config"], dict):
+        raise ExportFormatError(f"{path}: config must be a mapping")
+    return info
+
+
+def export_kind(folder: str | Path) -> str | None:
+    """The kind of the export in ``folder``, or None when it holds no readable ``jagg_run.json``."""
+    try:
+        return read_export(folder)["kind"]
+    except ExportFormatError:
+        return None
+
+
+def missing_lora_files(folder: Path) -> list[str]:
+    """What a LoRA export (``lora_path``) lacks: the folder, or its diffusers LoRA weights."""
+    if not folder.is_dir():
+        return [f"the folder {folder}"]
+    return [] if (folder / LORA_WEIGHTS).is_file() else [LORA_WEIGHTS]
