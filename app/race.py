@@ -39,6 +39,9 @@ against another variant (race-vs-NAME.*). No torch here; the trainers are proces
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
+import fcntl
 import html
 import json
 import math
@@ -49,6 +52,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -66,9 +70,10 @@ from app.runs import (
     usable_cores,
 )
 from jagg_engine.errors import UsageError
-from jagg_engine.store import DB_NAME, RunStore, StoreError, open_store
+from jagg_engine.store import DB_NAME, RunStore, StoreError, open_store, pid_alive
 
 RACE_JSON, RACE_SVG, RACE_MD = "race.json", "race.svg", "race.md"
+LOCK_NAME = ".race.lock"  # held (fcntl.flock) by the race's driver for its whole life: one race per folder
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
 RACE_SET = ("seed", "name")  # fields the race sets itself (from --seeds and the variant's name)
 # Fields the eval depends on: variants that differ in one would not be scored on the same measure.
@@ -98,6 +103,9 @@ def _eval_value(cfg: Any, key: str) -> Any:
 
 
 STOP_GRACE_S = 300.0  # how long a cooperative stop may take (one training step) before the runs are killed
+ORPHAN_GRACE_S = (
+    5.0  # a driver gone: its runs get SIGTERM, then SIGKILL this long after (no trainer outlives it)
+)
 METHOD = (
     "first crossing of the piecewise-linear curve through the eval points (training time, eval reward): "
     "linear interpolation between the last eval below the level and the first at or above it"
@@ -404,6 +412,8 @@ def markdown_table(summary: Mapping[str, Any]) -> str:
             f"Note: {base}'s final eval is not above its step-0 eval ({summary['baseline_start']:.4f}): the"
             " baseline did not improve, so the curves start at or above the level and the times say nothing.",
         ]
+    if summary.get("partial"):
+        lines[0:0] = [f"**Partial:** {summary['partial']}.", ""]
     for r in summary["variants"]:
         per = r["time_to_level_per_seed_s"]
         span = "—" if per["min"] is None else f"{_secs(per['min'])} – {_secs(per['max'])}"
@@ -466,7 +476,8 @@ def race_svg(summary: Mapping[str, Any], width: int = 900, height: int = 460) ->
         ' role="img" aria-label="eval reward against training time" style="font: 12px sans-serif">',
         f'<rect width="{width}" height="{height}" fill="#fff"/>',
         f'<text x="{left}" y="22" font-size="14">Eval reward against training wall time (evals left out); '
-        f"seed mean thick, seeds thin</text>",
+        f"seed mean thick, seeds thin{' (partial: the race did not finish)' if summary.get('partial') else ''}"
+        "</text>",
     ]
     for t, label in _ticks(0.0, x1):
         out.append(
@@ -538,12 +549,15 @@ def race_svg(summary: Mapping[str, Any], width: int = 900, height: int = 460) ->
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
+    """Write ``text`` to a temporary file of this writer beside ``path`` and rename it over ``path``."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        tmp.write_text(text, encoding="utf-8")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
         os.replace(tmp, path)
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
 def report(
@@ -552,8 +566,13 @@ def report(
     """Rebuild the race's figures from its store (``out/runs/jagg.db``) and plan (``out/race.json``): write
     race.json (the plan with the results), race.svg and race.md; return the summary and the files written.
     Only finished runs count. ``baseline``: another variant as the baseline, written to race-vs-NAME.json
-    (the summary), .svg and .md beside the race's own files, which stay as they are."""
-    plan = plan if plan is not None else json.loads((out / RACE_JSON).read_text(encoding="utf-8"))
+    (the summary), .svg and .md beside the race's own files, which stay as they are.
+
+    A race that has not finished every planned run (interrupted, failed, still running) is reported as far
+    as it got: the summary's ``partial`` says so in one line (also atop the table and the figure); a race
+    still running (its driver holds the folder) is reported but nothing is written, so its driver's
+    race.json stays the only writer's."""
+    plan = plan if plan is not None else _read_plan(out)
     names = [v["name"] for v in plan["variants"]]
     if baseline is not None and baseline not in names:
         raise UsageError(f"--baseline: {baseline!r} is not a variant of this race; one of {', '.join(names)}")
@@ -577,13 +596,20 @@ def report(
                     ) from None
     finally:
         store.close()
-    if baseline is not None and baseline != names[0]:
-        summary = summarise(curves, baseline)
+    status, partial = race_state(plan)
+    against = baseline if baseline is not None else names[0]
+    try:
+        summary = summarise(curves, against)
+    except RaceError as exc:
+        raise RaceError(f"{partial}; {exc}" if partial else str(exc)) from None
+    summary["partial"] = partial
+    if status == "running":  # its driver is alive and writes race.json: report, write nothing
+        return summary, []
+    if against != names[0]:
         stem = f"race-vs-{baseline}"
         files = [out / f"{stem}.json", out / f"{stem}.svg", out / f"{stem}.md"]
         _write_atomic(files[0], json.dumps({"command": plan["command"], "summary": summary}, indent=1))
     else:
-        summary = summarise(curves, names[0])
         plan["heats"] = _heats(plan)
         plan["summary"] = summary
         files = [out / RACE_JSON, out / RACE_SVG, out / RACE_MD]
@@ -630,6 +656,134 @@ def _heats(plan: Mapping[str, Any]) -> list[dict[str, Any]]:
     return heats
 
 
+# ------------------------------------------------------------------------------------------------ the folder
+
+
+def _read_plan(out: Path) -> dict[str, Any]:
+    return json.loads((out / RACE_JSON).read_text(encoding="utf-8"))
+
+
+def _lock_holder(fd: int) -> str:
+    """The pid a driver wrote into the lock file it holds ("?" when it has not written it yet)."""
+    with contextlib.suppress(OSError, ValueError):
+        return str(int(os.pread(fd, 32, 0).split()[0]))
+    return "?"
+
+
+def claim_out(out: Path, plan: Mapping[str, Any]) -> int:
+    """Claim ``out`` for one race, atomically: take an exclusive ``fcntl.flock`` on ``out/.race.lock`` (never
+    waiting), refuse a folder that holds a race already, and write ``plan`` as its ``race.json``, all while
+    holding the lock. Returns the lock's file descriptor: the race holds it (and so the folder) until its
+    process ends, whatever ends it; the kernel releases it then. A second race on the folder, started at the
+    same instant or later, is one UsageError line."""
+    fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            raise UsageError(
+                f"--out: {out}: another jagg race runs in it (pid {_lock_holder(fd)}); not started"
+            ) from None
+        if (out / RACE_JSON).exists():
+            raise UsageError(
+                f"--out: {out} holds a race already ({RACE_JSON}); give a new folder, or --report-only"
+            )
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        _write_atomic(out / RACE_JSON, json.dumps(plan, indent=1))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def driver_gone(out: Path) -> str | None:
+    """A race that reads ``running`` but whose driver is gone (killed, its machine rebooted): mark its
+    race.json ``interrupted`` and return the one line that says so; None for a race that is running (its
+    driver holds the folder's lock), ended, or not there. The driver's lock is the test (a pid can be
+    reused; a lock dies with its process); a race.json without a lock file (written before the lock
+    existed) falls back to the driver's pid. A folder that cannot be written is told, not changed."""
+    try:
+        if _read_plan(out).get("status") != "running":
+            return None
+    except (OSError, ValueError, AttributeError):
+        return None
+    fd = None
+    for flags in (os.O_RDWR, os.O_RDONLY):
+        try:
+            fd = os.open(out / LOCK_NAME, flags | os.O_CLOEXEC)
+            break
+        except FileNotFoundError:
+            break
+        except OSError:
+            continue
+    try:
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return None  # held: the driver is alive
+        plan = _read_plan(out)  # again, under the lock
+        driver = plan.get("driver") or {}
+        if plan.get("status") != "running" or (fd is None and _pid_alive(driver)):
+            return None
+        plan["status"] = "interrupted"
+        plan["interrupted"] = {
+            "at_unix": time.time(),
+            "why": f"its driver (pid {driver.get('pid', '?')}) is gone",
+        }
+        line = f"race {out}: interrupted: its driver (pid {driver.get('pid', '?')}) is gone"
+        try:
+            _write_atomic(out / RACE_JSON, json.dumps(plan, indent=1))
+        except OSError as exc:
+            return f"{line} ({RACE_JSON} not updated: {exc.strerror or exc})"
+        return line
+    except (OSError, ValueError, AttributeError):
+        return None
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _pid_alive(driver: Mapping[str, Any]) -> bool:
+    try:
+        return pid_alive(int(driver["pid"]), driver.get("started_at"))
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+def check_runs_folder(runs_dir: str | os.PathLike[str]) -> str | None:
+    """For ``jagg runs``: when ``runs_dir`` is a race's ``DIR/runs`` and the race's driver is gone, mark the
+    race interrupted (:func:`driver_gone`) and return its line."""
+    folder = Path(runs_dir)
+    if folder.name != "runs" or not (folder.parent / RACE_JSON).is_file():
+        return None
+    return driver_gone(folder.parent)
+
+
+def race_state(plan: Mapping[str, Any]) -> tuple[str, str | None]:
+    """How far the race got (its runs' statuses read from the store): its status, and for a race that has
+    not finished every planned run, the one line that says a report of it is partial."""
+    planned = len(plan["variants"]) * len(plan["seeds"])
+    finished = sum(1 for e in plan["runs"] if e.get("status") == "finished")
+    status = plan.get("status", "running")
+    if status == "finished" and finished == planned:
+        return status, None
+    why = {
+        "running": "still running",
+        "interrupted": "interrupted",
+        "failed": "failed",
+    }.get(status, status)
+    if status == "interrupted" and plan.get("interrupted"):
+        why += f" ({plan['interrupted']['why']})"
+    return status, (
+        f"the race is {why}: {finished} of {planned} planned runs finished; this report covers only them"
+        " (partial)"
+    )
+
+
 # ------------------------------------------------------------------------------------------------ running
 
 
@@ -643,22 +797,99 @@ def _progress(total: int):
     return tqdm(total=total, desc="race", unit="step", file=sys.stderr, dynamic_ncols=True)
 
 
-def _start(store: RunStore, runs_dir: Path, cfg: Any, env: Mapping[str, str]) -> tuple[int, subprocess.Popen]:
+# The trainer's first instructions, before it becomes `jagg train` (os.execv keeps the pid and the setting):
+# SIGTERM when the race's driver dies (Linux PR_SET_PDEATHSIG = 1), or exit at once if it died already.
+# Set here, not in a preexec_fn, which is unsafe in a process with threads (tqdm's monitor).
+_WITH_PARENT = """
+import os, sys
+if sys.platform.startswith("linux"):
+    import ctypes, signal
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(1)
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+# The watchdog: reads "+PGID" / "-PGID" lines from the driver (a trainer's process group started / ended).
+# End of input means the driver is gone (or done): SIGTERM to every group left (each trainer finishes its
+# step, saves and reads cancelled), SIGKILL to the group ORPHAN_GRACE_S later whatever is left.
+_WATCHDOG = """
+import os, signal, sys, time
+groups = set()
+for line in sys.stdin:
+    (groups.add if line[0] == "+" else groups.discard)(int(line[1:]))
+def send(sig):
+    for g in list(groups):
+        try:
+            os.killpg(g, sig)
+        except (ProcessLookupError, PermissionError):
+            groups.discard(g)
+if groups:
+    print(f"jagg race: its driver is gone; stopping {len(groups)} run(s)", file=sys.stderr, flush=True)
+send(signal.SIGTERM)
+deadline = time.time() + float(sys.argv[1])
+while groups and time.time() < deadline:
+    time.sleep(0.1)
+    send(0)
+send(signal.SIGKILL)
+"""
+
+
+class _Watchdog:
+    """A process of its own (own session: a Ctrl-C or a kill of the driver's group does not reach it) that
+    outlives the driver only to stop the driver's trainers: no trainer of a race outlives its driver, even
+    one killed with SIGKILL, and with them every process a trainer started (its process group)."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _WATCHDOG, str(ORPHAN_GRACE_S)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def _say(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{line}\n".encode())
+        self.proc.stdin.flush()
+
+    def watch(self, pgid: int) -> None:
+        self._say(f"+{pgid}")
+
+    def forget(self, pgid: int) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self._say(f"-{pgid}")
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=ORPHAN_GRACE_S + 10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def _start(
+    store: RunStore, runs_dir: Path, cfg: Any, env: Mapping[str, str], watchdog: _Watchdog
+) -> tuple[int, subprocess.Popen]:
     """Create the run (queued, this process as its starter) and start ``jagg train --run-id`` for it in its own
-    process group, its output to ``<run_dir>/stdout.log``."""
+    process group, its output to ``<run_dir>/stdout.log``. The trainer dies with the race: SIGTERM from the
+    kernel when this process dies (PR_SET_PDEATHSIG), and its group is the watchdog's to kill."""
     run_id = store.create_run(cfg.name, cfg.to_dict(), None, launcher="cli", pid=os.getpid())
     run_dir = runs_dir / f"run-{run_id:04d}"  # as `jagg train` names it
     run_dir.mkdir(parents=True, exist_ok=True)
     store.set_run_dir(run_id, run_dir)
     with (run_dir / "stdout.log").open("ab") as log:
         proc = subprocess.Popen(
-            train_command(run_id, runs_dir),
+            [sys.executable, "-c", _WITH_PARENT, str(os.getpid()), *train_command(run_id, runs_dir)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # Ctrl-C reaches the race only; it stops the runs itself
             env=dict(env),
         )
+    watchdog.watch(proc.pid)
     return run_id, proc
 
 
@@ -705,6 +936,7 @@ def _run_heat(
     record: Any,
     bar: Any,
     done_before: int,
+    watchdog: _Watchdog,
 ) -> None:
     """Train one heat (the variants of one seed): all at once side by side, else one after the other. A run
     that fails stops the others and raises RaceError naming it."""
@@ -717,7 +949,7 @@ def _run_heat(
         names: dict[int, str] = {}
         try:
             for name, cfg in group:
-                run_id, proc = _start(store, runs_dir, cfg, env)
+                run_id, proc = _start(store, runs_dir, cfg, env, watchdog)
                 procs[run_id], names[run_id] = proc, name
                 record(name, cfg.seed, run_id)
             started = ", ".join(f"{names[r]} run {r} (pid {p.pid})" for r, p in procs.items())
@@ -744,6 +976,10 @@ def _run_heat(
         except BaseException:  # Ctrl-C, SIGTERM, a failed run, or an error of the race itself: no orphans
             _stop(store, procs, STOP_GRACE_S)
             raise
+        finally:
+            for proc in procs.values():
+                if proc.poll() is not None:
+                    watchdog.forget(proc.pid)
 
 
 def race(
@@ -769,7 +1005,6 @@ def race(
         raise UsageError(str(exc)) from None
     plan_ = schedule(configs, len(variants), threads)
     runs_dir = out / "runs"
-    runs_dir.mkdir(parents=True, exist_ok=True)
     plan: dict[str, Any] = {
         "command": command,
         "config": config,
@@ -780,8 +1015,26 @@ def race(
         "schedule": {"mode": plan_.mode, "threads": plan_.threads, "reason": plan_.reason},
         "runs": [],
         "status": "running",
+        "driver": {"pid": os.getpid(), "started_at": time.time()},
     }
-    _write_atomic(out / RACE_JSON, json.dumps(plan, indent=1))
+    lock = claim_out(out, plan)  # held until this process ends: one race per folder
+    try:
+        return _race(out, runs_dir, plan, plan_, configs, variants, seeds)
+    finally:
+        os.close(lock)
+
+
+def _race(
+    out: Path,
+    runs_dir: Path,
+    plan: dict[str, Any],
+    plan_: PairPlan,
+    configs: Mapping[tuple[str, int], Any],
+    variants: Sequence[Variant],
+    seeds: Sequence[int],
+) -> dict[str, Any]:
+    """Train the heats of a claimed race folder and write the report."""
+    runs_dir.mkdir(parents=True, exist_ok=True)
 
     def record(name: str, seed: int, run_id: int) -> None:
         plan["runs"].append({"variant": name, "seed": seed, "run_id": run_id})
@@ -793,6 +1046,7 @@ def race(
         file=sys.stderr,
         flush=True,
     )
+    watchdog = _Watchdog()
     store = open_store(runs_dir)
     bar = _progress(sum(int(cfg.steps) for cfg in configs.values()))
     previous = signal.getsignal(signal.SIGTERM)
@@ -805,18 +1059,21 @@ def race(
     try:
         for seed in seeds:
             heat = [(v.name, configs[(v.name, seed)]) for v in variants]
-            _run_heat(store, runs_dir, heat, plan_, record, bar, done)
+            _run_heat(store, runs_dir, heat, plan_, record, bar, done, watchdog)
             done += sum(int(cfg.steps) for _, cfg in heat)
     except (KeyboardInterrupt, _Stop):
         plan["status"] = "interrupted"
         _write_atomic(out / RACE_JSON, json.dumps(plan, indent=1))
         raise KeyboardInterrupt from None
-    except RaceError:
+    except BaseException as exc:  # a run that failed, or an error of the race itself (its runs are stopped)
         plan["status"] = "failed"
+        if not isinstance(exc, RaceError):
+            plan["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
         _write_atomic(out / RACE_JSON, json.dumps(plan, indent=1))
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
+        watchdog.close()
         bar.close()
         store.close()
     plan["status"] = "finished"
@@ -908,7 +1165,14 @@ def run(args: argparse.Namespace) -> int:
         if args.report_only:
             if not (out / RACE_JSON).is_file() or not (out / "runs" / DB_NAME).is_file():
                 raise UsageError(f"--out: {out} holds no race ({RACE_JSON} and runs/{DB_NAME})")
-            summary, files = report(out, baseline=args.baseline)
+            gone = driver_gone(out)  # a race whose driver is gone reads interrupted from now on
+            plan = _read_plan(out)
+            if gone and plan.get("status") == "running":  # race.json could not be updated (read-only)
+                print(f"jagg race: {gone}", file=sys.stderr)
+                plan["status"] = "interrupted"
+            summary, files = report(out, plan, baseline=args.baseline)
+            if summary.get("partial"):
+                print(f"jagg race: {summary['partial']}", file=sys.stderr)
         else:
             if args.baseline is not None:
                 raise UsageError(
@@ -923,5 +1187,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"jagg race: error: {exc}", file=sys.stderr)
         return 1
     print(markdown_table(summary))
-    print(f"jagg race: {', '.join(map(str, files))}", file=sys.stderr)
+    written = (
+        ", ".join(map(str, files)) or "nothing written while the race runs (its driver writes the files)"
+    )
+    print(f"jagg race: {written}", file=sys.stderr)
     return 0

@@ -1,0 +1,258 @@
+"""`jagg race` under real faults: the driver killed with SIGKILL mid-race (no trainer outlives it, the race
+reads interrupted at the next look, --report-only says partial), two races started together into one --out
+(exactly one runs), a race whose driver is gone found by `jagg runs`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from app import race
+from app.runs import group_alive
+from jagg_engine.store import open_store, pid_alive
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = [  # as tests/test_race.py: one prompt group of two samples, four sampling steps, two trained
+    "prompts_per_step=1",
+    "group_size=2",
+    "sampling_steps=4",
+    "sde_window_end=2",
+    "window=2",
+    "eval_num_prompts=2",
+    "eval_seeds=[0]",
+    "eval_every=1",
+    "sample_every=0",
+    "checkpoint_every=0",
+]
+
+
+def jagg(*args: str, wait: bool = True, **kwargs):
+    cmd = [sys.executable, "-m", "jagg_engine.cli", *args]
+    if wait:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO, **kwargs)
+    return subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, **kwargs
+    )
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of process group ``pgid``, from /proc."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                members.append(int(entry.name))
+    return members
+
+
+# ------------------------------------------------------------------------------------------------ kill -9
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_driver_leaves_no_trainer_and_the_race_reads_interrupted_then_partial(tmp_path):
+    out = tmp_path / "race"
+    proc = jagg(
+        "race", "--variant", "a:strategy=exact,steps=2", "--variant", "b:strategy=jagg,steps=500",
+        "--seeds", "0,1", "--out", str(out), "--threads", "1", *TINY, wait=False,
+    )  # fmt: skip
+
+    def a_finished_and_b_trains() -> bool:
+        if not (out / "runs" / "jagg.db").is_file() or not (out / "race.json").is_file():
+            return False
+        runs = json.loads((out / "race.json").read_text())["runs"]
+        if len(runs) != 2:
+            return False
+        store = open_store(out / "runs")
+        a, b = (store.get_run(r["run_id"]) for r in runs)
+        store.close()
+        return a["status"] == "finished" and b["status"] == "running" and (b["last_step"] or 0) >= 1
+
+    deadline = time.time() + 600
+    while not a_finished_and_b_trains():
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.5)
+    store = open_store(out / "runs")
+    b = store.get_run(json.loads((out / "race.json").read_text())["runs"][1]["run_id"])
+    store.close()
+    trainers = group_members(b["pid"])  # the trainer and anything it started, in its process group
+    assert b["pid"] in trainers
+
+    proc.send_signal(signal.SIGKILL)  # the driver only: no signal handler, no cleanup of its own
+    killed = time.time()
+    proc.wait(timeout=30)
+    while time.time() - killed < 10 and (group_alive(b["pid"]) or pid_alive(b["pid"], b["pid_at"])):
+        time.sleep(0.1)
+    assert not group_alive(b["pid"]) and not any(pid_alive(pid) for pid in trainers), (
+        f"a trainer of the race is alive {time.time() - killed:.1f} s after kill -9 of its driver"
+    )
+    assert json.loads((out / "race.json").read_text())["status"] == "running"  # nobody has looked yet
+
+    # `jagg runs` on the race's runs folder: the race reads interrupted, no run reads running.
+    runs = jagg("runs", "--runs-dir", str(out / "runs"))
+    assert runs.returncode == 0, runs.stderr
+    assert runs.stderr.strip().splitlines() == [
+        f"race {out}: interrupted: its driver (pid {proc.pid}) is gone"
+    ]
+    plan = json.loads((out / "race.json").read_text())
+    assert (
+        plan["status"] == "interrupted"
+        and plan["interrupted"]["why"] == f"its driver (pid {proc.pid}) is gone"
+    )
+    store = open_store(out / "runs")
+    assert store.get_run(b["id"])["status"] in ("cancelled", "failed")  # stopped, or killed and found dead
+    store.close()
+
+    # --report-only: one line that says the race is partial; only the finished run counts.
+    rep = jagg("race", "--report-only", "--out", str(out))
+    assert rep.returncode == 0, rep.stderr[-3000:]
+    partial = (
+        f"the race is interrupted (its driver (pid {proc.pid}) is gone): 1 of 4 planned runs finished; this"
+        " report covers only them (partial)"
+    )
+    assert rep.stderr.strip().splitlines()[0] == f"jagg race: {partial}"
+    result = json.loads((out / "race.json").read_text())
+    assert result["status"] == "interrupted" and result["summary"]["partial"] == partial
+    a_row, b_row = result["summary"]["variants"]
+    assert a_row["seeds"] == [0] and b_row["seeds"] == [] and b_row["time_to_level_s"] is None
+    table = (out / "race.md").read_text()
+    assert f"**Partial:** {partial}." in table and "| b | not reached |" in table
+    assert "(partial: the race did not finish)" in (out / "race.svg").read_text()
+    assert (out / ".race.lock").read_text() == f"{proc.pid}\n"  # the driver's pid, for a refusal line
+
+
+HOLDER = """
+import json, os, sys, time
+from pathlib import Path
+from app import race
+race.claim_out(Path(sys.argv[1]), {**json.loads(sys.argv[2]), "driver": {"pid": os.getpid()}})
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_race_whose_driver_is_gone_reads_interrupted_and_a_live_one_is_left_alone(tmp_path):
+    out = tmp_path / "race"
+    out.mkdir()
+    plan = {"variants": [{"name": "a"}, {"name": "b"}], "seeds": [0], "runs": [], "status": "running"}
+    holder = subprocess.Popen(  # a live driver: it holds the folder's lock
+        [sys.executable, "-c", HOLDER, str(out), json.dumps(plan)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert race.driver_gone(out) is None
+        assert race.check_runs_folder(out / "runs") is None
+        assert json.loads((out / "race.json").read_text())["status"] == "running"
+    finally:
+        holder.kill()
+        holder.wait()
+    line = race.check_runs_folder(out / "runs")  # the lock went with its process
+    assert line == f"race {out}: interrupted: its driver (pid {holder.pid}) is gone"
+    assert json.loads((out / "race.json").read_text())["status"] == "interrupted"
+    assert race.driver_gone(out) is None  # said once; it stays interrupted
+
+    # A race.json of before the lock file: its driver's pid decides.
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "race.json").write_text(json.dumps({**plan, "driver": {"pid": os.getpid()}}))
+    assert race.driver_gone(old) is None  # this process: alive
+    (old / "race.json").write_text(json.dumps({**plan, "driver": {"pid": holder.pid}}))
+    assert race.driver_gone(old).endswith(f"its driver (pid {holder.pid}) is gone")
+
+
+# ------------------------------------------------------------------------------------------------ one --out
+
+CLAIMER = textwrap.dedent(
+    """
+    import os, sys, time
+    from pathlib import Path
+    from app import race
+    from jagg_engine.errors import UsageError
+    root, tries, t0 = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+    for i in range(tries):
+        out = root / f"try{i:02d}"
+        out.mkdir(exist_ok=True)
+        while time.time() < t0 + 0.5 * i:  # both processes claim at the same instant
+            pass
+        try:
+            fd = race.claim_out(out, {"status": "running", "driver": {"pid": os.getpid()}, "runs": []})
+        except UsageError as exc:
+            print("refused", i, exc, flush=True)
+            continue
+        print("claimed", i, flush=True)
+        time.sleep(0.3)  # the race runs, holding its folder
+        os.close(fd)
+    """
+)
+
+
+def test_two_races_claiming_one_out_at_the_same_instant_exactly_one_wins_20_of_20(tmp_path):
+    tries = 20
+    t0 = time.time() + 3.0  # after both interpreters have imported app.race
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CLAIMER, str(tmp_path), str(tries), str(t0)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err for _, err in outputs]
+    per_try: dict[int, list[tuple[int, str]]] = {}
+    for who, (text, _) in enumerate(outputs):
+        for line in text.splitlines():
+            verdict, i, *rest = line.split(" ", 2)
+            per_try.setdefault(int(i), []).append((who, verdict, *rest))
+    assert sorted(per_try) == list(range(tries))
+    for i, answers in per_try.items():
+        assert sorted(a[1] for a in answers) == ["claimed", "refused"], (i, answers)
+        winner = next(a[0] for a in answers if a[1] == "claimed")
+        refusal = next(a[2] for a in answers if a[1] == "refused")
+        out = tmp_path / f"try{i:02d}"
+        assert refusal in (
+            f"--out: {out}: another jagg race runs in it (pid {procs[winner].pid}); not started",
+            f"--out: {out} holds a race already (race.json); give a new folder, or --report-only",
+        )
+        assert json.loads((out / "race.json").read_text())["driver"]["pid"] == procs[winner].pid
+
+
+@pytest.mark.slow
+def test_two_jagg_race_commands_started_together_into_one_out_one_runs_the_other_is_one_line(tmp_path):
+    out = tmp_path / "race"
+    args = [
+        "race", "--variant", "a:strategy=exact", "--variant", "b:strategy=jagg", "--seeds", "0",
+        "--out", str(out), "--threads", "1", "steps=2", *TINY,
+    ]  # fmt: skip
+    procs = [jagg(*args, wait=False) for _ in range(2)]
+    results = [(p, *p.communicate(timeout=900)) for p in procs]
+    codes = sorted(p.returncode for p, _, _ in results)
+    assert codes == [0, 2], [err[-2000:] for _, _, err in results]
+    winner = next(p for p, _, _ in results if p.returncode == 0)
+    _, _, err = next(r for r in results if r[0].returncode == 2)
+    assert err.strip().splitlines()[-1] in (
+        f"jagg race: error: --out: {out}: another jagg race runs in it (pid {winner.pid}); not started",
+        f"jagg race: error: --out: {out} holds a race already (race.json); give a new folder, or --report-only",
+    )
+    plan = json.loads((out / "race.json").read_text())
+    assert plan["status"] == "finished" and plan["driver"]["pid"] == winner.pid
+    assert [(r["variant"], r["seed"]) for r in plan["runs"]] == [("a", 0), ("b", 0)]
+    store = open_store(out / "runs")
+    assert {r["id"] for r in store.list_runs()} == {r["run_id"] for r in plan["runs"]}  # no other race's run
+    store.close()
