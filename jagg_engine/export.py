@@ -7,9 +7,9 @@ order the trainer listed them. Nothing here maps those names by hand: the run's 
 the run's config (the same factory, so the same parameter list), the checkpoint's tensors are copied into it,
 and the model's own libraries name and write the weights (the folder layout: :mod:`jagg_engine.export_format`):
 
-- LoRA on a diffusers backbone (flux, sd3, qwen-image): peft's ``get_peft_model_state_dict`` of the transformer,
-  diffusers' ``convert_state_dict_to_diffusers``, and the pipeline's ``save_lora_weights`` with the adapter's
-  config as metadata (rank, α, target modules), as diffusers' own LoRA training scripts save: the file loads
+- LoRA on a diffusers backbone (flux, sd3, qwen-image): peft's ``get_peft_model_state_dict`` of the transformer
+  and the pipeline's ``save_lora_weights`` with the adapter's config as metadata (rank, α, target modules), as
+  diffusers' own LoRA training scripts (train_dreambooth_lora_flux.py, …_sd3.py) save: the file loads
   with ``Pipeline.from_pretrained(base).load_lora_weights(DIR)``. With ``--merge`` the adapter is fused into
   the base weights (diffusers' ``fuse_lora`` then ``unload_lora``) and the transformer written instead.
 - A full fine-tune: the transformer, ``save_pretrained`` (``transformer/``).
@@ -260,11 +260,13 @@ def eval_settings(cfg: TrainConfig, prompts: Sequence[str]) -> dict[str, Any]:
 def _write_lora(model: Any, folder: Path) -> None:
     """diffusers' LoRA format, through peft's and diffusers' own functions (see the module docstring)."""
     import diffusers
-    from diffusers.utils import convert_state_dict_to_diffusers
     from peft.utils import get_peft_model_state_dict
 
     transformer = model.transformer
-    layers = convert_state_dict_to_diffusers(get_peft_model_state_dict(transformer))
+    # peft's key names, as diffusers' own flux / sd3 / qwen-image LoRA training scripts save them; passing them
+    # through convert_state_dict_to_diffusers first ("lora.down" names) loses the first block's LoRA in
+    # StableDiffusion3Pipeline.load_lora_weights (diffusers 0.42), which tests/test_export.py would catch.
+    layers = get_peft_model_state_dict(transformer)
     metadata = transformer.peft_config["default"].to_dict()
     pipeline_cls = getattr(diffusers, type(model.pipe).__name__)
     pipeline_cls.save_lora_weights(
