@@ -19,6 +19,14 @@ threads each). Every run is a ``jagg train --run-id`` process in its own process
 ``DIR/runs/jagg.db``; Ctrl-C (or SIGTERM) stops them all cooperatively (each finishes its step, saves and
 reads ``cancelled``), a second Ctrl-C kills them.
 
+Faults: no trainer outlives the race's process (the driver), even one killed with SIGKILL: a watchdog
+process stops every trainer's process group once the driver is gone (SIGTERM, SIGKILL ``ORPHAN_GRACE_S``
+later), and each trainer has SIGTERM as its parent-death signal. The driver holds an exclusive
+``fcntl.flock`` on ``DIR/.race.lock`` for its life, so one race runs per folder (:func:`claim_out`) and a
+race.json that reads ``running`` while nobody holds the lock belongs to a driver that is gone: the next
+``--report-only`` or ``jagg runs`` marks it ``interrupted`` (:func:`driver_gone`), and a report of a race
+that did not finish every planned run says it is partial (:func:`race_state`).
+
 Time axis: the trainer's ``time/train_elapsed`` (wall seconds of training from step 1 to the end of a step's
 update, evals left out; :class:`jagg_engine.train.trainer.TrainingClock`), logged every step in the store, so
 :func:`report` rebuilds every figure from ``DIR/runs/jagg.db`` and the run ids in ``DIR/race.json``.
@@ -854,7 +862,15 @@ class _Watchdog:
         self.proc.stdin.flush()
 
     def watch(self, pgid: int) -> None:
-        self._say(f"+{pgid}")
+        try:
+            self._say(f"+{pgid}")
+        except (OSError, ValueError) as exc:  # the watchdog is gone (killed): the parent-death signal remains
+            print(
+                f"jagg race: warning: its watchdog is gone ({type(exc).__name__}); the trainers still stop"
+                " when the race ends, by their parent-death signal",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def forget(self, pgid: int) -> None:
         with contextlib.suppress(OSError, ValueError):
@@ -1047,6 +1063,7 @@ def _race(
         flush=True,
     )
     watchdog = _Watchdog()
+    plan["driver"]["watchdog_pid"] = watchdog.proc.pid  # in race.json from the first run on
     store = open_store(runs_dir)
     bar = _progress(sum(int(cfg.steps) for cfg in configs.values()))
     previous = signal.getsignal(signal.SIGTERM)

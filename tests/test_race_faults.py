@@ -61,7 +61,12 @@ def group_members(pgid: int) -> list[int]:
 
 
 @pytest.mark.slow
-def test_kill_9_of_the_driver_leaves_no_trainer_and_the_race_reads_interrupted_then_partial(tmp_path):
+@pytest.mark.parametrize("also_the_watchdog", [False, True], ids=["driver", "driver-and-watchdog"])
+def test_kill_9_of_the_driver_leaves_no_trainer_and_the_race_reads_interrupted_then_partial(
+    tmp_path, also_the_watchdog
+):
+    """Killed alone, the driver's watchdog stops its trainers; killed with its watchdog too, each trainer's
+    parent-death signal does."""
     out = tmp_path / "race"
     proc = jagg(
         "race", "--variant", "a:strategy=exact,steps=2", "--variant", "b:strategy=jagg,steps=500",
@@ -89,7 +94,12 @@ def test_kill_9_of_the_driver_leaves_no_trainer_and_the_race_reads_interrupted_t
     trainers = group_members(b["pid"])  # the trainer and anything it started, in its process group
     assert b["pid"] in trainers
 
-    proc.send_signal(signal.SIGKILL)  # the driver only: no signal handler, no cleanup of its own
+    if also_the_watchdog:
+        watchdog = json.loads((out / "race.json").read_text())["driver"]["watchdog_pid"]
+        os.kill(watchdog, signal.SIGKILL)
+        while pid_alive(watchdog):
+            time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)  # the driver: no signal handler, no cleanup of its own
     killed = time.time()
     proc.wait(timeout=30)
     while time.time() - killed < 10 and (group_alive(b["pid"]) or pid_alive(b["pid"], b["pid_at"])):
