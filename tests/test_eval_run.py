@@ -1,0 +1,166 @@
+"""`jagg eval --run` / `--model` on a tiny-shapes run: the run's own eval settings reproduce the eval reward it
+logged at each step; `jagg export-model` of tiny-shapes is a model folder that `model_path=` loads; bad input
+is one line, exit 2, and nothing written."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from jagg_engine import cli  # noqa: E402
+from jagg_engine.store import open_store  # noqa: E402
+from jagg_engine.train.config import load_config  # noqa: E402
+from jagg_engine.train.trainer import Trainer  # noqa: E402
+
+SMALL = [
+    "steps=2",
+    "prompts_per_step=2",
+    "group_size=4",
+    "sampling_steps=6",
+    "sde_window_end=4",
+    "eval_num_prompts=3",
+    "eval_seeds=[0, 2]",
+    "eval_every=1",
+    "sample_every=0",
+    "checkpoint_every=1",
+    "keep_checkpoints=3",
+    "lr=1e-3",  # the eval reward moves within two steps
+]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Run 1: two tiny-shapes steps with an eval and a checkpoint at every step; run 2: queued, never trained."""
+    root = tmp_path_factory.mktemp("runs")
+    cfg = load_config(None, SMALL)
+    store = open_store(root)
+    run_id = store.create_run(cfg.name, cfg.to_dict(), root / "run-0001")
+    assert Trainer(cfg, run_id, str(root)).run() == "finished"
+    store.create_run("never trained", cfg.to_dict(), root / "run-0002")
+    return root
+
+
+def logged(runs: Path, step: int, key: str = "eval/reward/mean") -> float:
+    frame = open_store(runs).metrics_frame(1)
+    return float(frame.loc[frame["step"] == step, key].item())
+
+
+def jagg(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        code = cli.main(list(argv))
+    except SystemExit as exc:  # argparse's refusal of a flag's value
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def eval_json(capsys, *argv: str) -> dict:
+    code, out, err = jagg(capsys, "eval", *argv, "--device", "cpu", "--json")
+    assert code == 0, err
+    (line,) = out.strip().splitlines()  # one object on stdout
+    return json.loads(line)
+
+
+def test_eval_run_reproduces_the_logged_eval_reward_at_each_step(runs: Path, capsys) -> None:
+    rewards = []
+    for step in (0, 1, 2):
+        got = eval_json(capsys, "--run", "1", "--step", str(step), "--runs-dir", str(runs))
+        assert got["step"] == step and got["samples"] == 6 and got["seeds"] == [0, 2]
+        assert got["reward_mean"] == pytest.approx(logged(runs, step), abs=1e-4)
+        assert got["reward_std"] == pytest.approx(logged(runs, step, "eval/reward/std"), abs=1e-4)
+        assert got["rewards"]["shapes-dense"] == pytest.approx(
+            logged(runs, step, "eval/reward/shapes-dense/mean"), abs=1e-4
+        )
+        rewards.append(got["reward_mean"])
+    assert len(set(rewards)) == 3  # the steps' weights differ: each step's own checkpoint was evaluated
+    last = eval_json(capsys, "--run", "1", "--runs-dir", str(runs))  # default: the last checkpoint
+    assert last["step"] == 2 and last["reward_mean"] == pytest.approx(rewards[-1], abs=1e-6)
+    # flags override the run's settings
+    other = eval_json(capsys, "--run", "1", "--runs-dir", str(runs), "--seeds", "1", "--steps", "3")
+    assert other["seeds"] == [0] and other["sampling_steps"] == 3 and other["samples"] == 3
+
+
+def test_export_of_tiny_shapes_is_a_model_folder_eval_reproduces(runs: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "aligned"
+    code, stdout, err = jagg(
+        capsys, "export-model", "1", "--step", "1", "--out", str(out), "--runs-dir", str(runs)
+    )
+    assert code == 0, err
+    assert {p.name for p in out.iterdir()} >= {
+        "README.md",
+        "jagg_run.json",
+        "reward_curve.png",
+        "transformer",
+        "text_embedding.safetensors",
+        "vocab.json",
+    }
+    got = eval_json(capsys, "--model", str(out))
+    assert got["step"] == 1 and got["reward_mean"] == pytest.approx(logged(runs, 1), abs=1e-4)
+    card = (out / "README.md").read_text()
+    assert card.startswith("---\nbase_model: tiny-shapes\nlibrary_name: diffusers\n")
+    assert f"| eval reward, step 0 | {logged(runs, 0):.4f} |" in card
+    assert f"| eval reward, step 1 | {logged(runs, 1):.4f} |" in card
+
+    # model_path=DIR: training goes on from the export (its weights are the checkpoint's)
+    from jagg_engine.export import build_model, load_run_model, open_run
+
+    cfg = load_config(None, [*SMALL, f"model_path={out}"])
+    exported = build_model(cfg).trainable_parameters()
+    checkpointed = load_run_model(open_run(runs, 1), 1).trainable_parameters()
+    base = build_model(dataclasses.replace(cfg, model_path=None)).trainable_parameters()
+    assert all(torch.equal(a, b) for a, b in zip(exported, checkpointed))
+    assert any(not torch.equal(a, b) for a, b in zip(exported, base))
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["export-model", "2", "--out", "{out}"], "RUN: run 2 has no checkpoint in "),
+        (["export-model", "9", "--out", "{out}"], "RUN: no run 9 in "),
+        (
+            ["export-model", "1", "--step", "5", "--out", "{out}"],
+            "--step: run 1 has no checkpoint at step 5; its checkpoints: 1, 2",
+        ),
+        (
+            ["export-model", "1", "--out", "{full}"],
+            "exists and is not an empty folder; pass a new or empty folder",
+        ),
+        (["export-model", "1", "--merge", "--out", "{out}"], "--merge: run 1 is a tiny-shapes run"),
+        (["export-model", "x1", "--out", "{out}"], "RUN: must be a run id (a whole number), got 'x1'"),
+        (["eval", "--model", "{runs}"], "not a jagg export (no jagg_run.json)"),
+        (["eval", "--run", "9"], "RUN: no run 9 in "),
+        (["eval", "--run", "1", "--step", "5"], "--step: run 1 has no checkpoint at step 5"),
+        (["eval", "--run", "2"], "RUN: run 2 has no checkpoint"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_nothing_written(
+    runs: Path, tmp_path: Path, capsys, argv: list[str], message: str
+) -> None:
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "keep.txt").write_text("mine")
+    out = tmp_path / "out"
+    argv = [a.format(out=out, full=full, runs=runs) for a in argv]
+    code, stdout, err = jagg(capsys, *argv, "--runs-dir", str(runs))
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["full"]
+    assert [p.name for p in full.iterdir()] == ["keep.txt"]
+
+
+def test_a_failure_while_writing_leaves_nothing(runs: Path, tmp_path: Path, monkeypatch) -> None:
+    from jagg_engine import export
+
+    def broken(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(export, "model_card", broken)
+    with pytest.raises(OSError):
+        export.export_model(runs, 1, tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []  # neither the folder nor its hidden partial one
