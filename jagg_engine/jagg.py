@@ -294,9 +294,9 @@ class UpdateState:
         return self._reuse
 
     def inner_velocity(self, j: int) -> torch.Tensor:
-        if self.reuse:
+        if self.reuse and j in self.traj.velocity_steps:
             self.result.counts.reused += 1
-            return self.traj.velocities[j]
+            return self.traj.velocity(j)
         return self.forward([j], grad=False)
 
     # -- the objective
@@ -405,6 +405,15 @@ def group_plan(traj_steps: list[int], update: UpdateConfig) -> list[tuple[list[i
     """The groups of a rollout and the strategy each one uses after jagg_frac routing
     (:func:`jagg_engine.cost.route_groups`, which the cost model counts)."""
     return route_groups(traj_steps, update.strategy, update.window, update.jagg_frac)
+
+
+def reuse_steps(traj_steps: list[int], update: UpdateConfig) -> list[int]:
+    """The grid steps whose rollout velocities the update can read: the inner steps of the groups routed to
+    JAGG (a rollout need keep no other). Empty unless the strategy is jagg with reuse on."""
+    if update.strategy != "jagg" or update.reuse_rollout_velocity != "auto":
+        return []
+    plan = group_plan(traj_steps, update)
+    return [j for steps, kind in plan if kind == "jagg" and len(steps) > 2 for j in steps[1:-1]]
 
 
 def policy_update(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -711,7 +712,9 @@ class Trajectory:
     sigmas:     (T + 1,)        σ_j
     sde_steps:  the stochastic steps, in order (only these are trained)
     cond:       batch-first conditioning pytree
-    velocities: (T, B, *S) or None — v̂_j as sampled (kept with ``store_velocities=True``)
+    velocities: (n_kept, B, *S) or None — v̂_j as sampled at the grid steps ``velocity_steps`` (all T with
+                ``store_velocities=True``, the steps given otherwise); read one with :meth:`velocity`
+    velocity_steps: the grid steps whose v̂_j are in ``velocities``, in order
     policy:     the policy that sampled, with the velocities (see :class:`PolicyState`)
     forwards:   model calls made while sampling, in calls over the whole batch (a call on b of the B
                 samples counts b / B): T' without a shared prefix
@@ -725,10 +728,18 @@ class Trajectory:
     velocities: torch.Tensor | None = None
     policy: PolicyState | None = None
     forwards: float = 0.0
+    velocity_steps: tuple[int, ...] = ()
 
     @property
     def batch_size(self) -> int:
         return self.latents.shape[1]
+
+    def velocity(self, j: int) -> torch.Tensor:
+        """v̂_j as sampled at grid step j (B, *S); a step whose velocity was not kept is a ValueError."""
+        if self.velocities is None or j not in self.velocity_steps:
+            kept = ", ".join(map(str, self.velocity_steps)) or "none"
+            raise ValueError(f"velocity of step {j}: not kept by the rollout (kept: {kept})")
+        return self.velocities[self.velocity_steps.index(j)]
 
     def select(self, index: slice | torch.Tensor) -> Trajectory:
         """The sub-batch ``index`` of every per-sample tensor (latents, log-probs, cond, velocities)."""
@@ -741,6 +752,7 @@ class Trajectory:
             velocities=None if self.velocities is None else self.velocities[:, index],
             policy=self.policy,
             forwards=self.forwards,
+            velocity_steps=self.velocity_steps,
         )
 
 
@@ -751,7 +763,7 @@ def rollout(
     noise: torch.Tensor,
     sampler: SamplerConfig,
     generator: torch.Generator | None = None,
-    store_velocities: bool = False,
+    store_velocities: bool | Collection[int] = False,
     micro_batch: int | None = None,
     prefix_group: int | None = None,
 ) -> Trajectory:
@@ -762,7 +774,8 @@ def rollout(
     is a function of (noise[i], ε[:, i]) whatever the split into micro-batches of ``micro_batch`` samples
     (None = one call per step for the whole batch). ODE steps (outside the SDE window) are deterministic,
     solved by the sampler's ``ode_solver``. With ``store_velocities`` the v̂_j and the sampling policy's state
-    are kept.
+    are kept: True keeps every grid step's, a collection of grid steps only theirs (the trainer passes the
+    inner steps of its JAGG groups, the only ones velocity reuse reads); an empty one keeps nothing.
 
     Shared prefix (``prefix_group`` = G): samples g·G … g·G + G − 1 share their noise (DanceGRPO's
     ``init_same_noise``), so their deterministic steps before the SDE window are the same: they are computed
@@ -776,10 +789,18 @@ def rollout(
     sigmas = grid.sigmas.to(noise.device)
     sde_steps = grid.sde_steps
     B = noise.shape[0]
+    if store_velocities is True:
+        keep: tuple[int, ...] | None = tuple(range(len(sigmas) - 1))
+    elif store_velocities is False:
+        keep = None
+    else:
+        keep = tuple(sorted(set(store_velocities))) or None
+        if keep and not 0 <= keep[0] <= keep[-1] < len(sigmas) - 1:
+            raise ValueError(f"store_velocities: steps must lie in 0 … {len(sigmas) - 2}, got {list(keep)}")
     eps = torch.randn((len(sde_steps), *noise.shape), generator=generator, device=noise.device, dtype=dtype)
     z = noise.to(dtype)
     prefix = sde_steps[0] if sde_steps and prefix_group and prefix_group > 1 else 0
-    run = {"model": model, "sampler": sampler, "sigmas": sigmas, "sde": sde_steps, "store": store_velocities}
+    run = {"model": model, "sampler": sampler, "sigmas": sigmas, "sde": sde_steps, "store": keep}
     head, calls = None, 0.0
     if prefix:
         G = int(prefix_group)
@@ -806,7 +827,7 @@ def rollout(
         ]
     latents, log_probs, velocities = tail
     policy = None
-    if store_velocities:
+    if keep is not None:
         policy = policy_state(model, noise.to(dtype), sigmas[0].expand(B), cond)
     return Trajectory(
         latents=latents,  # (T' + 1, B, *S)
@@ -814,9 +835,10 @@ def rollout(
         sigmas=sigmas,
         sde_steps=sde_steps,
         cond=cond,
-        velocities=velocities,  # (T', B, *S) or None
+        velocities=velocities,  # (n_kept, B, *S) or None
         policy=policy,
         forwards=calls / B,
+        velocity_steps=keep or (),
     )
 
 
@@ -841,7 +863,7 @@ def _rollout_parts(
     **run: Any,
 ) -> tuple[list[torch.Tensor | None], float]:
     """Steps first … last − 1 of the grid for the batch z (b, *S), in micro-batches: [latents (n + 1, b, *S),
-    log-probs (n, b), velocities (n, b, *S) or None], and the samples forwarded (Σ over model calls of their
+    log-probs (n, b), velocities (n_kept, b, *S) or None], and the samples forwarded (Σ over model calls of their
     batch size)."""
     b_all = z.shape[0]
     b = micro_batch or b_all
@@ -863,10 +885,10 @@ def _rollout_part(
     sampler: SamplerConfig,
     sigmas: torch.Tensor,
     sde: list[int],
-    store: bool,
+    store: tuple[int, ...] | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Steps first … last − 1 of the grid ``sigmas`` for one micro-batch: z (b, *S), eps (n_sde, b, *S) →
-    latents (n + 1, b, *S), log-probs (n, b), velocities (n, b, *S) or None. ODE steps go through one
+    latents (n + 1, b, *S), log-probs (n, b), velocities of the steps in ``store`` (n_kept, b, *S) or None. ODE steps go through one
     :func:`ode_segment` per run of consecutive ODE steps."""
     b = z.shape[0]
     sde_index = {j: k for k, j in enumerate(sde)}
@@ -874,7 +896,7 @@ def _rollout_part(
     segment = None
     for j in range(first, last):
         v = model(z, sigmas[j].expand(b), cond)
-        if store:
+        if store is not None and j in store:
             velocities.append(v.to(z.dtype))
         if j in sde_index:
             out = sampler.step(v, z, j, sigmas, noise=eps[sde_index[j]])
@@ -890,7 +912,9 @@ def _rollout_part(
     return (
         torch.stack(latents),
         torch.stack(log_probs) if log_probs else z.new_zeros((0, b)),
-        (torch.stack(velocities) if velocities else z.new_zeros((0, *z.shape))) if store else None,
+        (torch.stack(velocities) if velocities else z.new_zeros((0, *z.shape)))
+        if store is not None
+        else None,
     )
 
 

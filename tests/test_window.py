@@ -208,6 +208,51 @@ def test_sliding_window_with_reuse_counts_match_the_plan(window):
     assert rel_err(grads["auto"], grads["off"]) <= 1e-6
 
 
+@pytest.mark.parametrize("group", [None, 3])
+def test_rollout_keeps_only_the_velocities_reuse_reads(group):
+    """The trainer's rollout keeps v̂_j only at the inner steps of its JAGG groups (:func:`reuse_steps`): the
+    same latents and log-probs as keeping all, those velocities bit-equal, the update's gradient and counts the
+    same as with every velocity kept — and asking for a step that was not kept is refused."""
+    from jagg_engine.jagg import reuse_steps
+
+    inner = TinyFlux()
+    inner.eval()
+    cond = inner.encode_prompts(["a"] * 3 + ["b"] * 3 if group else ["a", "b"] * 3)
+    sampler = SamplerConfig(num_steps=10, sde_window=(2, 8), ode_solver="dpmpp-2m", ode_steps_before=1)
+    update = UpdateConfig(window=3, reuse_rollout_velocity="auto")
+    g0 = torch.Generator().manual_seed(1)
+    noise = torch.randn(2 if group else 6, *inner.latent_shape, generator=g0)
+    noise = noise.repeat_interleave(3, 0) if group else noise
+    steps = sampler.grid().sde_steps
+    keep = reuse_steps(steps, update)
+    assert keep == [steps[1], steps[4]]  # two groups of three: their middle steps
+    trajs = {}
+    for mode in ("all", "inner"):
+        g = torch.Generator().manual_seed(7)
+        store = True if mode == "all" else keep
+        trajs[mode] = rollout(inner, cond, noise, sampler, g, store_velocities=store, prefix_group=group)
+    full, kept = trajs["all"], trajs["inner"]
+    assert torch.equal(full.latents, kept.latents) and torch.equal(full.log_probs, kept.log_probs)
+    assert kept.velocities.shape[0] == 2 and full.velocities.shape[0] == len(full.sigmas) - 1
+    for j in keep:
+        assert torch.equal(kept.velocity(j), full.velocity(j))
+    with pytest.raises(ValueError, match=f"velocity of step {steps[0]}: not kept"):
+        kept.velocity(steps[0])
+    adv = torch.randn(6, generator=g0)
+    params = inner.trainable_parameters()
+    grads, counts = {}, {}
+    for mode, traj in trajs.items():
+        zero(params)
+        result = policy_update(inner, traj, adv, update, sampler)
+        grads[mode], counts[mode] = flat_grad(params), result.counts
+    assert counts["inner"].reused == counts["all"].reused == 2
+    assert counts["inner"].forward_nograd == counts["all"].forward_nograd == 0
+    assert torch.equal(grads["inner"], grads["all"])
+    # a strategy that reads none keeps none
+    assert reuse_steps(steps, UpdateConfig(strategy="exact", window=3)) == []
+    assert reuse_steps(steps, UpdateConfig(window=2, reuse_rollout_velocity="auto")) == []
+
+
 # ---------------------------------------------------------------------------------------------- shared prefix
 
 

@@ -42,7 +42,7 @@ from tqdm import tqdm
 from jagg_engine.backbones import build_backbone, get_backbone
 from jagg_engine.errors import DiskFullError, is_disk_full
 from jagg_engine.grpo import group_advantages
-from jagg_engine.jagg import UpdateResult, auto_jagg_frac, policy_update
+from jagg_engine.jagg import UpdateResult, auto_jagg_frac, policy_update, reuse_steps
 from jagg_engine.plugins import resolve
 from jagg_engine.probe import probe_groups
 from jagg_engine.rewards.registry import WeightedReward
@@ -335,7 +335,8 @@ class Trainer:
             noise = noise.repeat_interleave(G, 0)  # (B, *S): one noise per group
         with torch.no_grad():
             cond = self.model.encode_prompts(prompts)
-        reuse = self.update.reuse_rollout_velocity == "auto" and self.update.strategy == "jagg"
+        # only the velocities the update can read: the inner steps of its JAGG groups (none: no policy state)
+        keep = reuse_steps(self.sampler.grid().sde_steps, self.update)
         noise = noise.to(self.acc.device, self.params[0].dtype)
         self.rollout_writes = self.policy_writes  # the policy this rollout samples
         return rollout(
@@ -344,7 +345,7 @@ class Trainer:
             noise,
             self.sampler,
             sde_gen,
-            store_velocities=reuse,
+            store_velocities=keep,
             micro_batch=self.cfg.rollout_micro_batch,
             prefix_group=G if shared else None,
         )
