@@ -150,8 +150,8 @@ def set_note(runs_dir: str | os.PathLike[str], run_id: int, text: str) -> Saved:
     path = Path(runs_dir) / NOTES_NAME
     with notes_lock(runs_dir):
         notes, damage = load_notes(runs_dir)
-        if not text.strip() and int(run_id) not in notes and damage is None:
-            return Saved(notes, None)  # nothing to remove: the file is left as it is
+        if not text.strip() and int(run_id) not in notes:
+            return Saved(notes, None)  # nothing to remove: the file is left as it is, damaged or not
         message = None
         try:
             if damage is not None:

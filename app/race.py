@@ -672,9 +672,12 @@ def _read_plan(out: Path) -> dict[str, Any]:
 
 
 def _lock_holder(fd: int) -> str:
-    """The pid a driver wrote into the lock file it holds ("?" when it has not written it yet)."""
-    with contextlib.suppress(OSError, ValueError):
-        return str(int(os.pread(fd, 32, 0).split()[0]))
+    """The pid a driver wrote into the lock file it holds, once written (it takes the lock first, then
+    writes: up to a second); "?" when it has not."""
+    for _ in range(20):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            return str(int(os.pread(fd, 32, 0).split()[0]))
+        time.sleep(0.05)
     return "?"
 
 
@@ -684,13 +687,19 @@ def claim_out(out: Path, plan: Mapping[str, Any]) -> int:
     holding the lock. Returns the lock's file descriptor: the race holds it (and so the folder) until its
     process ends, whatever ends it; the kernel releases it then. A second race on the folder, started at the
     same instant or later, is one UsageError line."""
-    fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fd = os.open(out / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise UsageError(f"--out: {out}: cannot create {LOCK_NAME}: {exc.strerror or exc}") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise
+                raise UsageError(
+                    f"--out: {out}: cannot lock {LOCK_NAME} ({exc.strerror or exc}); a race needs a folder"
+                    " that supports file locks, so that one race runs in it at a time"
+                ) from None
             raise UsageError(
                 f"--out: {out}: another jagg race runs in it (pid {_lock_holder(fd)}); not started"
             ) from None
@@ -766,6 +775,8 @@ def check_runs_folder(runs_dir: str | os.PathLike[str]) -> str | None:
     """For ``jagg runs``: when ``runs_dir`` is a race's ``DIR/runs`` and the race's driver is gone, mark the
     race interrupted (:func:`driver_gone`) and return its line."""
     folder = Path(runs_dir)
+    if folder.name != "runs":  # `--runs-dir .` from inside it
+        folder = folder.resolve()
     if folder.name != "runs" or not (folder.parent / RACE_JSON).is_file():
         return None
     return driver_gone(folder.parent)

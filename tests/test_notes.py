@@ -55,6 +55,10 @@ def test_a_torn_notes_file_is_kept_aside_and_its_readable_notes_carried_over(tmp
 )
 def test_any_damaged_notes_file_is_never_overwritten(tmp_path, content, damage):
     (tmp_path / notes.NOTES_NAME).write_bytes(content)
+    assert notes.set_note(tmp_path, 99, "") == ({3: "caf\ufffd"} if b"caf" in content else {}, None)
+    assert (
+        tmp_path / notes.NOTES_NAME
+    ).read_bytes() == content  # removing no note (a deleted run) writes nothing
     saved = notes.set_note(tmp_path, 1, "kept")
     aside = list(tmp_path.glob("notes.json.damaged-*"))
     assert len(aside) == 1 and aside[0].read_bytes() == content
