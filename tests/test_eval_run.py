@@ -164,3 +164,40 @@ def test_a_failure_while_writing_leaves_nothing(runs: Path, tmp_path: Path, monk
     with pytest.raises(OSError):
         export.export_model(runs, 1, tmp_path / "out")
     assert list(tmp_path.iterdir()) == []  # neither the folder nor its hidden partial one
+
+
+def test_sample_draws_the_eval_noise_and_captions_each_reward(runs: Path, tmp_path: Path, capsys) -> None:
+    """`jagg sample` of the run's eval prompts and seeds gives the images (their rewards) the eval logged; with
+    --with-base the base model samples the same noise beside."""
+    from PIL import Image
+
+    store = open_store(runs)
+    evals = [s for s in store.samples(1, kind="eval") if s["step"] == 1]
+    prompts = list(dict.fromkeys(s["prompt"] for s in sorted(evals, key=lambda s: s["path"])))
+    out = tmp_path / "grid.png"
+    argv = ["sample", "1", "--step", "1", "--with-base", "--prompt", *prompts, "--seeds", "0,2"]
+    code, stdout, err = jagg(
+        capsys, *argv, "--out", str(out), "--runs-dir", str(runs), "--device", "cpu", "--json"
+    )
+    assert code == 0, err
+    summary = json.loads(stdout)
+    base, trained = summary["models"]
+    assert base["label"] == "base" and trained["label"] == "run 1 step 1"
+    logged_rewards = {(s["prompt"], s["seed"]): s["reward"] for s in evals}
+    got = {(i["prompt"], i["seed"]): i["reward"] for i in trained["images"]}
+    assert got.keys() == logged_rewards.keys()
+    for key, value in got.items():
+        assert value == pytest.approx(logged_rewards[key], abs=1e-4), key
+    assert base["reward_mean"] == pytest.approx(logged(runs, 0), abs=1e-4)  # the base is step 0's model
+    grid = Image.open(out)
+    assert grid.size[0] > 4 * 128 and grid.size[1] > 3 * 128  # 3 prompt rows, 2 models × 2 seeds
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # the temporary file is gone
+
+    code, _, err = jagg(
+        capsys, "sample", "1", "--prompt", "purple cat dog", "--out", str(out), "--runs-dir", str(runs)
+    )
+    assert (
+        code == 2
+        and "--prompt: tiny-shapes: unknown word 'purple'" in err
+        and len(err.strip().splitlines()) == 1
+    )
