@@ -547,7 +547,7 @@ class HistoryHandlers(_Part):
             if not isinstance(delete_files, bool) and delete_files is not None:
                 raise ConfigError(f"also delete its folder: must be true or false, got {brief(delete_files)}")
             self.guard.check_action(session(request), number, "delete")
-            removed = self.store.delete_run(number, delete_files=bool(delete_files))
+            removed = self.manager.delete(number, delete_files=bool(delete_files))
         except SpaceError as exc:
             return f"**Refused.** {md_message(exc)}", self.history()
         except (ConfigError, StoreError) as exc:

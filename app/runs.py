@@ -28,6 +28,8 @@ The database is the source of truth, so nothing here needs to survive the app pr
   the pair runs one after the other, exact first: the second starts when the first has ended, even if
   ``max_concurrent`` leaves a slot free. The mode is kept on both runs (``runs.pair_mode``) and
   :meth:`RunManager.pair_message` says which one the app used.
+* Delete (:meth:`RunManager.delete`) is refused while the run trains, while this app's resume of it starts,
+  and while any trainer holds its folder's lock: no trainer outlives its run's row.
 * Cancel is cooperative first (``store.request_cancel``; the trainer stops between steps, saves, marks
   cancelled); a run still alive ``cancel_timeout`` seconds later has its process group sent SIGTERM, then
   SIGKILL, and is marked cancelled.
@@ -303,6 +305,16 @@ class RunManager:
             pid = self._spawn(run, self.resume_command(run_id, self.runs_dir), claimed=False)
             self._resuming.add(run_id)
             return f"run {run_id}: resuming from its last checkpoint (pid {pid})"
+
+    def delete(self, run_id: int, delete_files: bool = False) -> bool:
+        """Delete a run (:meth:`RunStore.delete_run`); refused in one line while this app's resume of it is
+        starting (its trainer has not taken the run folder's lock yet), as the store refuses it once a trainer
+        holds the lock or the run is active. Returns whether its folder was removed."""
+        with self._lock:  # not between a resume's spawn and its record in _resuming
+            if run_id in self.resuming():
+                pid = self._children[run_id].pid
+                raise StoreError(f"run {run_id}: is resuming (pid {pid}); cancel it first")
+            return self.store.delete_run(run_id, delete_files=delete_files)
 
     def resuming(self) -> list[int]:
         """Runs resumed by this app whose trainer is starting (alive, not yet marked running)."""

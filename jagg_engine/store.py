@@ -150,6 +150,7 @@ class RunStore:
                 self.db.enable_wal()
                 self.db.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
                 self.ensure_schema()
+                self._relocate_run_dirs()
                 return
             except sqlite3.DatabaseError as exc:
                 if (
@@ -331,7 +332,7 @@ class RunStore:
                     name,
                     json.dumps(dict(config)),
                     now,
-                    _abs_or_none(run_dir),
+                    self._stored_dir(run_dir),
                     paired_run_id,
                     launcher,
                     pid,
@@ -377,7 +378,7 @@ class RunStore:
                             name,
                             json.dumps(dict(config)),
                             now,
-                            str(folder),
+                            folder.name,
                             paired_run_id,
                             launcher,
                             pid,
@@ -407,7 +408,7 @@ class RunStore:
         self._check_writable()
         self._require(run_id)
         with self._lock, self.db.conn:
-            self.db.execute("UPDATE runs SET run_dir = ? WHERE id = ?", [_abs_or_none(run_dir), run_id])
+            self.db.execute("UPDATE runs SET run_dir = ? WHERE id = ?", [self._stored_dir(run_dir), run_id])
             self._write_run_file(run_id)
 
     def set_paired(self, run_id: int, paired_run_id: int | None) -> None:
@@ -558,14 +559,14 @@ class RunStore:
         """The run's row with ``config`` decoded to a dict, or None."""
         with self._lock:
             rows = list(self.db.query("SELECT * FROM runs WHERE id = ?", [run_id]))
-        return _decode_run(rows[0]) if rows else None
+        return self._decode_run(rows[0]) if rows else None
 
     def list_runs(self) -> list[dict[str, Any]]:
         """All runs, newest first, with ``config`` decoded and ``final_reward`` / ``final_reward_key`` added.
 
         Reads the runs and ``latest`` tables only (never metrics): its cost does not grow with the history."""
         with self._lock:
-            runs = [_decode_run(r) for r in self.db.query("SELECT * FROM runs ORDER BY id DESC")]
+            runs = [self._decode_run(r) for r in self.db.query("SELECT * FROM runs ORDER BY id DESC")]
             finals = self._final_rewards()
         for run in runs:
             key, value = finals.get(run["id"], (None, None))
@@ -588,7 +589,9 @@ class RunStore:
     def delete_run(self, run_id: int, delete_files: bool = False) -> bool:
         """Delete the run's rows; with ``delete_files`` also its folder, but only when that folder lies
         strictly inside this store's runs root (never the root itself, never through a symlink).
-        Returns whether a folder was removed. An active run (queued/running with a live pid) is refused."""
+        Returns whether a folder was removed. Refused (one line, "cancel it first") while the run is queued or
+        running with a live process, or a trainer holds the folder's lock (a resume that has not marked the run
+        running yet); the delete holds that lock itself, so a trainer starting after finds its run gone."""
         self._check_writable()
         run = self.get_run(run_id)
         if run is None:
@@ -599,16 +602,25 @@ class RunStore:
             and pid_alive(run["pid"], run["pid_at"])
         ):
             raise StoreError(f"run {run_id}: is {run['status']} (pid {run['pid']}); cancel it first")
-        with self._lock, self.db.conn:
-            self._write_run_file(run_id, deleted=True)  # a folder kept on disk is not brought back by reindex
-            for table in ("metrics", "latest", "probes", "samples"):
-                self.db.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
-            self.db.execute("UPDATE runs SET paired_run_id = NULL WHERE paired_run_id = ?", [run_id])
-            self.db.execute("DELETE FROM runs WHERE id = ?", [run_id])
-        folder = self._owned_folder(run["run_dir"])
-        if delete_files and folder is not None:
-            shutil.rmtree(folder)
-            return True
+        folder = Path(run["run_dir"]) if run["run_dir"] else None
+        held = (
+            RunLock.exclusive(folder, f"run {run_id}: a trainer holds its folder{{holder}}; cancel it first")
+            if folder is not None and folder.is_dir()
+            else contextlib.nullcontext()
+        )
+        with held:  # no trainer takes the run while its rows and folder go
+            with self._lock, self.db.conn:
+                self._write_run_file(
+                    run_id, deleted=True
+                )  # a folder kept on disk is not brought back by reindex
+                for table in ("metrics", "latest", "probes", "samples"):
+                    self.db.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+                self.db.execute("UPDATE runs SET paired_run_id = NULL WHERE paired_run_id = ?", [run_id])
+                self.db.execute("DELETE FROM runs WHERE id = ?", [run_id])
+            owned = self._owned_folder(run["run_dir"])
+            if delete_files and owned is not None:
+                shutil.rmtree(owned)
+                return True
         return False
 
     # ------------------------------------------------------------------ per-step logging
@@ -813,13 +825,14 @@ class RunStore:
             return []
         with self._lock:
             rows = self.db.execute(
-                "SELECT id, pid, pid_at, status, run_dir FROM runs"
+                "SELECT id, pid, pid_at, status, run_dir, uid FROM runs"
                 " WHERE status IN ('queued', 'running') AND pid IS NOT NULL"
             ).fetchall()
         failed = []
-        for run_id, pid, pid_at, status, run_dir in rows:
+        for run_id, pid, pid_at, status, run_dir, uid in rows:
             if pid_alive(pid, pid_at):
                 continue
+            run_dir = self._resolve_dir(run_dir, uid)
             error = f"process {pid} exited without reporting a final status"
             tail = file_tail(Path(run_dir) / LOG_NAME) if run_dir else ""
             if tail:
@@ -842,11 +855,63 @@ class RunStore:
         return failed
 
     # ------------------------------------------------------------------ the run folder
+    def _stored_dir(self, run_dir: str | os.PathLike[str] | None) -> str | None:
+        """How ``runs.run_dir`` keeps a folder: relative to the runs root when it lies inside it (so a copied
+        or moved runs folder finds its run folders in itself), else absolute."""
+        if run_dir is None:
+            return None
+        folder = Path(run_dir)
+        folder = (folder if folder.is_absolute() else Path.cwd() / folder).resolve()
+        root = self.runs_root.resolve()
+        if folder != root and folder.is_relative_to(root):
+            return folder.relative_to(root).as_posix()
+        return str(folder)
+
+    def _resolve_dir(self, stored: str | None, uid: str | None) -> str | None:
+        """The absolute folder of a ``runs.run_dir`` value: a relative one lies in this runs root. An absolute
+        one outside the root, written by a version that kept absolute paths, is taken as the root's folder of
+        the same ``run-NNNN`` name when that folder's ``run.json`` carries the run's uid (the runs folder was
+        copied or moved): a copy never writes into its original."""
+        if not stored:
+            return None
+        root = self.runs_root.resolve()
+        folder = Path(stored)
+        if not folder.is_absolute():
+            return str(root / folder)
+        if folder.is_relative_to(root) or not RUN_FOLDER.match(folder.name):
+            return stored
+        here = root / folder.name
+        if uid and _folder_uid(here) == uid:
+            return str(here)
+        return stored
+
+    def _relocate_run_dirs(self) -> None:
+        """Rewrite absolute ``run_dir`` values (older versions, or a copied or moved runs folder) that
+        :meth:`_resolve_dir` places in this root as relative ones; once per open of a writable store."""
+        rows = self.db.execute(
+            "SELECT id, run_dir, uid FROM runs WHERE run_dir IS NOT NULL AND run_dir LIKE '/%'"
+        ).fetchall()
+        moved = []
+        for run_id, stored, uid in rows:
+            relative = self._stored_dir(self._resolve_dir(stored, uid))
+            if relative != stored and not Path(relative).is_absolute():
+                moved.append((relative, run_id))
+        if moved:
+            with self._lock, self.db.conn:
+                self.db.conn.executemany("UPDATE runs SET run_dir = ? WHERE id = ?", moved)
+
+    def _decode_run(self, row: dict[str, Any]) -> dict[str, Any]:
+        run = dict(row)
+        run["config"] = json.loads(run["config"]) if run.get("config") else {}
+        run["cancel_requested"] = bool(run["cancel_requested"])
+        run["run_dir"] = self._resolve_dir(run.get("run_dir"), run.get("uid"))
+        return run
+
     def _folder_of(self, run_id: int) -> Path | None:
-        row = self.db.execute("SELECT run_dir FROM runs WHERE id = ?", [run_id]).fetchone()
+        row = self.db.execute("SELECT run_dir, uid FROM runs WHERE id = ?", [run_id]).fetchone()
         if row is None or not row[0]:
             return None
-        folder = Path(row[0])
+        folder = Path(self._resolve_dir(*row))
         return folder if folder.is_dir() else None
 
     def _write_run_file(self, run_id: int, deleted: bool = False) -> None:
@@ -969,6 +1034,15 @@ def new_uid() -> str:
     return uuid.uuid4().hex
 
 
+def _folder_uid(folder: Path) -> str | None:
+    """The uid in ``folder/run.json`` (None when it has none or cannot be read)."""
+    try:
+        doc = json.loads((folder / RUN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc.get("uid") if isinstance(doc, dict) and isinstance(doc.get("uid"), str) else None
+
+
 def highest_folder_id(root: Path) -> int:
     """The largest N of the ``run-NNNN`` entries of ``root`` (0 when there is none)."""
     try:
@@ -1085,19 +1159,8 @@ def file_tail(path: str | os.PathLike[str], lines: int = LOG_TAIL_LINES, max_byt
     return "\n".join(data.decode("utf-8", errors="replace").splitlines()[-lines:])
 
 
-def _decode_run(row: dict[str, Any]) -> dict[str, Any]:
-    run = dict(row)
-    run["config"] = json.loads(run["config"]) if run.get("config") else {}
-    run["cancel_requested"] = bool(run["cancel_requested"])
-    return run
-
-
 def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "run"
-
-
-def _abs_or_none(value: str | os.PathLike[str] | None) -> str | None:
-    return None if value is None else str(Path(value).resolve())
 
 
 # ------------------------------------------------------------------------------------------------ one trainer
@@ -1125,17 +1188,9 @@ class RunLock:
             if held is not None:
                 held._count += 1
                 return held
-            fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                holder = ""
-                try:
-                    holder = f" (pid {int((folder / cls.PID_FILE).read_text().strip())})"
-                except (OSError, ValueError):
-                    pass
-                raise ClaimError(f"{what}: another trainer holds {folder}{holder}; not started") from None
+            fd = cls._take(folder)
+            if fd is None:
+                raise ClaimError(f"{what}: another trainer holds {folder}{cls.holder(folder)}; not started")
             try:
                 (folder / cls.PID_FILE).write_text(f"{os.getpid()}\n")
             except OSError:
@@ -1143,6 +1198,40 @@ class RunLock:
             lock = cls(folder, fd)
             cls._held[key] = lock
             return lock
+
+    @staticmethod
+    def _take(folder: Path) -> int | None:
+        """An fd of ``folder`` holding its exclusive lock, or None when another process holds it."""
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        return fd
+
+    @classmethod
+    def holder(cls, folder: Path) -> str:
+        """`` (pid P)`` of the trainer that last took the lock of ``folder``, or ""."""
+        try:
+            return f" (pid {int((Path(folder) / cls.PID_FILE).read_text().strip())})"
+        except (OSError, ValueError):
+            return ""
+
+    @classmethod
+    @contextlib.contextmanager
+    def exclusive(cls, folder: Path, refusal: str) -> Iterator[None]:
+        """Hold the folder's lock for a moment (a delete), as no trainer: a trainer of this or another process
+        holding it raises StoreError ``refusal`` (``{holder}``: the holder's pid); a trainer starting meanwhile
+        is refused, and one starting after finds its run gone."""
+        folder = Path(folder).resolve()
+        fd = None if str(folder) in cls._held else cls._take(folder)
+        if fd is None:
+            raise StoreError(refusal.format(holder=cls.holder(folder)))
+        try:
+            yield
+        finally:
+            os.close(fd)
 
     @staticmethod
     def held_elsewhere(folder: str | os.PathLike[str]) -> bool:
@@ -1267,7 +1356,7 @@ def _index_folder(store: RunStore, folder: Path, doc: dict[str, Any], records: l
     """Insert one folder's run and replay its history log into ``store``; returns its metric rows."""
     columns = [c for c in store.db["runs"].columns_dict if c not in ("run_dir", "config", "last_step")]
     row = {c: doc.get(c) for c in columns}
-    row.update(config=json.dumps(doc.get("config") or {}), run_dir=str(folder))
+    row.update(config=json.dumps(doc.get("config") or {}), run_dir=folder.name)
     row["status"] = row["status"] if row.get("status") in STATUSES else "failed"
     row["cancel_requested"] = int(bool(row.get("cancel_requested")))
     row["created_at"] = row.get("created_at") or 0.0

@@ -24,6 +24,7 @@ code 1 and one line naming the address (the run, on machine 0, reads failed).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -265,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, lock: list) -> int:
-    from jagg_engine.store import DB_NAME, ClaimError, RunLock
+    from jagg_engine.store import DB_NAME, RUN_FOLDER, ClaimError, RunLock
     from jagg_engine.train.config import ConfigError, TrainConfig, check_runs_dir, load_config
     from jagg_engine.train.trainer import CLAIM_REFUSED_RC, LOCKED_ENV, train
 
@@ -319,12 +320,25 @@ def _run(args: argparse.Namespace, lock: list) -> int:
         if run["status"] not in allowed:
             raise UsageError(f"run {attach}: status is {run['status']}; allowed: {', '.join(allowed)}")
         if run["run_dir"]:
-            Path(run["run_dir"]).mkdir(parents=True, exist_ok=True)
+            folder, root = Path(run["run_dir"]), Path(runs_dir).resolve()
+            if RUN_FOLDER.match(folder.name) and not folder.resolve().is_relative_to(root):
+                raise UsageError(
+                    f"run {attach}: its folder {folder} is not inside the runs folder {root} (a copied or moved"
+                    f" runs folder without its run-NNNN folders?); nothing was written: rebuild the index from"
+                    f" the folders here with `jagg reindex --runs-dir {root}`"
+                )
+            folder.mkdir(parents=True, exist_ok=True)
             try:  # one trainer per run: held until this command ends
-                lock.append(RunLock.acquire(run["run_dir"], f"run {attach}"))
+                lock.append(RunLock.acquire(folder, f"run {attach}"))
             except ClaimError as exc:
                 raise UsageError(str(exc)) from None
             run = store.get_run(attach)  # read again under the lock: the holder may have ended it meanwhile
+            if run is None:  # deleted between the read and the lock: leave no trace of this command
+                lock.pop().release()
+                with contextlib.suppress(OSError):
+                    (folder / RunLock.PID_FILE).unlink()
+                    folder.rmdir()  # only when empty: a folder the delete kept stays as it was
+                raise UsageError(f"run {attach}: deleted meanwhile; not started")
             if run["status"] not in allowed:
                 raise UsageError(f"run {attach}: status is {run['status']}; allowed: {', '.join(allowed)}")
         try:
