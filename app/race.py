@@ -604,13 +604,13 @@ def report(
                     ) from None
     finally:
         store.close()
-    status, partial = race_state(plan)
+    status, unfinished = race_state(plan)
     against = baseline if baseline is not None else names[0]
     try:
         summary = summarise(curves, against)
     except RaceError as exc:
-        raise RaceError(f"{partial}; {exc}" if partial else str(exc)) from None
-    summary["partial"] = partial
+        raise RaceError(f"{unfinished}; {exc}" if unfinished else str(exc)) from None
+    summary["partial"] = f"{unfinished}; this report covers only them (partial)" if unfinished else None
     if status == "running":  # its driver is alive and writes race.json: report, write nothing
         return summary, []
     if against != names[0]:
@@ -784,7 +784,8 @@ def check_runs_folder(runs_dir: str | os.PathLike[str]) -> str | None:
 
 def race_state(plan: Mapping[str, Any]) -> tuple[str, str | None]:
     """How far the race got (its runs' statuses read from the store): its status, and for a race that has
-    not finished every planned run, the one line that says a report of it is partial."""
+    not finished every planned run, the words that say so (``the race is interrupted (…): 1 of 4 planned
+    runs finished``)."""
     planned = len(plan["variants"]) * len(plan["seeds"])
     finished = sum(1 for e in plan["runs"] if e.get("status") == "finished")
     status = plan.get("status", "running")
@@ -797,10 +798,7 @@ def race_state(plan: Mapping[str, Any]) -> tuple[str, str | None]:
     }.get(status, status)
     if status == "interrupted" and plan.get("interrupted"):
         why += f" ({plan['interrupted']['why']})"
-    return status, (
-        f"the race is {why}: {finished} of {planned} planned runs finished; this report covers only them"
-        " (partial)"
-    )
+    return status, f"the race is {why}: {finished} of {planned} planned runs finished"
 
 
 # ------------------------------------------------------------------------------------------------ running
@@ -1022,10 +1020,6 @@ def race(
     from jagg_engine.train.config import ConfigError, check_runs_dir
 
     configs = check_variants(config, common, variants, seeds)
-    if (out / RACE_JSON).exists():
-        raise UsageError(
-            f"--out: {out} holds a race already ({RACE_JSON}); give a new folder, or --report-only"
-        )
     try:
         check_runs_dir(out, "--out")
     except ConfigError as exc:

@@ -174,6 +174,12 @@ def test_a_race_whose_driver_is_gone_reads_interrupted_and_a_live_one_is_left_al
     assert line == f"race {out}: interrupted: its driver (pid {holder.pid}) is gone"
     assert json.loads((out / "race.json").read_text())["status"] == "interrupted"
     assert race.driver_gone(out) is None  # said once; it stays interrupted
+    open_store(out / "runs").close()
+    rep = jagg("race", "--report-only", "--out", str(out))  # nothing finished: one line, no table
+    assert rep.returncode == 1 and rep.stderr.strip().splitlines() == [
+        f"jagg race: error: the race is interrupted (its driver (pid {holder.pid}) is gone): 0 of 2 planned"
+        " runs finished; variant 'a': the baseline has no finished run with an eval to race against"
+    ]
 
     # A race.json of before the lock file: its driver's pid decides.
     old = tmp_path / "old"
