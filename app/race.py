@@ -829,26 +829,50 @@ os.execv(sys.argv[2], sys.argv[2:])
 
 # The watchdog: reads "+PGID" / "-PGID" lines from the driver (a trainer's process group started / ended).
 # End of input means the driver is gone (or done): SIGTERM to every group left (each trainer finishes its
-# step, saves and reads cancelled), SIGKILL to the group ORPHAN_GRACE_S later whatever is left.
+# step, saves and reads cancelled), then, ORPHAN_GRACE_S later, SIGKILL to those groups and to every process
+# that descended from them at that first moment (found from /proc's parent pids: torchrun's workers of a
+# `--processes N` trainer live in sessions of their own, out of the trainer's group).
 _WATCHDOG = """
 import os, signal, sys, time
 groups = set()
 for line in sys.stdin:
     (groups.add if line[0] == "+" else groups.discard)(int(line[1:]))
-def send(sig):
-    for g in list(groups):
+def descendants(groups):
+    children, members = {}, []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[-1].split()
+            except OSError:
+                continue
+            children.setdefault(int(fields[1]), []).append(int(entry))
+            if int(fields[2]) in groups:
+                members.append(int(entry))
+    found, todo = set(), [g for g in groups if g > 1] + members
+    while todo:
+        pid = todo.pop()
+        if pid > 1 and pid != os.getpid() and pid not in found:
+            found.add(pid)
+            todo += children.get(pid, [])
+    return found
+def send(targets, sig, kill=os.killpg):
+    for t in list(targets):
         try:
-            os.killpg(g, sig)
+            kill(t, sig)
         except (ProcessLookupError, PermissionError):
-            groups.discard(g)
+            targets.discard(t)
+tree = descendants(groups)
 if groups:
     print(f"jagg race: its driver is gone; stopping {len(groups)} run(s)", file=sys.stderr, flush=True)
-send(signal.SIGTERM)
+send(groups, signal.SIGTERM)
 deadline = time.time() + float(sys.argv[1])
-while groups and time.time() < deadline:
+while (groups or tree) and time.time() < deadline:
     time.sleep(0.1)
-    send(0)
-send(signal.SIGKILL)
+    send(groups, 0)
+    send(tree, 0, os.kill)
+send(groups, signal.SIGKILL)
+send(tree, signal.SIGKILL, os.kill)
 """
 
 

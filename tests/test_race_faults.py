@@ -142,6 +142,60 @@ def test_kill_9_of_the_driver_leaves_no_trainer_and_the_race_reads_interrupted_t
     assert (out / ".race.lock").read_text() == f"{proc.pid}\n"  # the driver's pid, for a refusal line
 
 
+STUCK_TRAINER = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a trainer deep in a long step: SIGTERM does not stop it
+worker = subprocess.Popen(  # a torchrun worker: a session of its own, out of the trainer's process group
+    [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"],
+    start_new_session=True,
+)
+print(worker.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_watchdogs_kill_list_is_the_trainers_tree_and_nothing_else():
+    """What the watchdog SIGKILLs at the end: the trainers' groups and their descendants, never anything
+    else (no group: nothing; never init, never itself)."""
+    source = race._WATCHDOG
+    scope: dict = {"os": os}
+    exec(source[source.index("def descendants") : source.index("def send")], scope)
+    descendants = scope["descendants"]
+    assert descendants(set()) == set() and descendants({1}) == set()
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", STUCK_TRAINER], start_new_session=True, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        worker = int(trainer.stdout.readline())
+        assert descendants({trainer.pid}) == {trainer.pid, worker}
+    finally:
+        trainer.kill()
+        trainer.wait()
+        os.kill(worker, signal.SIGKILL)
+
+
+def test_the_watchdog_kills_a_stuck_trainer_and_its_workers_in_sessions_of_their_own():
+    dog = race._Watchdog()
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", STUCK_TRAINER], start_new_session=True, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        worker = int(trainer.stdout.readline())
+        dog.watch(trainer.pid)
+        dog.proc.stdin.close()  # what the watchdog sees when the driver dies: its input ends
+        gone = time.time()
+        trainer.wait(timeout=10 + race.ORPHAN_GRACE_S)
+        while pid_alive(worker) and time.time() - gone < 10:
+            time.sleep(0.05)
+        took = time.time() - gone
+        assert not pid_alive(worker) and not group_alive(trainer.pid) and took < 10
+        assert trainer.returncode == -signal.SIGKILL and took >= race.ORPHAN_GRACE_S - 0.5  # SIGTERM first
+        assert dog.proc.wait(timeout=5) == 0
+    finally:
+        trainer.kill()
+        trainer.wait()
+
+
 HOLDER = """
 import json, os, sys, time
 from pathlib import Path
