@@ -30,7 +30,7 @@ from app.form import (
 from app.report import report_for_app
 from app.runs import RunManager
 from app.space import FilePublisher, SpaceError, SpaceGuard, prune_exports, session_export_dir
-from app.text import md_message
+from app.text import md_message, md_text
 from jagg_engine.safe_yaml import brief
 from jagg_engine.store import DB_NAME, StoreError
 from jagg_engine.train.config import ConfigError, TrainConfig
@@ -140,9 +140,10 @@ class Confirm:
             run = self.app.store.get_run(number) if number is not None else None
             if run is None:
                 raise ConfigError("No run selected." if number is None else f"run id: no run #{number}")
-        except ConfigError as exc:
-            return f"**Error:** {exc}", gr.update(visible=False), None
-        what = f"run #{number} {run['name']} ({run['status']})"
+        except ConfigError as exc:  # it may quote what was typed in the picker
+            return f"**Error:** {md_message(exc)}", gr.update(visible=False), None
+        # Another visitor's run name: shown as typed, never as Markdown or HTML (no image, no link).
+        what = f"run #{number} {md_text(run['name'])} ({run['status']})"
         also = " and its folder" if action == "delete" and extra and extra[0] else ""
         question = f"**{CONFIRM_VERBS[action]} {what}{also}?** Press Confirm to go on, or Keep to leave it."
         return question, gr.update(visible=True), {"action": action, "run": number, "extra": list(extra)}
@@ -594,5 +595,5 @@ class HistoryHandlers(_Part):
             copy = Path(tempfile.mkdtemp(prefix="jagg-owner-")) / DB_NAME
             with closing(sqlite3.connect(path)) as src, closing(sqlite3.connect(copy)) as dst:
                 src.backup(dst)
-            return f"{rel_path}: {copy.stat().st_size:,} bytes.", str(copy)
-        return f"{rel_path}: {path.stat().st_size:,} bytes.", self.publish(path)
+            return f"{md_text(rel_path)}: {copy.stat().st_size:,} bytes.", str(copy)
+        return f"{md_text(rel_path)}: {path.stat().st_size:,} bytes.", self.publish(path)

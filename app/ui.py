@@ -12,6 +12,7 @@ The app opens on the Compare tab showing the shipped showcase (:mod:`app.showcas
 
 from __future__ import annotations
 
+import html
 import inspect
 import os
 import threading
@@ -217,9 +218,9 @@ def _readable(block: Any, preprocess: Callable[[Any], Any]) -> Callable[[Any], A
         try:
             return preprocess(payload)
         except Exception:
-            raise gr.Error(
-                f"{label}: must be {wanted}, got {brief(payload)}", print_exception=False
-            ) from None
+            # gradio renders an error's message as HTML: the value sent (and a label) shown as typed
+            message = html.escape(f"{label}: must be {wanted}, got {brief(payload)}", quote=False)
+            raise gr.Error(message, print_exception=False) from None
 
     call.readable = True  # type: ignore[attr-defined]
     return call
