@@ -1,0 +1,223 @@
+"""No HTML from users, in headless Chromium: runs named (and noted, prompted, failed) with an image and a
+link of a visitor's making, then every component that renders Markdown or HTML is walked: the Live progress
+line, the Cancel and Resume questions, Compare's message, tables and gallery, History's table and its Delete
+and Resume questions, and error lines that echo what was typed. No <img> or <a> element may come from the
+hostile text, and a local HTTP server that counts requests must see none (its image is never fetched).
+"""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from browser import chromium
+from PIL import Image
+
+from app import notes
+from jagg_engine.store import open_store
+from jagg_engine.train.config import TrainConfig
+
+pytestmark = pytest.mark.slow
+
+
+class _Counter(http.server.BaseHTTPRequestHandler):
+    hits: list[str] = []
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        _Counter.hits.append(self.path)
+        self.send_response(404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def trap():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Counter)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+
+
+def hostile(port: int) -> str:
+    return f"<img src=//127.0.0.1:{port}/t.png>[Owner login](/x)![i](//127.0.0.1:{port}/m.png)`tick`"
+
+
+def _fill(root: Path, port: int) -> None:
+    name = hostile(port)
+    with open_store(root) as store:
+        base = TrainConfig().apply_overrides(["eval_every=2"]).to_dict()
+        for strategy in ("exact", "jagg"):
+            cfg = {**base, "steps": 2, "strategy": strategy, "output_dir": str(root.resolve())}
+            run_id = store.create_run(name, cfg, None)
+            run_dir = root / f"run-{run_id:04d}"
+            store.set_run_dir(run_id, run_dir)
+            store.set_status(run_id, "running", pid=None)
+            t0 = time.time() - 60
+            for step in range(3):
+                row = {"time/unix": t0 + 10 * step, "eval/reward/mean": 0.2 + 0.1 * step}
+                if step:
+                    row |= {"reward/mean": 0.1 * step, "time/step": 9.0}
+                store.log_step(run_id, step, row)
+                rel = f"samples/eval/step_{step:05d}/a_seed0.png"
+                (run_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+                Image.new("RGB", (16, 16), (40 * step, 40, 90)).save(run_dir / rel)
+                store.log_samples(run_id, step, [{"kind": "eval", "prompt": name, "seed": 0, "reward": 0.1,
+                                                  "path": rel}])  # fmt: skip
+            store.set_status(run_id, "failed" if strategy == "exact" else "finished", error=name)
+            notes.set_note(root, run_id, name)
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory, trap):
+    from test_app_e2e import LiveApp
+
+    tmp = tmp_path_factory.mktemp("escape")
+    _fill(tmp / "runs", trap)
+    live = LiveApp(tmp / "runs", tmp)
+    live.start()
+    yield live
+    live.stop()
+
+
+def _made_elements(driver, port: int) -> list[str]:
+    """Every <img> whose source, and every <a> whose text or link, comes from the hostile text."""
+    return driver.execute_script(
+        """
+        const port = String(arguments[0]), out = [];
+        for (const img of document.querySelectorAll('img')) {
+          const src = img.getAttribute('src') || '';
+          if (src.includes(port) || src.endsWith('t.png') || src.endsWith('m.png')) out.push(img.outerHTML);
+        }
+        for (const a of document.querySelectorAll('a')) {
+          const href = a.getAttribute('href') || '';
+          if (a.textContent.includes('Owner login') || href === '/x' || href.includes(port)) out.push(a.outerHTML);
+        }
+        for (const c of document.querySelectorAll('code')) {
+          if (c.textContent === 'tick') out.push(c.outerHTML);
+        }
+        return out;
+        """,
+        port,
+    )
+
+
+def _text(driver, elem_id: str) -> str:
+    from selenium.webdriver.common.by import By
+
+    found = driver.find_elements(By.ID, elem_id)
+    return found[0].text if found else ""
+
+
+def _tab(driver, name: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver.find_element(By.XPATH, f"//button[@role='tab' and normalize-space()='{name}']").click()
+
+
+def test_browser_hostile_run_names_render_as_text_everywhere(app, trap):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    name = hostile(trap)
+    literal = f"<img src=//127.0.0.1:{trap}/t.png>[Owner login](/x)"  # how the text reads on the page
+    driver = chromium("1400,2400")
+    checked = []
+
+    def clean(where: str) -> None:
+        made = _made_elements(driver, trap)
+        assert not made, f"{where}: {made}"
+        checked.append(where)
+
+    try:
+        wait = WebDriverWait(driver, 60, poll_frequency=0.2)
+        driver.get(app.url)
+        wait.until(lambda d: d.find_elements(By.XPATH, "//button[@role='tab' and normalize-space()='Live']"))
+        _tab(driver, "Live")
+        wait.until(lambda d: "Run #" in _text(d, "live-progress"))  # the showcase (#3, #4) opens first
+        box = driver.find_element(By.CSS_SELECTOR, "#live-run input")
+        box.click()
+        box.send_keys(Keys.CONTROL, "a")
+        box.send_keys("2", Keys.ENTER)
+        # run #2: the progress line names it as typed
+        wait.until(lambda d: literal in _text(d, "live-progress"))
+        clean("Live progress line and panels")
+        for button, verb in (("Cancel run", "Cancel"), ("Resume run", "Resume")):
+            driver.find_element(By.XPATH, f"//button[normalize-space()='{button}']").click()
+            wait.until(lambda d, v=verb: _text(d, "live-confirm-question").startswith(f"{v} run #2 "))
+            question = _text(driver, "live-confirm-question")
+            assert literal in question, question
+            clean(f"Live {verb} question")
+            driver.find_element(By.ID, "live-keep").click()
+            wait.until(lambda d: "Nothing done." in _text(d, "live-action-msg"))
+        # the failed run #1: its error shown verbatim
+        box = driver.find_element(By.CSS_SELECTOR, "#live-run input")
+        box.click()
+        box.send_keys(Keys.CONTROL, "a")
+        box.send_keys("1", Keys.ENTER)
+        wait.until(lambda d: "Run #1 " in _text(d, "live-progress") and "failed" in _text(d, "live-progress"))
+        clean("Live progress line of a failed run")
+        # a picker that names no run: the typed text echoed in one line
+        box = driver.find_element(By.CSS_SELECTOR, "#live-run input")
+        box.click()
+        box.send_keys(Keys.CONTROL, "a")
+        box.send_keys(name, Keys.ENTER)
+        time.sleep(3)
+        clean("Live picker's error line")
+
+        _tab(driver, "Compare")
+        picker = driver.find_element(By.CSS_SELECTOR, "#compare-runs input")
+        picker.click()
+        for _ in range(2):  # the showcase's two chips
+            picker.send_keys(Keys.BACKSPACE)
+        for typed in ("1", "2"):
+            picker.send_keys(typed)
+            time.sleep(0.4)
+            picker.send_keys(Keys.ENTER)
+            time.sleep(0.4)
+        level = driver.find_element(By.CSS_SELECTOR, "#compare-level input, #compare-level textarea")
+        level.send_keys(name)
+        driver.find_element(By.ID, "compare-btn").click()
+        wait.until(lambda d: "reward level" in _text(d, "compare-msg"))
+        assert "Owner login" in _text(driver, "compare-msg"), _text(driver, "compare-msg")
+        clean("Compare's error line echoing the reward level")
+        level.send_keys(Keys.CONTROL, "a")
+        level.send_keys(Keys.BACKSPACE)
+        driver.find_element(By.ID, "compare-btn").click()
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#compare-gallery .caption-label"))
+        time.sleep(1)
+        clean("Compare's message, plots, tables and gallery")
+        driver.find_element(By.XPATH, "//button[normalize-space()='Report (HTML)']").click()
+        wait.until(lambda d: "written" in d.page_source or "Error" in d.page_source)
+        clean("Compare's report line")
+
+        _tab(driver, "History")
+        wait.until(lambda d: literal in _text(d, "history-table"))
+        clean("History table (names, notes, errors)")
+        search = driver.find_element(By.CSS_SELECTOR, "#history-search input, #history-search textarea")
+        search.send_keys(name, Keys.ENTER)
+        time.sleep(2)
+        clean("History search")
+        target = driver.find_element(By.CSS_SELECTOR, "#history-target input")
+        target.send_keys("2")
+        for button, verb in (("Delete", "Delete"), ("Resume", "Resume")):
+            driver.find_element(By.XPATH, f"//button[normalize-space()='{button}']").click()
+            wait.until(lambda d, v=verb: _text(d, "history-confirm-question").startswith(f"{v} run #2 "))
+            question = _text(driver, "history-confirm-question")
+            assert literal in question, question
+            clean(f"History {verb} question")
+            driver.find_element(By.ID, "history-keep").click()
+            time.sleep(1)
+        time.sleep(1)  # an image the page asked for would have reached the counter by now
+    finally:
+        driver.quit()
+    assert _Counter.hits == [], f"requests from the hostile text: {_Counter.hits}"
+    assert len(checked) >= 12, checked
+    with open_store(app.runs_dir) as store:  # Keep deleted nothing
+        assert len(store.list_runs()) == 4  # the two hostile runs and the showcase's two
