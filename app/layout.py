@@ -235,7 +235,12 @@ def compare_tab(
         )
     compare_msg = gr.Markdown(value=shown[0] if shown else "", elem_id="compare-msg")
     report_msg = gr.Markdown()
-    report_file = gr.File(label="report: one HTML file that opens offline", visible=False)
+    report_file = gr.File(
+        label="report: one HTML file that opens offline",
+        visible=False,
+        interactive=False,
+        elem_id="compare-report",
+    )
     view = metric_controls("compare")
     compare_plot = gr.Plot(label="reward", elem_id="compare-plot", visible=False)
     metrics_plot = gr.Plot(label="metrics", elem_id="compare-metrics", visible=False)

@@ -335,6 +335,9 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
     compare.report_btn.click(
         h.history.report, [compare.compare_runs, new.r_input], [compare.report_msg, compare.report_file],
         api_name="report_runs",
+    ).then(  # the file box (a download link) shows once it holds a report, and hides again without one
+        lambda path: gr.update(visible=bool(path)), compare.report_file, compare.report_file,
+        api_visibility="private", show_progress="hidden",
     )  # fmt: skip
     compare.compare_runs.focus(
         lambda: gr.update(choices=h.run_choices()), None, compare.compare_runs, api_visibility="private"

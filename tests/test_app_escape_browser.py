@@ -221,3 +221,46 @@ def test_browser_hostile_run_names_render_as_text_everywhere(app, trap):
     assert len(checked) >= 12, checked
     with open_store(app.runs_dir) as store:  # Keep deleted nothing
         assert len(store.list_runs()) == 4  # the two hostile runs and the showcase's two
+
+
+def test_browser_report_appears_as_a_download_link(app):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = chromium("1400,2400")
+    try:
+        wait = WebDriverWait(driver, 60, poll_frequency=0.2)
+        driver.get(app.url)
+        wait.until(
+            lambda d: d.find_elements(By.XPATH, "//button[@role='tab' and normalize-space()='Compare']")
+        )
+        _tab(driver, "Compare")
+        assert not [e for e in driver.find_elements(By.ID, "compare-report") if e.is_displayed()]
+        picker = driver.find_element(By.CSS_SELECTOR, "#compare-runs input")
+        picker.click()
+        for _ in range(2):  # the showcase's two chips
+            picker.send_keys(Keys.BACKSPACE)
+        for typed in ("1", "2"):
+            picker.send_keys(typed)
+            time.sleep(0.4)
+            picker.send_keys(Keys.ENTER)
+            time.sleep(0.4)
+        driver.find_element(By.XPATH, "//button[normalize-space()='Report (HTML)']").click()
+
+        def link(d):
+            found = d.find_elements(By.CSS_SELECTOR, "#compare-report a[href]")
+            named = [a for a in found if a.get_attribute("download") == "jagg-report-1-2.html"]
+            return [a for a in named if a.is_displayed()] or None
+
+        shown = wait.until(link)
+        href = shown[0].get_attribute("href")
+        assert href.startswith(app.url) and href.endswith(".html"), href
+        import urllib.request
+
+        with urllib.request.urlopen(href, timeout=10) as resp:  # the link serves the report itself
+            page = resp.read().decode()
+        assert "<html" in page.lower() and "Owner login" in page
+        assert "<img src=//127.0.0.1" not in page  # the name is escaped in the report too
+    finally:
+        driver.quit()
