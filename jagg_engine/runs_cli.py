@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .store import DB_NAME, StoreError, open_store, reindex
+from .store import DB_NAME, StoreError, missing_index_message, open_store, reindex, run_folders_with_files
 
 COLUMNS = (
     "id",
@@ -57,7 +57,11 @@ def run_reindex(args: argparse.Namespace) -> int:
     print(f"reindexed {len(report.runs)} run(s), {rows} metric row(s) into {Path(args.runs_dir) / DB_NAME}")
     if report.previous is not None:
         print(f"the previous index is kept as {report.previous}")
+    for line in report.rebuilt:
+        print(f"WARNING: {line}")
     for line in report.skipped:
+        print(f"skipped: {line}")
+    for line in report.summary():
         print(f"skipped: {line}")
     return 0
 
@@ -65,6 +69,9 @@ def run_reindex(args: argparse.Namespace) -> int:
 def run_runs(args: argparse.Namespace) -> int:
     db = Path(args.runs_dir) / DB_NAME
     if not db.exists():
+        if found := run_folders_with_files(Path(args.runs_dir)):
+            print(f"jagg runs: error: {missing_index_message(Path(args.runs_dir), found)}", file=sys.stderr)
+            return 2
         print(f"no runs yet ({db} does not exist)")
         return 0
     try:
@@ -90,7 +97,9 @@ def run_runs(args: argparse.Namespace) -> int:
 def run_export(args: argparse.Namespace) -> int:
     db = Path(args.runs_dir) / DB_NAME
     if not db.exists():
-        print(f"jagg export: no run database at {db}", file=sys.stderr)
+        found = run_folders_with_files(Path(args.runs_dir))
+        why = missing_index_message(Path(args.runs_dir), found) if found else f"no run database at {db}"
+        print(f"jagg export: {'error: ' if found else ''}{why}", file=sys.stderr)
         return 2
     try:
         store = open_store(args.runs_dir)  # read-only where the folder cannot be written

@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import math
 import os
@@ -112,6 +113,8 @@ RUN_FILE = "run.json"  # the run's identity and row, in its folder
 HISTORY_FILE = "history.jsonl"  # the run's append-only log of metrics, probes, samples and truncations
 RUN_FOLDER = re.compile(r"^run-(\d{4,})$")
 REINDEX_HINT = "rebuild it from the run folders with `jagg reindex --runs-dir {root}`"
+INDEX_LOCK = ".jagg.db.lock"  # writers of jagg.db hold it shared for each transaction; reindex exclusively
+REINDEX_WAIT_S = 300.0  # how long a write waits for a reindex to finish
 BUSY_TIMEOUT_S = 10.0
 LOG_TAIL_LINES = 20
 
@@ -137,18 +140,36 @@ class RunStore:
         cannot be written (see "Read-only" above), True = always, False = never (a write-less folder raises)."""
         self.path = Path(db_path)
         self._lock = threading.RLock()
+        self._asked = read_only
+        self._depth = 0  # write transactions open now (no reopen inside one)
+        self._ident: tuple[int, int] | None = None  # (device, inode) of the file this store has open
+        self._index_fd: int | None = None
+        self._open()
+
+    def _open(self) -> None:
+        """Connect to :attr:`path` (see :meth:`__init__`); also how a replaced index is reopened."""
+        read_only = self._asked
         if self.path.exists() and not self.path.is_file():
             raise CorruptIndexError(self._corrupt("is not a file"))
+        if (
+            not self.path.exists()
+            and self.path.name == DB_NAME
+            and (found := run_folders_with_files(self.path.parent))
+        ):
+            raise CorruptIndexError(missing_index_message(self.path.parent, found))
         self.read_only = bool(read_only) or (read_only is None and _unwritable(self.path))
         if not self.read_only:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
+                if self.path.name == DB_NAME and self._index_fd is None:  # the index's own store: see reindex
+                    self._index_fd = os.open(self.path.parent / INDEX_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
                 conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
                 conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-                self.db = sqlite_utils.Database(conn)
+                self._db = sqlite_utils.Database(conn)
+                self._ident = _file_id(self.path)
                 self._check_integrity()
-                self.db.enable_wal()
-                self.db.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
+                self._db.enable_wal()
+                self._db.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
                 self.ensure_schema()
                 self._relocate_run_dirs()
                 return
@@ -170,10 +191,63 @@ class RunStore:
                     raise
                 self.read_only = True
         try:
-            self.db = sqlite_utils.Database(_connect_read_only(self.path))
+            self._db = sqlite_utils.Database(_connect_read_only(self.path))
+            self._ident = _file_id(self.path)
             self._check_integrity()
         except sqlite3.DatabaseError as exc:
             raise CorruptIndexError(self._corrupt(_one_line(exc))) from None
+
+    @property
+    def db(self) -> sqlite_utils.Database:
+        """The open index. When ``jagg reindex`` has replaced the file since it was opened (another inode at
+        :attr:`path`), it is reopened first, outside any transaction: every holder of this store (the app's
+        History, its queue, its launches) goes on in the new index."""
+        if self._depth == 0 and self._ident is not None and not self._db.conn.in_transaction:
+            now = _file_id(self.path)
+            if now is not None and now != self._ident:
+                with self._lock:
+                    if self._depth == 0 and _file_id(self.path) != self._ident:
+                        with contextlib.suppress(sqlite3.Error):
+                            self._db.conn.close()
+                        self._open()
+        return self._db
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """One write transaction, under the store's lock and a shared lock of the runs root's index
+        (:data:`INDEX_LOCK`): ``jagg reindex`` holds it exclusively while it reads the folders and swaps the
+        file, so a write waits for the new index and goes into it, never into the one being replaced."""
+        with self._lock:
+            outer = self._depth == 0
+            if outer:
+                self._share_index()
+            try:
+                conn = self.db.conn  # a replaced index is reopened here, before the transaction
+                self._depth += 1
+                try:
+                    with conn:
+                        yield
+                finally:
+                    self._depth -= 1
+            finally:
+                if outer and self._index_fd is not None:
+                    fcntl.flock(self._index_fd, fcntl.LOCK_UN)
+
+    def _share_index(self) -> None:
+        if self._index_fd is None:
+            return
+        deadline = time.time() + REINDEX_WAIT_S
+        while True:
+            try:
+                fcntl.flock(self._index_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.time() > deadline:
+                    raise StoreError(
+                        f"{self.path}: `jagg reindex` has been rebuilding the index for over"
+                        f" {REINDEX_WAIT_S:.0f} s; nothing was written, try again when it has finished"
+                    ) from None
+                time.sleep(0.05)
 
     def _corrupt(self, why: str) -> str:
         return f"{self.path}: {why}; the run index is unusable: " + REINDEX_HINT.format(root=self.path.parent)
@@ -191,7 +265,11 @@ class RunStore:
         return self.path.parent
 
     def close(self) -> None:
-        self.db.conn.close()
+        self._ident = None  # a closed store is not reopened
+        self._db.conn.close()
+        if self._index_fd is not None:
+            os.close(self._index_fd)
+            self._index_fd = None
 
     def __enter__(self) -> RunStore:
         return self
@@ -202,7 +280,7 @@ class RunStore:
     # ------------------------------------------------------------------ schema
     def ensure_schema(self) -> None:
         """Create the tables and indexes if they do not exist; safe to call any number of times."""
-        with self._lock, self.db.conn:
+        with self._writing():
             # Plain DDL for runs: AUTOINCREMENT so a deleted run's id (and so its folder name) is never reused,
             # and a CHECK on the status values.
             self.db.execute(
@@ -322,7 +400,7 @@ class RunStore:
         if paired_run_id is not None:
             self._require(paired_run_id)
         now = time.time()
-        with self._lock, self.db.conn:
+        with self._writing():
             self.db.execute("BEGIN IMMEDIATE")  # the id read and the insert in one write transaction
             cur = self.db.execute(
                 "INSERT INTO runs (id, name, config, status, created_at, run_dir, cancel_requested, paired_run_id,"
@@ -365,7 +443,7 @@ class RunStore:
         for _ in range(1000):
             now = time.time()
             try:
-                with self._lock, self.db.conn:
+                with self._writing():
                     self.db.execute("BEGIN IMMEDIATE")
                     run_id = self._next_id()
                     folder = root / f"run-{run_id:04d}"
@@ -407,7 +485,7 @@ class RunStore:
         """Record the run folder (when it is named after the id, it is known only after create_run)."""
         self._check_writable()
         self._require(run_id)
-        with self._lock, self.db.conn:
+        with self._writing():
             self.db.execute("UPDATE runs SET run_dir = ? WHERE id = ?", [self._stored_dir(run_dir), run_id])
             self._write_run_file(run_id)
 
@@ -416,7 +494,7 @@ class RunStore:
         self._require(run_id)
         if paired_run_id is not None:
             self._require(paired_run_id)
-        with self._lock, self.db.conn:
+        with self._writing():
             self.db.execute("UPDATE runs SET paired_run_id = ? WHERE id = ?", [paired_run_id, run_id])
             self._write_run_file(run_id)
 
@@ -426,7 +504,7 @@ class RunStore:
         self._require(run_id)
         if mode is not None and mode not in PAIR_MODES:
             raise StoreError(f"pair_mode: must be one of {', '.join(PAIR_MODES)}, got {mode!r}")
-        with self._lock, self.db.conn:
+        with self._writing():
             self.db.execute("UPDATE runs SET pair_mode = ? WHERE id = ?", [mode, run_id])
             self._write_run_file(run_id)
 
@@ -441,7 +519,7 @@ class RunStore:
             raise StoreError(f"status: must be one of {', '.join(STATUSES)}, got {status!r}")
         now = time.time()
         pid_at = now if pid is not None else None  # when this pid was recorded (tells a reused pid apart)
-        with self._lock, self.db.conn:
+        with self._writing():
             current = self._status(run_id)
             if status not in TRANSITIONS[current]:
                 allowed = ", ".join(TRANSITIONS[current]) or "nothing"
@@ -476,7 +554,7 @@ class RunStore:
         expected = tuple(expected)
         marks = ", ".join("?" for _ in expected)
         now = time.time()
-        with self._lock, self.db.conn:
+        with self._writing():
             cur = self.db.execute(
                 "UPDATE runs SET status = 'running', started_at = COALESCE(started_at, ?), finished_at = NULL,"
                 f" error = NULL, cancel_requested = 0, pid = ?, pid_at = ? WHERE id = ? AND status IN ({marks})",
@@ -494,46 +572,46 @@ class RunStore:
         """Give a queued, never launched run (no pid) to the launcher ``pid``: a compare-and-set in one
         transaction. False when another launcher (an app on the same folder) got it first."""
         self._check_writable()
-        with self._lock, self.db.conn:
+        with self._writing():
             cur = self.db.execute(
                 "UPDATE runs SET pid = ?, pid_at = ? WHERE id = ? AND status = 'queued' AND pid IS NULL"
                 " AND cancel_requested = 0",
                 [pid, time.time(), run_id],
             )
             if cur.rowcount == 1:
-                self._write_run_file(run_id)
+                self._write_run_file(run_id, logged=False)
             return cur.rowcount == 1
 
     def replace_pid(self, run_id: int, old: int, new: int | None) -> bool:
         """Set the run's pid to ``new`` only while it is ``old`` (a launcher hands its claim to its child, or
         gives it back with None when the child could not start)."""
         self._check_writable()
-        with self._lock, self.db.conn:
+        with self._writing():
             cur = self.db.execute(
                 "UPDATE runs SET pid = ?, pid_at = ? WHERE id = ? AND pid = ?",
                 [new, None if new is None else time.time(), run_id, old],
             )
             if cur.rowcount == 1:
-                self._write_run_file(run_id)
+                self._write_run_file(run_id, logged=False)
             return cur.rowcount == 1
 
     def set_pid(self, run_id: int, pid: int | None) -> None:
         """Record the process that runs (or will run) this run, e.g. right after the app spawns it."""
         self._check_writable()
         self._require(run_id)
-        with self._lock, self.db.conn:
+        with self._writing():
             self.db.execute(
                 "UPDATE runs SET pid = ?, pid_at = ? WHERE id = ?",
                 [pid, time.time() if pid is not None else None, run_id],
             )
-            self._write_run_file(run_id)
+            self._write_run_file(run_id, logged=False)
 
     def set_times(
         self, run_id: int, created_at: float, started_at: float | None, finished_at: float | None
     ) -> None:
         """Set the run's recorded times (a history loaded from elsewhere keeps the times it was recorded at)."""
         self._require(run_id)
-        with self._lock, self.db.conn:
+        with self._writing():
             self.db.execute(
                 "UPDATE runs SET created_at = ?, started_at = ?, finished_at = ? WHERE id = ?",
                 [created_at, started_at, finished_at, run_id],
@@ -545,7 +623,7 @@ class RunStore:
         """Ask a run to stop; the trainer polls :meth:`cancel_requested` between steps."""
         self._check_writable()
         self._require(run_id)
-        with self._lock, self.db.conn:
+        with self._writing():
             self.db.execute("UPDATE runs SET cancel_requested = 1 WHERE id = ?", [run_id])
 
     def cancel_requested(self, run_id: int) -> bool:
@@ -609,7 +687,7 @@ class RunStore:
             else contextlib.nullcontext()
         )
         with held:  # no trainer takes the run while its rows and folder go
-            with self._lock, self.db.conn:
+            with self._writing():
                 self._write_run_file(
                     run_id, deleted=True
                 )  # a folder kept on disk is not brought back by reindex
@@ -838,7 +916,7 @@ class RunStore:
             if tail:
                 error += f"; last lines of {LOG_NAME}:\n{tail}"
             try:
-                with self._lock, self.db.conn:
+                with self._writing():
                     cur = self.db.execute(
                         "UPDATE runs SET status = 'failed', finished_at = ?, error = ?"
                         " WHERE id = ? AND status = ? AND pid = ?",
@@ -897,7 +975,7 @@ class RunStore:
             if relative != stored and not Path(relative).is_absolute():
                 moved.append((relative, run_id))
         if moved:
-            with self._lock, self.db.conn:
+            with self._writing():
                 self.db.conn.executemany("UPDATE runs SET run_dir = ? WHERE id = ?", moved)
 
     def _decode_run(self, row: dict[str, Any]) -> dict[str, Any]:
@@ -914,9 +992,12 @@ class RunStore:
         folder = Path(self._resolve_dir(*row))
         return folder if folder.is_dir() else None
 
-    def _write_run_file(self, run_id: int, deleted: bool = False) -> None:
+    def _write_run_file(self, run_id: int, deleted: bool = False, logged: bool = True) -> None:
         """Rewrite ``<run_dir>/run.json`` from the run's row; called inside the transaction that changed the
-        row (so writers of the row write the file in commit order). A run without a folder yet: nothing."""
+        row (so writers of the row write the file in commit order). A run without a folder yet: nothing.
+        ``logged``: the row also goes into ``history.jsonl`` as a ``run`` record (its config, status, times),
+        from which :func:`reindex` rebuilds a run whose ``run.json`` is unreadable; changes of the pid alone
+        are not logged."""
         folder = self._folder_of(run_id)
         if folder is None:
             return
@@ -924,6 +1005,8 @@ class RunStore:
         row["config"] = json.loads(row["config"])
         row.pop("run_dir", None)  # the folder is where the file is
         doc = {"format": RUN_FILE_FORMAT, **row, **({"deleted": True} if deleted else {})}
+        if logged:
+            self._append_history(run_id, {"kind": "run", "row": doc})
         tmp = folder / f".{RUN_FILE}.{os.getpid()}.{threading.get_ident()}.tmp"
         try:
             tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
@@ -939,7 +1022,7 @@ class RunStore:
         with self._lock:
             self._undo_append = None
             try:
-                with self.db.conn:
+                with self._writing():
                     yield
             except BaseException:
                 if self._undo_append is not None:
@@ -950,14 +1033,21 @@ class RunStore:
                 self._undo_append = None
 
     def _append_history(self, run_id: int, record: dict[str, Any]) -> None:
-        """Append one record to ``<run_dir>/history.jsonl`` (inside :meth:`_logging_transaction`). NaN is
-        written as null, as SQLite stores it; ±inf as JSON's Infinity."""
+        """Append one record to ``<run_dir>/history.jsonl`` (inside :meth:`_logging_transaction`), with the
+        run's uid and a checksum (:func:`history_line`). NaN is written as null, as SQLite stores it; ±inf as
+        JSON's Infinity."""
         folder = self._folder_of(run_id)
         if folder is None:
             return
         path = folder / HISTORY_FILE
-        line = json.dumps(record, separators=(",", ":")) + "\n"
-        self._undo_append = (path, path.stat().st_size if path.exists() else 0)
+        line = history_line({**record, "uid": self.uid(run_id)})
+        size = path.stat().st_size if path.exists() else 0
+        if size:  # a torn last line (a process killed mid-write) is ended first: a record starts a line
+            with open(path, "rb") as fh:
+                fh.seek(size - 1)
+                if fh.read(1) != b"\n":
+                    line = "\n" + line
+        self._undo_append = (path, size)
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(line)
 
@@ -1041,6 +1131,32 @@ def _folder_uid(folder: Path) -> str | None:
     except (OSError, ValueError):
         return None
     return doc.get("uid") if isinstance(doc, dict) and isinstance(doc.get("uid"), str) else None
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def run_folders_with_files(root: Path) -> list[str]:
+    """The ``run-NNNN`` folders of ``root`` that hold a ``run.json`` or ``history.jsonl`` (a run's own files)."""
+    try:
+        names = sorted(n for n in os.listdir(root) if RUN_FOLDER.match(n))
+    except OSError:
+        return []
+    return [n for n in names if (root / n / RUN_FILE).exists() or (root / n / HISTORY_FILE).exists()]
+
+
+def missing_index_message(root: Path, found: list[str]) -> str:
+    """One line: ``jagg.db`` is gone but run folders are here, and the way to bring it back."""
+    shown = ", ".join(found[:3]) + (", …" if len(found) > 3 else "")
+    return (
+        f"{root / DB_NAME}: missing, but {root} holds {len(found)} run folder(s) ({shown}); "
+        + REINDEX_HINT.format(root=root)
+    )
 
 
 def highest_folder_id(root: Path) -> int:
@@ -1265,91 +1381,281 @@ class RunLock:
 
 @dataclass
 class ReindexReport:
-    """What :func:`reindex` did: runs brought back (id → metric rows), folders skipped with why, and where the
-    previous index was moved (None when there was none)."""
+    """What :func:`reindex` did: runs brought back (id → metric rows), folders skipped with why, the history
+    lines it skipped (run id → [(line number, why)]) and those it took without a checksum (run id → count,
+    lines of an older version), runs rebuilt without their ``run.json`` (one line each), and where the
+    previous index was kept (None when there was none)."""
 
     runs: dict[int, int] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     previous: Path | None = None
+    lines: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
+    unverified: dict[int, int] = field(default_factory=dict)
+    rebuilt: list[str] = field(default_factory=list)
+
+    def summary(self, shown: int = 5) -> list[str]:
+        """One line per run with skipped or unverified history lines: the count and the first positions."""
+        out = []
+        for run_id in sorted(set(self.lines) | set(self.unverified)):
+            parts = []
+            if self.lines.get(run_id):
+                skipped = self.lines[run_id]
+                first = ", ".join(f"line {n} ({why})" for n, why in skipped[:shown])
+                more = f", and {len(skipped) - shown} more" if len(skipped) > shown else ""
+                parts.append(f"{len(skipped)} history line(s) skipped: {first}{more}")
+            if self.unverified.get(run_id):
+                parts.append(f"{self.unverified[run_id]} line(s) without a checksum (an older version) taken")
+            out.append(f"run {run_id}: " + "; ".join(parts))
+        return out
 
 
-def read_run_folder(folder: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """A run folder's ``run.json`` and its ``history.jsonl`` records (a torn last line, from a process killed
-    mid-write, is dropped). Raises StoreError when the folder has no readable identity."""
+HISTORY_CRC = re.compile(r',"crc":"([0-9a-f]{16})"\}$')
+
+
+def _crc(body: str) -> str:
+    return hashlib.sha256(body.encode("utf-8")).hexdigest()[:16]
+
+
+def history_line(record: Mapping[str, Any]) -> str:
+    """One line of ``history.jsonl``: the record as compact JSON, its last key ``crc`` the first 16 hex digits
+    of the sha256 of the line before it (with the closing brace), so a flipped byte fails the check."""
+    body = json.dumps(dict(record), separators=(",", ":"))
+    return f'{body[:-1]},"crc":"{_crc(body)}"}}\n'
+
+
+@dataclass
+class History:
+    """The records of a ``history.jsonl`` that prove themselves, the lines skipped [(line number, why)], and
+    how many lines were taken without a checksum (an older version wrote none)."""
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+    unverified: int = 0
+
+
+def read_history(path: Path, uid: str | None) -> History:
+    """Parse ``history.jsonl``, skipping: a torn last line; a line that is not a JSON record; a line whose
+    checksum fails (a flipped byte); a line of another run (its uid is not ``uid``; None: any uid, for a run
+    whose ``run.json`` is lost); and a line without a checksum after one with (pasted: an older version
+    writes none, and a version that writes them never goes back)."""
+    out = History()
+    try:
+        text = path.read_bytes().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return out
+    lines = text.split("\n")
+    checked = False
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        torn = number == len(lines)  # no end of line: the write of this line never finished
+        match = HISTORY_CRC.search(raw)
+        if match and _crc(raw[: match.start()] + "}") != match.group(1):
+            out.skipped.append((number, "torn" if torn else "checksum does not match"))
+            continue
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            out.skipped.append((number, "torn" if torn else "not a JSON record"))
+            continue
+        if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
+            out.skipped.append((number, "not a history record"))
+            continue
+        if match is None:
+            if checked:
+                out.skipped.append((number, "no checksum (pasted?)"))
+                continue
+            if record.get("uid") is None:
+                out.unverified += 1
+        checked = checked or match is not None
+        if uid is not None and record.get("uid") not in (None, uid):
+            out.skipped.append((number, f"of another run ({str(record.get('uid'))[:12]})"))
+            continue
+        if match is not None and not record.get("uid"):
+            out.skipped.append((number, "no run uid"))
+            continue
+        record.pop("crc", None)
+        out.records.append(record)
+    return out
+
+
+def read_run_folder(
+    folder: Path, old_rows: Mapping[int, dict[str, Any]] | None = None
+) -> tuple[dict[str, Any], History, str | None]:
+    """A run folder's identity (``run.json``), its history (:func:`read_history`) and, when ``run.json`` was
+    unreadable, one line saying where the run's row came from instead: the last ``run`` record of its
+    history (config, status, times as logged), else ``old_rows`` (the previous index, by the folder's number).
+    Raises StoreError when none of these gives the run an id and uid."""
     try:
         doc = json.loads((folder / RUN_FILE).read_text(encoding="utf-8"))
+        if not isinstance(doc, dict) or not isinstance(doc.get("id"), int) or not doc.get("uid"):
+            raise ValueError("no run id and uid")
     except (OSError, ValueError) as exc:
-        raise StoreError(f"{folder / RUN_FILE}: unreadable ({_one_line(exc)})") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("id"), int) or not doc.get("uid"):
-        raise StoreError(f"{folder / RUN_FILE}: no run id and uid")
-    records = []
+        why = f"{folder / RUN_FILE}: unreadable ({_one_line(exc)})"
+        number = int(RUN_FOLDER.match(folder.name).group(1)) if RUN_FOLDER.match(folder.name) else None
+        history = read_history(folder / HISTORY_FILE, None)
+        logged = [
+            r["row"]
+            for r in history.records
+            if r["kind"] == "run" and isinstance(r.get("row"), dict) and r["row"].get("id") == number
+        ]
+        if logged and logged[-1].get("uid"):
+            doc = dict(logged[-1])
+            mine = read_history(folder / HISTORY_FILE, doc["uid"])
+            return doc, mine, f"{why}; rebuilt from its {HISTORY_FILE} (status {doc.get('status')})"
+        old = (old_rows or {}).get(number)
+        if old is not None and old.get("uid"):
+            doc = {**old, "config": json.loads(old.get("config") or "{}")}
+            mine = read_history(folder / HISTORY_FILE, doc["uid"])
+            return doc, mine, f"{why}; its row kept from the previous index (status {doc.get('status')})"
+        raise StoreError(
+            f"{why}, and neither its {HISTORY_FILE} nor the previous index names the run"
+        ) from None
+    return doc, read_history(folder / HISTORY_FILE, doc["uid"]), None
+
+
+def _old_index_rows(db: Path) -> dict[int, dict[str, Any]]:
+    """The runs rows of the index being replaced, by id (empty when it cannot be read)."""
+    if not db.is_file():
+        return {}
     try:
-        text = (folder / HISTORY_FILE).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        text = ""
-    for line in text.splitlines():
+        conn = sqlite3.connect("file:" + urllib.parse.quote(str(db.resolve())) + "?mode=ro", uri=True)
         try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue
-    return doc, records
+            conn.row_factory = sqlite3.Row
+            return {int(r["id"]): dict(r) for r in conn.execute("SELECT * FROM runs")}
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return {}
+
+
+@contextlib.contextmanager
+def _index_exclusive(root: Path) -> Iterator[None]:
+    """The runs root's index lock (:data:`INDEX_LOCK`), exclusively: no store writes while it is held (each
+    write transaction holds it shared, for a moment)."""
+    fd = os.open(root / INDEX_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.time() + BUSY_TIMEOUT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.time() > deadline:
+                    raise StoreError(
+                        f"runs dir: {root / DB_NAME} is being written for over {BUSY_TIMEOUT_S:.0f} s; try again"
+                    ) from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)
 
 
 def reindex(runs_dir: str | os.PathLike[str]) -> ReindexReport:
     """Rebuild ``<runs_dir>/jagg.db`` from the run folders (``run.json`` + ``history.jsonl``).
 
-    The new index is built beside the old one and renamed over it; the old ``jagg.db`` and its ``-wal``/``-shm``
-    files (a corrupt file, a directory, a stale index) are moved to ``jagg.db.before-reindex-<time>`` first,
-    never deleted. Refused (StoreError) while a trainer holds a run folder: it writes to the index being
-    replaced."""
+    Refused (StoreError) while a trainer holds a run folder: it writes to the index being replaced. The
+    whole rebuild holds the index lock exclusively, so a store open beside it (the app) waits with its
+    writes and then reopens the new file (:attr:`RunStore.db`): nothing written meanwhile is lost.
+
+    Atomic: the new index is built beside the old one and renamed over it (``os.replace``); the old one is
+    kept as ``jagg.db.before-reindex-<time>`` by a hard link made before, so a kill at any moment leaves the
+    old index or the new one at ``jagg.db``, never none. (A directory or symlink in its place, which no
+    store can open, is moved aside first.)"""
     root = Path(runs_dir).resolve()
     if not root.is_dir():
         raise StoreError(f"runs dir: {root} is not a folder")
-    folders = sorted(
-        (p for p in root.iterdir() if RUN_FOLDER.match(p.name) and p.is_dir() and not p.is_symlink()),
-        key=lambda p: int(RUN_FOLDER.match(p.name).group(1)),
-    )
-    busy = [p.name for p in folders if RunLock.held_elsewhere(p)]
-    if busy:
-        raise StoreError(f"runs dir: {', '.join(busy)} training now; stop it before `jagg reindex`")
+
+    def folders() -> list[Path]:
+        return sorted(
+            (p for p in root.iterdir() if RUN_FOLDER.match(p.name) and p.is_dir() and not p.is_symlink()),
+            key=lambda p: int(RUN_FOLDER.match(p.name).group(1)),
+        )
+
+    def refuse_busy(found: list[Path]) -> None:
+        busy = [p.name for p in found if RunLock.held_elsewhere(p)]
+        if busy:
+            raise StoreError(f"runs dir: {', '.join(busy)} training now; stop it before `jagg reindex`")
+
+    refuse_busy(folders())
     report = ReindexReport()
-    building = root / f".{DB_NAME}.reindex"
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{building}{suffix}").unlink(missing_ok=True)
-    new = RunStore(building, read_only=False)
-    seen: dict[str, Path] = {}
-    try:
-        for folder in folders:
-            try:
-                doc, records = read_run_folder(folder)
-            except StoreError as exc:
-                report.skipped.append(str(exc))
-                continue
-            if doc.get("deleted"):
-                report.skipped.append(f"{folder}: run {doc['id']} was deleted from the history")
-                continue
-            if doc["uid"] in seen or new.get_run(doc["id"]) is not None:
-                report.skipped.append(
-                    f"{folder}: run {doc['id']} ({doc['uid']}) already indexed from {seen.get(doc['uid'])}"
-                )
-                continue
-            seen[doc["uid"]] = folder
-            report.runs[doc["id"]] = _index_folder(new, folder, doc, records)
-        new.checkpoint_wal()
-    finally:
-        new.close()
     db = root / DB_NAME
-    if db.exists() or db.is_symlink():
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        report.previous = root / f"{DB_NAME}.before-reindex-{stamp}"
+    with _index_exclusive(root):
+        found = folders()  # again under the lock: a run created meanwhile is in
+        refuse_busy(found)
+        old_rows = _old_index_rows(db)
+        building = root / f".{DB_NAME}.reindex"
         for suffix in ("", "-wal", "-shm"):
-            old = Path(f"{db}{suffix}")
-            if old.exists() or old.is_symlink():
-                os.replace(old, f"{report.previous}{suffix}")
-    os.replace(building, db)
-    for suffix in ("-wal", "-shm"):
-        Path(f"{building}{suffix}").unlink(missing_ok=True)
+            Path(f"{building}{suffix}").unlink(missing_ok=True)
+        new = RunStore(building, read_only=False)
+        seen: dict[str, Path] = {}
+        try:
+            for folder in found:
+                try:
+                    doc, history, rebuilt = read_run_folder(folder, old_rows)
+                except StoreError as exc:
+                    report.skipped.append(str(exc))
+                    continue
+                if doc.get("deleted"):
+                    report.skipped.append(f"{folder}: run {doc['id']} was deleted from the history")
+                    continue
+                if doc["uid"] in seen or new.get_run(doc["id"]) is not None:
+                    report.skipped.append(
+                        f"{folder}: run {doc['id']} ({doc['uid']}) already indexed from {seen.get(doc['uid'])}"
+                    )
+                    continue
+                seen[doc["uid"]] = folder
+                if rebuilt:
+                    report.rebuilt.append(f"run {doc['id']}: {rebuilt}")
+                if history.skipped:
+                    report.lines[doc["id"]] = history.skipped
+                if history.unverified:
+                    report.unverified[doc["id"]] = history.unverified
+                report.runs[doc["id"]] = _index_folder(new, folder, doc, history.records)
+            new.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            new.close()
+        for suffix in ("-wal", "-shm"):
+            Path(f"{building}{suffix}").unlink(missing_ok=True)
+        _swap_in(building, db, report)
     return report
+
+
+def _swap_in(building: Path, db: Path, report: ReindexReport) -> None:
+    """Put the built index at ``db``, keeping the old one as ``<db>.before-reindex-<time>`` (see reindex)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    previous = db.parent / f"{DB_NAME}.before-reindex-{stamp}"
+    n = 1
+    while any(os.path.lexists(f"{previous}{s}") for s in ("", "-wal", "-shm")):
+        n += 1
+        previous = db.parent / f"{DB_NAME}.before-reindex-{stamp}-{n}"
+    if db.is_symlink() or (db.exists() and not db.is_file()):  # unopenable: nothing usable to keep in place
+        report.previous = previous
+        for suffix in ("", "-wal", "-shm"):
+            if os.path.lexists(f"{db}{suffix}"):
+                os.replace(f"{db}{suffix}", f"{previous}{suffix}")
+    elif db.exists():
+        report.previous = previous
+        with contextlib.suppress(sqlite3.Error):  # the old WAL into the old file (a corrupt one: as it is)
+            conn = sqlite3.connect(db, timeout=BUSY_TIMEOUT_S)
+            try:
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+            finally:
+                conn.close()
+        for suffix in ("-wal", "-shm"):  # the old file's WAL goes with it; never left beside the new one
+            if os.path.lexists(f"{db}{suffix}"):
+                os.replace(f"{db}{suffix}", f"{previous}{suffix}")
+        try:
+            os.link(db, previous)  # the old index stays at db until the replace below
+        except OSError:
+            shutil.copy2(db, previous)
+    os.replace(building, db)
+    with contextlib.suppress(OSError):  # the renames on disk, in this order
+        fd = os.open(db.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _index_folder(store: RunStore, folder: Path, doc: dict[str, Any], records: list[dict[str, Any]]) -> int:
