@@ -239,10 +239,10 @@ def speedup_note(
     """The cost-model line shown under the form before launch (``reuse``: reuse_rollout_velocity is auto)."""
     try:
         w, f, r_ = int(window), float(jagg_frac), float(r)
-        if w < 2 or not 0 <= f <= 1 or r_ <= 0:
+        if w != float(window) or w < 2 or not 0 <= f <= 1 or r_ <= 0:  # W = 2.5 is no window
             raise ValueError
     except (TypeError, ValueError):
-        return "Predicted update-phase speedup: needs W ≥ 2, jagg_frac in [0, 1] and r > 0."
+        return "Predicted update-phase speedup: needs W ≥ 2 (a whole number), jagg_frac in [0, 1] and r > 0."
     kind = "jagg" if strategy != "exact" else "exact"
     reuse = reuse and strategy == "jagg"  # only JAGG's inner steps take the rollout's velocities
     s = data.predicted_speedup(w, r_, f, kind, reuse=reuse, updates_per_rollout=updates_per_rollout)

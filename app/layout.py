@@ -122,15 +122,17 @@ def new_run_tab(backbones: Sequence[str], space: bool, r0: float, note: str) -> 
         )
         algorithm = gr.Dropdown(list(ALGORITHMS), value=defaults.algorithm, label="algorithm")
         strategy = gr.Dropdown(list(STRATEGIES), value=defaults.strategy, label="strategy")
+    # The whole-number fields keep what was typed (no precision=0, which rounds 2.5 to 2 in gradio's
+    # preprocess): the config refuses a fraction in one line naming the field.
     with gr.Row():
-        window = gr.Number(value=defaults.window, precision=0, label="W (window)")
+        window = gr.Number(value=defaults.window, label="W (window)")
         jagg_frac = gr.Slider(0.0, 1.0, value=defaults.jagg_frac, step=0.05, label="jagg_frac")
-        steps = gr.Number(value=min(defaults.steps, max_steps), precision=0, label="steps")
-        group_size = gr.Number(value=defaults.group_size, precision=0, label="group size")
+        steps = gr.Number(value=min(defaults.steps, max_steps), label="steps")
+        group_size = gr.Number(value=defaults.group_size, label="group size")
     with gr.Row():
         lr = gr.Number(value=defaults.lr, label="lr")
-        seed = gr.Number(value=defaults.seed, precision=0, label="seed")
-        processes = gr.Number(value=1, precision=0, label="processes", interactive=not space)
+        seed = gr.Number(value=defaults.seed, label="seed")
+        processes = gr.Number(value=1, label="processes", interactive=not space)
         r_input = gr.Number(value=r0, label="r = cost of forward+backward / forward")
     overrides = gr.Textbox(
         label="more settings (key=value, one a line)",
