@@ -223,11 +223,13 @@ def _export_kind(run: RunRef, merge: bool) -> str:
 def _check_out(out: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"--out: {out} exists and is not an empty folder; pass a new or empty folder")
-    parent = out.absolute().parent
-    if not parent.is_dir():
-        raise UsageError(f"--out: {parent} is not a folder")
-    if not os.access(parent, os.W_OK):
-        raise UsageError(f"--out: cannot write to {parent}")
+    existing = out.absolute().parent
+    while not existing.exists():  # the folders to create
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"--out: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK):
+        raise UsageError(f"--out: cannot write to {existing}")
 
 
 def base_model(cfg: TrainConfig) -> str:
@@ -315,7 +317,10 @@ def export_model(
     except ValueError as exc:
         raise UsageError(f"RUN: run {run.id}'s eval prompts cannot be read here: {exc}") from None
 
-    partial = out.absolute().parent / f".{out.name}.partial-{os.getpid()}"
+    parent = out.absolute().parent
+    made = [p for p in (parent, *parent.parents) if not p.exists()]
+    parent.mkdir(parents=True, exist_ok=True)
+    partial = parent / f".{out.name}.partial-{os.getpid()}"
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir()
     try:
@@ -344,6 +349,11 @@ def export_model(
         partial.rename(out)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
+        for folder in made:  # innermost first: the folders this call created, if still empty
+            try:
+                folder.rmdir()
+            except OSError:
+                break
         raise
     return ExportResult(out, kind, step)
 
