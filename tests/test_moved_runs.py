@@ -46,7 +46,10 @@ def jagg(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     )
 
 
-def cancelled_run(root: Path, steps: int = 6, at: int = 2) -> None:
+STEPS = 30  # a toy step takes milliseconds: enough of them that the cancel lands before the last
+
+
+def cancelled_run(root: Path, steps: int = STEPS, at: int = 2) -> None:
     """Run 1 of ``root``: `jagg train` of ``steps`` steps, cancelled once it has logged step ``at``."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "jagg_engine.cli", "train", *TOY, f"steps={steps}", "--runs-dir", str(root)],
@@ -55,7 +58,8 @@ def cancelled_run(root: Path, steps: int = 6, at: int = 2) -> None:
         env=ENV,
     )
     with open_store(root) as store:
-        assert wait_for(lambda: store.get_run(1) and (store.get_run(1)["last_step"] or 0) >= at)
+        logged = lambda: store.get_run(1) and (store.get_run(1)["last_step"] or 0) >= at  # noqa: E731
+        assert wait_for(logged, every=0.005)
         store.request_cancel(1)
         assert proc.wait(timeout=300) == 0
         assert store.get_run(1)["status"] == "cancelled"
@@ -108,10 +112,10 @@ def test_a_copied_runs_folder_resumes_in_place_while_the_original_is_read_only(t
     with open_store(copy) as store:
         run = store.get_run(1)
         assert run["status"] == "finished" and Path(run["run_dir"]) == copy.resolve() / "run-0001"
-        assert store.metrics_frame(1)["step"].tolist() == list(range(1, 7))
+        assert store.metrics_frame(1)["step"].tolist() == list(range(1, STEPS + 1))
         (stored,) = store.db.execute("SELECT run_dir FROM runs WHERE id = 1").fetchone()
         assert stored == "run-0001"  # kept relative: the copy can be copied again
-    assert (copy / "run-0001" / "checkpoints" / "step_00006").is_dir()
+    assert (copy / "run-0001" / "checkpoints" / f"step_{STEPS:05d}").is_dir()
     assert "resuming after step" in (copy / "run-0001" / "train.log").read_text()
 
 
@@ -120,7 +124,7 @@ def test_a_moved_runs_folder_resumes_in_place_and_never_recreates_the_old_one(tm
     """`mv runs moved` (an older, absolute index): the run resumes in ``moved``; ``runs`` is not made again;
     `jagg export` and the run list read the moved folder's files."""
     runs, moved = tmp_path / "runs", tmp_path / "disk2" / "moved"
-    cancelled_run(runs, steps=4)
+    cancelled_run(runs)
     absolute_paths(runs / DB_NAME, runs.resolve())
     moved.parent.mkdir()
     os.rename(runs, moved)
