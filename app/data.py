@@ -98,12 +98,40 @@ def run_label(run: Mapping[str, Any]) -> str:
 
 
 def run_duration(run: Mapping[str, Any], now: float | None = None) -> float | None:
-    """Wall seconds from start to finish (to now for a live run); None if it never started."""
+    """Wall seconds from start to finish (to now for a live run); None if it never started. A resumed run's
+    span includes the time it sat idle between its attempts: :func:`training_duration` leaves that out."""
     start = run.get("started_at")
     if start is None:
         return None
     end = run.get("finished_at") or (now if now is not None else time.time())
     return max(0.0, float(end) - float(start))
+
+
+TRAINING_CLOCK_KEYS = ("time/train_elapsed", "time/unix", "time/step")
+
+
+def training_duration(
+    run: Mapping[str, Any], last: Mapping[str, tuple[int, float | None]] | None = None
+) -> float | None:
+    """The run's training seconds: the trainer's clock at its last logged step (``time/train_elapsed``, from
+    step 1 to the end of that step's update, evals and the idle time of a resumed run left out), read from
+    ``last`` (:meth:`RunStore.last_values` of :data:`TRAINING_CLOCK_KEYS`). A history logged before that clock
+    falls back to the wall span (:func:`run_duration`); None when the run never started."""
+    value = (last or {}).get("time/train_elapsed", (None, None))[1]
+    if value is not None and math.isfinite(float(value)):
+        return max(0.0, float(value))
+    return run_duration(run)
+
+
+def seconds_per_step(
+    run: Mapping[str, Any], last: Mapping[str, tuple[int, float | None]] | None
+) -> float | None:
+    """Training seconds per step so far: the trainer's clock at the last step over the steps done (the
+    steps of a resumed run's earlier attempts included, its idle time not); None before a step is logged."""
+    step, elapsed = (last or {}).get("time/train_elapsed", (None, None))
+    if step and elapsed is not None and math.isfinite(float(elapsed)) and step > 0:
+        return float(elapsed) / int(step)
+    return None
 
 
 def human_duration(seconds: float | None) -> str:
@@ -120,17 +148,27 @@ def human_duration(seconds: float | None) -> str:
 
 HISTORY_COLUMNS = (
     "id", "name", "status", "backbone", "W", "jagg_frac", "strategy", "step",
-    "final reward", "duration", "paired", "note", "error",
+    "final reward", "started", "duration", "paired", "note", "error",
 )  # fmt: skip
 
 
+def started_text(run: Mapping[str, Any]) -> str:
+    """When the run first started, ``2026-12-03 07:32`` (UTC); "" if it never did."""
+    start = run.get("started_at")
+    return "" if start is None else time.strftime("%Y-%m-%d %H:%M", time.gmtime(float(start)))
+
+
 def history_frame(store: RunStore, notes: Mapping[int, str] | None = None) -> pd.DataFrame:
-    """Every run, newest first: id, name, status, backbone, W, jagg_frac, strategy, step, final reward,
-    duration (``3 min 05 s``), paired run (an integer id), its note (``notes``: run id → text) and error."""
+    """Every run, newest first: id, name, status, backbone, W, jagg_frac, strategy, step (a running run's
+    with its s/step and ETA, :func:`progress_line`), final reward, started (UTC), duration (its training
+    time, :func:`training_duration`, as ``3 min 05 s``), paired run (an integer id), its note (``notes``: run
+    id → text) and error."""
     rows = []
     for run in store.list_runs():
         cfg = run["config"]
         final = run.get("final_reward")
+        last = store.last_values(run["id"], TRAINING_CLOCK_KEYS)
+        step = f"{run.get('last_step') if run.get('last_step') is not None else '-'}/{cfg.get('steps')}"
         rows.append(
             {
                 "id": run["id"],
@@ -140,9 +178,12 @@ def history_frame(store: RunStore, notes: Mapping[int, str] | None = None) -> pd
                 "W": cfg.get("window"),
                 "jagg_frac": cfg.get("jagg_frac"),
                 "strategy": cfg.get("strategy"),
-                "step": f"{run.get('last_step') if run.get('last_step') is not None else '-'}/{cfg.get('steps')}",
+                "step": progress_line(run, last).removeprefix("step ")
+                if run["status"] == "running"
+                else step,
                 "final reward": None if final is None else round(float(final), 4),
-                "duration": human_duration(run_duration(run)),
+                "started": started_text(run),
+                "duration": human_duration(training_duration(run, last)),
                 "paired": run.get("paired_run_id"),
                 "note": (notes or {}).get(run["id"], ""),
                 "error": (run.get("error") or "").splitlines()[0] if run.get("error") else "",
@@ -158,12 +199,16 @@ ALL = "all"
 
 
 def filter_history(frame: pd.DataFrame, search: str = "", **equal: str | None) -> pd.DataFrame:
-    """The rows whose name or note holds every word of ``search`` (case-insensitive) and whose status,
-    backbone and strategy equal the ones given (None, "" or "all": any)."""
+    """The rows whose id, name or note holds every word of ``search`` (case-insensitive; ``12`` or ``#12``
+    is run #12 itself, never #112) and whose status, backbone and strategy equal the ones given (None, "" or
+    "all": any)."""
     keep = pd.Series(True, index=frame.index)
     text = (frame["name"].astype(str) + " " + frame["note"].astype(str)).str.lower()
+    ids = frame["id"].astype(str)
     for word in (search or "").lower().split():
-        keep &= text.str.contains(word, regex=False)
+        number = word.removeprefix("#")
+        by_id = ids == number if number.isdigit() else pd.Series(False, index=frame.index)
+        keep &= text.str.contains(word, regex=False) | by_id
     for column, value in equal.items():
         if column not in HISTORY_FILTERS:
             raise ValueError(f"filter: must be one of {', '.join(HISTORY_FILTERS)}, got {column!r}")
@@ -183,14 +228,30 @@ def progress(run: Mapping[str, Any]) -> tuple[int, int]:
     return done, steps
 
 
-def progress_markdown(run: Mapping[str, Any]) -> str:
-    """A text progress bar: ``step 3/10 ███░░░░░░░ 30 % · running``."""
+def progress_line(run: Mapping[str, Any], last: Mapping[str, tuple[int, float | None]] | None = None) -> str:
+    """``step 9/14``, and for a running run with its training clock logged (``last``: :meth:`RunStore.last_values`
+    of :data:`TRAINING_CLOCK_KEYS`) ``step 9/14 · 5.8 s/step · ETA 29 s`` (the steps left at the run's
+    training seconds per step so far, :func:`seconds_per_step`)."""
+    done, steps = progress(run)
+    text = f"step {done}/{steps}"
+    per_step = seconds_per_step(run, last) if run.get("status") == "running" else None
+    if per_step is not None:
+        text += f" · {per_step:.1f} s/step · ETA {human_duration(per_step * max(0, steps - done))}"
+    return text
+
+
+def progress_markdown(
+    run: Mapping[str, Any], last: Mapping[str, tuple[int, float | None]] | None = None
+) -> str:
+    """A text progress bar: ``step 3/10 · 5.8 s/step · ETA 41 s ███░░░░░░░ 30 % · running``
+    (:func:`progress_line`)."""
     done, steps = progress(run)
     frac = done / steps if steps else 0.0
     bar = "█" * round(20 * frac) + "░" * (20 - round(20 * frac))
     name = md_text(run["name"])  # a visitor's text: shown as typed, never as Markdown or HTML
     text = (
-        f"**Run #{run['id']} {name}** — step {done}/{steps} `{bar}` {100 * frac:.0f} % · **{run['status']}**"
+        f"**Run #{run['id']} {name}** — {progress_line(run, last)} `{bar}` {100 * frac:.0f} % · "
+        f"**{run['status']}**"
     )
     if run.get("error"):
         text += "\n\n" + md_code_block(str(run["error"]))
@@ -292,6 +353,7 @@ def reward_figure(
         title=title, xaxis_title=axis_title(x), yaxis_title="reward", height=380,
         margin={"l": 50, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h", "y": -0.3},
     )  # fmt: skip
+    fig.update_xaxes(type="date" if x == "wall time" else "linear")  # never guessed from the data
     if x == "step":
         integer_step_ticks(fig)
     return fig
@@ -416,10 +478,62 @@ def paired_exact_run(store: RunStore, run: Mapping[str, Any]) -> dict[str, Any] 
     return None
 
 
+# What makes an exact run a fair baseline of a run it was not paired with: the same model, the same batch
+# (prompts × group, sampling steps) and the same eval.
+BASELINE_KEYS = (
+    "backbone", "model_path", "prompts_per_step", "group_size", "sampling_steps",
+    "eval_prompts_file", "eval_num_prompts", "eval_seeds", "eval_every",
+)  # fmt: skip
+
+
+def speedup_baseline(
+    store: RunStore, run: Mapping[str, Any], selection: Sequence[Mapping[str, Any]] = ()
+) -> tuple[dict[str, Any] | None, str]:
+    """The exact run ``run``'s measured speedup is against, and why: its own paired exact run ("paired"),
+    else the first exact run of ``selection`` with the same batch and eval (:data:`BASELINE_KEYS`; "same
+    batch and eval"). (None, "") for an exact run or when no exact run fits: a run is never measured
+    against an exact run of another batch size."""
+    cfg = run["config"]
+    if cfg.get("strategy") == "exact":
+        return None, ""
+    paired = paired_exact_run(store, run)
+    if paired is not None:
+        return paired, "paired"
+    for other in selection:
+        if other["id"] != run["id"] and other["config"].get("strategy") == "exact":
+            if all(other["config"].get(k) == cfg.get(k) for k in BASELINE_KEYS):
+                return dict(other), "same batch and eval"
+    return None, ""
+
+
+def provisional(*runs: Mapping[str, Any] | None) -> str:
+    """ "" when every run has ended; else ``provisional: #4 running`` naming the runs still going (a measured
+    speedup moves until both runs of the pair end)."""
+    going = [
+        f"#{r['id']} {r['status']}" for r in runs if r is not None and r["status"] in ("running", "queued")
+    ]
+    return f"provisional: {', '.join(going)}" if going else ""
+
+
+def prediction_baseline(config: Mapping[str, Any], exact_config: Mapping[str, Any] | None) -> str:
+    """What a predicted speedup (:func:`config_speedup`) is over, in the same words in the form, Live and
+    Compare: exact backward over the run's own trained steps, or the exact run's own trained steps when it
+    trains another number a step (Flow-GRPO's whole SDE range against a window)."""
+    try:
+        mine = trained_steps(config)
+        theirs = trained_steps(exact_config) if exact_config is not None else mine
+    except (KeyError, TypeError, ValueError):
+        return ""
+    if theirs == mine:
+        return f"exact backward over the same {mine} trained steps"
+    return f"exact backward over its {theirs} trained steps (this run trains {mine})"
+
+
 def speedup_frame(store: RunStore, run_id: int, r: float) -> pd.DataFrame:
     """One-row table: update-phase seconds/step of this run and of its paired exact run, how the pair was
-    timed (side-by-side or sequential, ``runs.pair_mode``), the measured speedup (exact / this) and the
-    cost-model prediction for this run's W, jagg_frac and ``r``."""
+    timed (side-by-side or sequential, ``runs.pair_mode``), the measured speedup (exact / this; "provisional:
+    #4 running" while either run still trains, :func:`provisional`) and the cost-model prediction for this
+    run's W, jagg_frac and ``r``, with what it is over (:func:`prediction_baseline`)."""
     run = store.get_run(run_id)
     if run is None:
         return pd.DataFrame()
@@ -438,7 +552,9 @@ def speedup_frame(store: RunStore, run_id: int, r: float) -> pd.DataFrame:
                 "pair timed": (run.get("pair_mode") or "-") if exact else "-",  # side-by-side | sequential
                 "exact update s/step": _round(exact_time),
                 "measured speedup": _round(measured, 3),
+                "measured": (provisional(run, exact) or "final") if measured is not None else "-",
                 "predicted speedup": _round(predicted, 3),
+                "predicted over": prediction_baseline(cfg, exact["config"] if exact else None),
                 "r": r,
             }
         ]
@@ -453,31 +569,41 @@ def _round(value: float | None, digits: int = 4) -> float | None:
 
 
 def compare_frame(store: RunStore, run_ids: Iterable[int], r: float) -> pd.DataFrame:
-    """Per run: final reward, wall time, total and per-step update-phase time, speedup over the exact run
-    among the selection (else its paired exact run) and the cost-model prediction."""
+    """Per run: final reward, training time (:func:`training_duration`), total and per-step update-phase
+    time, the measured speedup over its own baseline (:func:`speedup_baseline`: its paired exact run, else an
+    exact run picked with the same batch and eval, named in "exact run"; "provisional: …" while either
+    still trains) and the cost-model prediction with what it is over."""
     runs = [run for run in (store.get_run(i) for i in run_ids) if run is not None]
     finals = {r_["id"]: r_.get("final_reward") for r_ in store.list_runs()}
     frames = {run["id"]: store.metrics_frame(run["id"]) for run in runs}
-    exact_in_selection = next((run for run in runs if run["config"].get("strategy") == "exact"), None)
     rows = []
     for run in runs:
         cfg = run["config"]
         frame = frames[run["id"]]
         per_step = update_time(frame)
         total = float(frame["time/update"].sum()) if "time/update" in frame.columns else None
-        exact = exact_in_selection or paired_exact_run(store, run)
+        exact, why = speedup_baseline(store, run, runs)
         if exact is not None and exact["id"] not in frames:
             frames[exact["id"]] = store.metrics_frame(exact["id"])
         exact_time = update_time(frames[exact["id"]]) if exact is not None else None
+        measured = _round(exact_time / per_step, 3) if exact_time and per_step else None
+        exact_cfg = exact["config"] if exact is not None else None
         rows.append(
             {
                 "run": run_label(run),
                 "final reward": _round(finals.get(run["id"])),
-                "wall time (s)": _round(run_duration(run), 1),
+                "training time (s)": _round(
+                    training_duration(run, store.last_values(run["id"], TRAINING_CLOCK_KEYS)), 1
+                ),
                 "update time (s)": _round(total, 2),
                 "update s/step": _round(per_step),
-                "speedup vs exact": _round(exact_time / per_step, 3) if exact_time and per_step else None,
-                "predicted": _round(config_speedup(cfg, r, exact["config"] if exact else None), 3),
+                "speedup vs exact": measured,
+                "exact run": f"#{exact['id']} ({why})" if exact is not None else "-",
+                "measured": (provisional(run, exact) or "final") if measured is not None else "-",
+                "predicted": _round(config_speedup(cfg, r, exact_cfg), 3),
+                "predicted over": prediction_baseline(cfg, exact_cfg)
+                if cfg.get("strategy") != "exact"
+                else "-",
             }
         )
     return pd.DataFrame(rows)
@@ -677,30 +803,46 @@ def side_by_side_own_steps(
 ) -> tuple[list[tuple[str, str]], int]:
     """Eval images of the same prompt and seed from each run at ITS OWN first and last eval step (a 6-step
     run shows step 6 beside a 4-step run's step 4), and with ``at`` also at each run's logged eval step
-    nearest ``at``: one row per prompt+seed, [A first, B first, …, A last, B last, …(, A at, B at, …)].
-    Returns (items, columns). Up to ``limit_keys`` prompt+seed pairs every cell has, spread evenly over
-    them in (prompt, seed) order — never chosen by reward. Captions name the run and the step."""
+    nearest ``at``, the columns in step order (the ``at`` images between first and last when they lie
+    there): one row per prompt+seed, [A first, B first, …, A at, B at, …, A last, B last, …]. Returns
+    (items, columns). Up to ``limit_keys`` prompt+seed pairs every cell has, spread evenly over them in
+    (prompt, seed) order — never chosen by reward. Captions name the run and the step."""
+    items, cells = own_step_cells(store, run_ids, runs_root, at, limit_keys)
+    return items, len(cells)
+
+
+def own_step_cells(
+    store: RunStore,
+    run_ids: Sequence[int],
+    runs_root: str | os.PathLike[str],
+    at: float | None = None,
+    limit_keys: int = 8,
+) -> tuple[list[tuple[str, str]], list[tuple[int, int]]]:
+    """:func:`side_by_side_own_steps`'s items and its columns as (run id, eval step) pairs; ([], []) when the
+    runs share no prompt+seed with an image in every column."""
     runs = [run for run in (store.get_run(i) for i in run_ids) if run is not None]
     if not runs:
-        return [], 0
+        return [], []
     samples = {run["id"]: store.samples(run["id"], "eval") for run in runs}
     steps = {run["id"]: sorted({s["step"] for s in samples[run["id"]]}) for run in runs}
     if not all(steps.values()):
-        return [], 0
-    picks = [("first", lambda ss: ss[0]), ("last", lambda ss: ss[-1])]
+        return [], []
+    picks = [lambda ss: ss[0], lambda ss: ss[-1]]
     if at is not None:
-        picks.append(("at", lambda ss: min(reversed(ss), key=lambda s: abs(s - float(at)))))
-    cells = [(run, pick(steps[run["id"]])) for _, pick in picks for run in runs]
+        picks.append(lambda ss: min(reversed(ss), key=lambda s: abs(s - float(at))))
+    groups = [[(run, pick(steps[run["id"]])) for run in runs] for pick in picks]
+    groups.sort(key=lambda group: sum(step for _, step in group) / len(group))  # stable: first, at, last
+    cells = [cell for group in groups for cell in group]
     wanted = {run["id"]: {step for r, step in cells if r["id"] == run["id"]} for run in runs}
     found = _eval_images(runs, samples, runs_root, wanted)
     keys = sorted(set.intersection(*(set(found.get((r["id"], step), {})) for r, step in cells)))
     if not keys:
-        return [], 0
+        return [], []
     stride = max(1, len(keys) // max(1, limit_keys))
     items = []
     for key in keys[::stride][:limit_keys]:
         items += [found[(r["id"], step)][key] for r, step in cells]
-    return items, len(cells)
+    return items, [(int(r["id"]), int(step)) for r, step in cells]
 
 
 def reward_svg(frames: Mapping[str, pd.DataFrame], width: int = 900, height: int = 300) -> str:

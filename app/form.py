@@ -228,6 +228,11 @@ def _number(value: float) -> str:
     return text if float(text) == value else repr(value)
 
 
+# What the form's prediction is over: the exact run of "Compare exact vs JAGG" (the same config, strategy exact),
+# in the words Live and Compare use (app.data.prediction_baseline).
+FORM_BASELINE = "exact backward over the same trained steps"
+
+
 def speedup_note(
     window: float | None,
     jagg_frac: float | None,
@@ -247,7 +252,10 @@ def speedup_note(
     reuse = reuse and strategy == "jagg"  # only JAGG's inner steps take the rollout's velocities
     s = data.predicted_speedup(w, r_, f, kind, reuse=reuse, updates_per_rollout=updates_per_rollout)
     if strategy == "exact":
-        return f"Predicted update-phase speedup: **1.00×** (strategy exact is the baseline; W·r = {w * r_:.1f} units per window)."
+        return (
+            f"Predicted update-phase speedup over {FORM_BASELINE}: **1.00×** (strategy exact is the baseline; "
+            f"W·r = {w * r_:.1f} units per window)."
+        )
     if reuse:
         on = (
             "every update" if updates_per_rollout == 1 else f"the first of {updates_per_rollout} mini-batches"
@@ -256,6 +264,6 @@ def speedup_note(
     else:
         per_group = f"{strategy} {w - 2 + 2 * r_:.1f}"
     return (
-        f"Predicted update-phase speedup over exact: **{s:.2f}×** (cost model, W = {w}, jagg_frac = {f:g}, "
+        f"Predicted update-phase speedup over {FORM_BASELINE}: **{s:.2f}×** (cost model, W = {w}, jagg_frac = {f:g}, "
         f"r = {r_:g}: exact {w * r_:.1f} units per window, {per_group})."
     )

@@ -146,6 +146,18 @@ def metrics_figure(
     if not keys:
         wanted = ", ".join(view.metrics)
         return empty_figure(title, f"not logged: {wanted}" if view.metrics else "pick a metric")
+    if view.log_y:  # a log scale has no place for 0 or below: a metric without a positive value is said so
+        positive = [
+            k for k in keys if any(k in f.columns and (f[k].astype(float) > 0).any() for f in frames.values())
+        ]
+        if not positive:
+            return empty_figure(
+                title, f"log scale: no positive values of {', '.join(keys)}; untick log scale"
+            )
+        skipped = [k for k in keys if k not in positive]
+        keys = positive
+    else:
+        skipped = []
     fig = make_subplots(rows=len(keys), cols=1, shared_xaxes=True, vertical_spacing=0.08, subplot_titles=keys)
     for i, (label, frame) in enumerate(frames.items()):
         color = _COLORS[i % len(_COLORS)]
@@ -175,9 +187,15 @@ def metrics_figure(
                 row=row, col=1,
             )  # fmt: skip
     fig.update_yaxes(type="log" if view.log_y else "linear")
+    # The x axis's own type in every mode: dates for wall time, numbers otherwise (never plotly's guess from
+    # an empty subplot, which reads −1…6).
+    fig.update_xaxes(type="date" if view.x == "wall time" else "linear")
     fig.update_xaxes(title_text=axis_title(view.x), row=len(keys), col=1)
+    title += f" (EMA {view.smoothing:g})" if view.smoothing else ""
+    if skipped:
+        title += f" — log scale: no positive values of {', '.join(skipped)}"
     fig.update_layout(
-        title=title + (f" (EMA {view.smoothing:g})" if view.smoothing else ""),
+        title=title,
         height=120 + 200 * len(keys), margin={"l": 60, "r": 20, "t": 70, "b": 40},
         legend={"orientation": "h", "y": -0.5 / len(keys) - 0.05},
     )  # fmt: skip
@@ -230,35 +248,59 @@ def final_eval(frame: pd.DataFrame, key: str = EVAL_KEY) -> float | None:
 
 
 def default_level(
-    frames: Mapping[str, pd.DataFrame], strategies: Mapping[str, str]
+    frames: Mapping[str, pd.DataFrame], strategies: Mapping[str, str] | None = None
 ) -> tuple[float, str] | None:
-    """The reward level Compare measures time to by default: the final eval of the exact run among the picked
-    ones (else of the first run with an eval), and a phrase saying whose it is."""
-    order = sorted(frames, key=lambda label: strategies.get(label) != "exact")
-    for label in order:
-        value = final_eval(frames[label])
-        if value is not None:
-            return value, f"{label}'s final eval"
-    return None
+    """The reward level Compare measures time to by default: the lowest of the picked runs' final evals, a
+    level every run with an eval reaches (at its final eval at the latest), and a phrase saying whose it is.
+    ``strategies`` (label → strategy) is not needed to choose it; it is kept for callers that pass it."""
+    finals = {label: final_eval(frame) for label, frame in frames.items()}
+    finals = {label: value for label, value in finals.items() if value is not None}
+    if not finals:
+        return None
+    label = min(finals, key=lambda k: finals[k])
+    if len(finals) == 1:
+        return finals[label], f"{label}'s final eval"
+    return finals[label], f"the lower of the final evals, {label}'s"
+
+
+def best_eval(frame: pd.DataFrame, key: str = EVAL_KEY) -> tuple[float, int, float] | None:
+    """(best eval reward, its step, the training seconds there) of a run; None without an eval."""
+    if key not in frame.columns or frame[key].notna().sum() == 0:
+        return None
+    row = frame[key].astype(float).idxmax()
+    seconds = training_seconds(frame)
+    return float(frame.at[row, key]), int(frame.at[row, "step"]), float(seconds.at[row])
+
+
+def not_reached(frame: pd.DataFrame, key: str = EVAL_KEY) -> str:
+    """``not reached (best 0.912 at step 30 / 41.5 s)``: what a run that never reaches the level did get."""
+    best = best_eval(frame, key)
+    if best is None:
+        return "not reached (no eval logged)"
+    value, step, seconds = best
+    at = f"step {step}" + (f" / {seconds:.1f} s" if math.isfinite(seconds) else "")
+    return f"not reached (best {value:.4g} at {at})"
 
 
 def reach_frame(frames: Mapping[str, pd.DataFrame], level: float) -> pd.DataFrame:
     """Per run: the step and the training seconds (eval excluded) at which its eval reward first reaches
-    ``level``, the total training seconds, the time fraction, and its final eval."""
+    ``level`` (a run that never does: ``not reached (best X at step N / t s)``, :func:`not_reached`), the
+    total training seconds, the time fraction, and its final eval."""
     rows = []
     for label, frame in frames.items():
         hit = first_reach(frame, level)
         total = training_seconds(frame)
         total_s = float(total.iloc[-1]) if len(total) and total.notna().any() else None
+        final = final_eval(frame)
         rows.append(
             {
                 "run": label,
-                "reaches at step": None if hit is None else hit[0],
-                "training time to reach (s)": None if hit is None else round(hit[1], 2),
-                "of its training time": None
+                "reaches at step": not_reached(frame) if hit is None else hit[0],
+                "training time to reach (s)": "not reached" if hit is None else round(hit[1], 2),
+                "of its training time": "-"
                 if hit is None or not total_s
                 else f"{100 * hit[1] / total_s:.0f} %",
-                "final eval": None if final_eval(frame) is None else round(final_eval(frame), 4),
+                "final eval": None if final is None else round(final, 4),
             }
         )
     return pd.DataFrame(rows, columns=["run", "reaches at step", "training time to reach (s)",

@@ -2,7 +2,7 @@
 
 ``write_report(store, run_ids, out)`` writes ONE file that opens offline in any browser: the runs' summary,
 their config (and, for several runs, the fields that differ), the reward curves, the speedup table, the
-step-time breakdown of each run, and the eval images of the same prompts and seeds at the first and at the
+step-time breakdown of each run, and the eval images of the same prompts and seeds at each run's own first and
 last eval step. Every table and figure is :mod:`app.data`'s, the ones the app shows.
 
 Offline by construction: plotly.js (its basic partial bundle, assets/plotly) is inlined once, images are ``data:`` URIs, no font, no MathJax, and a
@@ -186,7 +186,9 @@ def render_report(
         ("step-time", "Step time", _time_section(plots, runs, frames)),
     ]
     say("encoding the eval images")
-    sections.append(("images", "Eval images, first and last eval step", _images_section(store, runs)))
+    sections.append(
+        ("images", "Eval images, each run's own first and last eval step", _images_section(store, runs))
+    )
     title = "JAGG Studio report: " + ", ".join(f"#{run['id']} {run['name']}" for run in runs)
     written = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     nav = " · ".join(f'<a href="#{key}">{html.escape(name)}</a>' for key, name, _ in sections)
@@ -333,21 +335,16 @@ def image_data_uri(path: str | os.PathLike[str], max_side: int = IMAGE_MAX_SIDE)
     return f"data:{mime};base64,{base64.b64encode(raw).decode('ascii')}", width
 
 
-def _first_last_steps(store: RunStore, run_ids: Sequence[int]) -> list[int]:
-    """The first and last eval steps every run logged (one step when they coincide, none when none is shared)."""
-    step_sets = [{s["step"] for s in store.samples(i, "eval")} for i in run_ids]
-    common = sorted(set.intersection(*step_sets)) if step_sets and all(step_sets) else []
-    return list(dict.fromkeys((common[0], common[-1]))) if common else []
-
-
 def _image_grid(store: RunStore, runs: Sequence[Mapping[str, Any]]) -> str:
-    """One table: a row per prompt+seed, a column per (eval step, run); "" without images."""
+    """One table: a row per prompt+seed, a column per (run, eval step) at each run's OWN first and last eval
+    step (:func:`app.data.own_step_cells`: a run with later evals never shows step 0 as its last); "" without
+    images."""
     ids = [run["id"] for run in runs]
-    items = data.side_by_side_first_last(store, ids, store.runs_root, limit_keys=IMAGE_ROWS)
-    steps = _first_last_steps(store, ids)
-    if not items or not steps:
+    items, cells = data.own_step_cells(store, ids, store.runs_root, limit_keys=IMAGE_ROWS)
+    if not items:
         return ""
-    heads = [f"#{run['id']} {run['config'].get('strategy')} · step {step}" for step in steps for run in runs]
+    strategy = {run["id"]: run["config"].get("strategy") for run in runs}
+    heads = [f"#{run_id} {strategy[run_id]} · step {step}" for run_id, step in cells]
     rows = [items[i : i + len(heads)] for i in range(0, len(items), len(heads))]
     out = ['<table class="images"><thead><tr>']
     out += [f"<th>{html.escape(h)}</th>" for h in heads]
@@ -373,7 +370,7 @@ def _images_section(store: RunStore, runs: Sequence[Mapping[str, Any]]) -> str:
     grid = _image_grid(store, runs)
     if grid or len(runs) == 1:
         return grid or '<p class="note">no eval images (none logged, or the run folder is gone)</p>'
-    parts = ['<p class="note">the runs share no eval step with images; each run is shown alone</p>']
+    parts = ['<p class="note">the runs share no prompt and seed with images; each run is shown alone</p>']
     for run in runs:
         alone = _image_grid(store, [run])
         parts.append(f"<h3>#{run['id']} {html.escape(run['name'])}</h3>")

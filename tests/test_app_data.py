@@ -184,7 +184,12 @@ def test_config_speedup_reads_reuse_and_minibatches():
 def test_compare_frame_and_config_diff(store):
     s, ids, _ = store
     table = data.compare_frame(s, [ids["exact"], ids["jagg"]], r=1.8)
-    assert list(table["speedup vs exact"]) == pytest.approx([1.0, 2.0])
+    # the exact run is the baseline (no speedup of its own); the jagg run against its pair, both ended
+    assert table["speedup vs exact"].isna().iloc[0] and table["speedup vs exact"].iloc[1] == pytest.approx(
+        2.0
+    )
+    assert list(table["exact run"]) == ["-", f"#{ids['exact']} (paired)"]
+    assert list(table["measured"]) == ["-", "final"]
     assert list(table["update time (s)"]) == pytest.approx([2.0 * 8, 1.0 * 8])
     assert list(table["final reward"]) == pytest.approx([0.5, 0.5])
     runs = {f"#{i}": s.get_run(i)["config"] for i in ids.values()}
@@ -396,3 +401,111 @@ def test_trained_steps_of_a_random_or_one_step_window():
     assert data.trained_steps({**base, "sde_window_schedule": "random", "window": 1}) == 1
     assert data.trained_steps({**base, "sde_window_schedule": "sliding", "window": 4}) == 4
     assert data.trained_steps({**base, "sde_window_schedule": "fixed", "window": 4}) == 8
+
+
+def _timed_run(s, root, name, strategy, update_s, status="finished", **config):
+    run_id = s.create_run(name, _config(strategy=strategy, steps=4, **config), root / name)
+    s.set_status(run_id, "running", pid=None)
+    for step in range(1, 4):
+        s.log_step(run_id, step, {"time/update": update_s, "time/train_elapsed": 10.0 * step})
+    if status != "running":
+        s.set_status(run_id, status)
+    return run_id
+
+
+def test_each_jagg_run_is_measured_against_its_own_exact_run_never_the_first_one_picked(store):
+    s, ids, root = store
+    # A second batch size: an exact run of group 4 and an unpaired JAGG run of group 4 still training.
+    exact4 = _timed_run(s, root, "exact-g4", "exact", 4.0, group_size=4)
+    jagg4 = _timed_run(s, root, "jagg-g4", "jagg", 1.0, status="running", group_size=4)
+    lonely = _timed_run(s, root, "jagg-p9", "jagg", 1.0, prompts_per_step=9)  # no exact run of its batch
+    picked = [ids["exact"], ids["jagg"], exact4, jagg4, lonely]
+    table = data.compare_frame(s, picked, r=1.8).set_index(pd.Index(picked))
+    assert table.at[ids["jagg"], "speedup vs exact"] == pytest.approx(2.0)  # its pair: 2.0 / 1.0
+    assert table.at[ids["jagg"], "exact run"] == f"#{ids['exact']} (paired)"
+    assert table.at[jagg4, "speedup vs exact"] == pytest.approx(4.0)  # never #1's 2.0 / 1.0
+    assert table.at[jagg4, "exact run"] == f"#{exact4} (same batch and eval)"
+    assert table.at[jagg4, "measured"] == f"provisional: #{jagg4} running"
+    assert table.at[lonely, "speedup vs exact"] != table.at[lonely, "speedup vs exact"]  # NaN: no baseline
+    assert table.at[lonely, "exact run"] == "-" and table.at[lonely, "measured"] == "-"
+    run = s.get_run(jagg4)
+    assert data.speedup_baseline(s, run, [s.get_run(i) for i in picked])[0]["id"] == exact4
+    assert data.speedup_baseline(s, s.get_run(exact4), [run]) == (None, "")
+
+
+def test_a_pairs_speedup_is_provisional_until_both_runs_end(store):
+    s, ids, root = store
+    exact = _timed_run(s, root, "e", "exact", 3.0, status="running")
+    jagg = _timed_run(s, root, "j", "jagg", 1.0)  # JAGG ends first
+    s.set_paired(jagg, exact)
+    row = data.speedup_frame(s, jagg, r=1.8).iloc[0]
+    assert (
+        row["measured speedup"] == pytest.approx(3.0) and row["measured"] == f"provisional: #{exact} running"
+    )
+    for step in (4, 5):  # the exact run's later steps move the number until it ends
+        s.log_step(exact, step, {"time/update": 5.0})
+    s.set_status(exact, "finished")
+    row = data.speedup_frame(s, jagg, r=1.8).iloc[0]
+    assert row["measured speedup"] == pytest.approx(4.0) and row["measured"] == "final"  # median of 3,3,5,5
+
+
+def test_predictions_say_which_exact_run_they_are_over():
+    windowed = _config(
+        strategy="jagg", sde_window_schedule="sliding", window=4, reuse_rollout_velocity="auto"
+    )
+    flow_grpo = _config(
+        strategy="exact",
+        sde_window_schedule="fixed",
+        sde_window_start=0,
+        sde_window_end=None,
+        sampling_steps=12,
+    )
+    same = data.prediction_baseline(windowed, {**windowed, "strategy": "exact"})
+    assert same == "exact backward over the same 4 trained steps" == data.prediction_baseline(windowed, None)
+    whole = data.prediction_baseline(windowed, flow_grpo)
+    assert (
+        whole == f"exact backward over its {data.trained_steps(flow_grpo)} trained steps (this run trains 4)"
+    )
+    from app.form import FORM_BASELINE, speedup_note
+
+    # the form says it the same way, without the count it cannot know before the overrides are read
+    assert FORM_BASELINE == "exact backward over the same trained steps" and same.startswith(
+        FORM_BASELINE[:29]
+    )
+    assert f"over {FORM_BASELINE}: **" in speedup_note(4, 1.0, "jagg", 1.8)
+
+
+def test_durations_count_training_time_not_a_resumed_runs_idle_time(store):
+    s, _, root = store
+    run_id = _timed_run(s, root, "resumed", "jagg", 1.0)  # 30 s of training by its clock
+    s.set_times(run_id, 1000.0, 1000.0, 1000.0 + 86400)  # first started a day before it finished
+    run = s.get_run(run_id)
+    last = s.last_values(run_id, data.TRAINING_CLOCK_KEYS)
+    assert data.run_duration(run) == 86400 and data.training_duration(run, last) == 30.0
+    hist = data.history_frame(s).set_index("id")
+    assert hist.at[run_id, "duration"] == "30 s" and hist.at[run_id, "started"] == "1970-01-01 00:16"
+    table = data.compare_frame(s, [run_id], r=1.8)
+    assert table.iloc[0]["training time (s)"] == 30.0
+    old = {"started_at": 10.0, "finished_at": 25.0}  # no training clock logged: the wall span
+    assert data.training_duration(old, {}) == 15.0 and data.training_duration({}, {}) is None
+
+
+def test_progress_line_has_seconds_per_step_and_eta_for_a_running_run(store):
+    s, _, root = store
+    run_id = _timed_run(s, root, "going", "jagg", 1.0, status="running")  # step 3 of 4 at 30 s
+    s.log_step(run_id, 3, {"time/train_elapsed": 17.4})  # 5.8 s a step
+    run = s.get_run(run_id)
+    last = s.last_values(run_id, data.TRAINING_CLOCK_KEYS)
+    assert data.progress_line(run, last) == "step 3/4 · 5.8 s/step · ETA 6 s"
+    assert "step 3/4 · 5.8 s/step · ETA 6 s" in data.progress_markdown(run, last)
+    assert data.history_frame(s).set_index("id").at[run_id, "step"] == "3/4 · 5.8 s/step · ETA 6 s"
+    s.set_status(run_id, "cancelled")  # an ended run: no ETA
+    assert data.progress_line(s.get_run(run_id), last) == "step 3/4"
+
+
+def test_history_search_matches_run_ids_exactly(store):
+    s, ids, _ = store
+    hist = data.history_frame(s)
+    assert list(data.filter_history(hist, f"#{ids['jagg']}")["id"]) == [ids["jagg"]]
+    assert list(data.filter_history(hist, str(ids["exact"]))["id"]) == [ids["exact"]]
+    assert data.filter_history(hist, "12345").empty

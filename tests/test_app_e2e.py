@@ -349,7 +349,10 @@ def test_browser_launch_shows_reward_plot_and_samples(app):
             extra = ""
         field("more settings (key=value, one a line)").send_keys(extra + SHORT + "\neval_every=2")
         # An invalid value is refused inline with the config's message, and nothing launches.
-        assert "Predicted update-phase speedup over exact: <strong>2.00×" in driver.page_source  # 7.2 / 3.6
+        assert (
+            "Predicted update-phase speedup over exact backward over the same trained steps: <strong>2.00×"
+            in driver.page_source
+        )  # 7.2 / 3.6
         window = field("W (window)")
         window.clear()
         window.send_keys("1")

@@ -136,6 +136,38 @@ def test_metrics_figure_smooths_over_a_faint_raw_curve_on_log_or_time_axes():
     assert metrics.metric_keys([frame]) == ["grad/norm", "loss/clipfrac", "time/step"]
 
 
+def test_log_scale_says_when_a_metric_has_no_positive_values_and_axes_keep_their_type():
+    frame = pd.DataFrame(
+        {
+            "step": [1, 2, 3],
+            "loss/kl": [0.0, 0.0, 0.0],  # an all-zero metric (beta = 0)
+            "grad/norm": [4.0, 1.0, 2.0],
+            "time/unix": [110.0, 120.0, 135.0],
+        }
+    )
+    run = {"started_at": 95.0}
+    for x in metrics.X_AXES:
+        alone = metrics.metrics_figure(
+            {"#1": frame}, metrics.MetricView(("loss/kl",), 0.0, True, x), runs={"#1": run}
+        )
+        assert (
+            not alone.data and "log scale: no positive values of loss/kl" in alone.layout.annotations[0].text
+        )
+        both = metrics.metrics_figure(
+            {"#1": frame}, metrics.MetricView(("loss/kl", "grad/norm"), 0.0, True, x), runs={"#1": run}
+        )
+        assert [t.name for t in both.data] == ["#1 · grad/norm"]  # no empty plot for loss/kl
+        assert both.layout.title.text.endswith("log scale: no positive values of loss/kl")
+        assert both.layout.xaxis.type == ("date" if x == "wall time" else "linear")  # never −1…6 numbers
+        linear = metrics.metrics_figure(
+            {"#1": frame}, metrics.MetricView(("loss/kl",), 0.0, False, x), runs={"#1": run}
+        )
+        assert list(linear.data[0].y) == [0.0, 0.0, 0.0]
+        assert linear.layout.xaxis.type == ("date" if x == "wall time" else "linear")
+        reward = data.reward_figure({"#1": frame.assign(**{"reward/mean": 0.0})}, x=x, runs={"#1": run})
+        assert reward.layout.xaxis.type == ("date" if x == "wall time" else "linear")
+
+
 def test_time_to_reach_counts_training_seconds_to_the_first_eval_at_the_level():
     exact = pd.DataFrame({"step": [0, 1, 2, 3, 4], "time/step": [np.nan, 10.0, 10.0, 10.0, 10.0],
                           "eval/reward/mean": [0.1, np.nan, 0.5, np.nan, 0.8]})  # fmt: skip
@@ -143,7 +175,8 @@ def test_time_to_reach_counts_training_seconds_to_the_first_eval_at_the_level():
                          "eval/reward/mean": [0.1, np.nan, 0.9, np.nan, 1.0]})  # fmt: skip
     frames = {"#1 exact": exact, "#2 jagg": jagg}
     level, whose = metrics.default_level(frames, {"#1 exact": "exact", "#2 jagg": "jagg"})
-    assert (level, whose) == (0.8, "#1 exact's final eval")
+    # the lower of the finals: a level both runs reach
+    assert (level, whose) == (0.8, "the lower of the final evals, #1 exact's")
     table = metrics.reach_frame(frames, level).set_index("run")
     assert (
         table.at["#1 exact", "reaches at step"] == 4
@@ -154,8 +187,12 @@ def test_time_to_reach_counts_training_seconds_to_the_first_eval_at_the_level():
         and table.at["#2 jagg", "training time to reach (s)"] == 12
     )
     assert table.at["#2 jagg", "of its training time"] == "50 %" and table.at["#2 jagg", "final eval"] == 1.0
-    never = metrics.reach_frame(frames, 5.0)
-    assert never["reaches at step"].isna().all()
+    never = metrics.reach_frame(frames, 0.95).set_index("run")
+    # a run that never gets there says so, with the best it did get: never a blank cell
+    assert never.at["#1 exact", "reaches at step"] == "not reached (best 0.8 at step 4 / 40.0 s)"
+    assert never.at["#1 exact", "training time to reach (s)"] == "not reached"
+    assert never.at["#2 jagg", "reaches at step"] == 4 and not never.isna().any().any()
+    assert metrics.not_reached(exact.drop(columns=["eval/reward/mean"])) == "not reached (no eval logged)"
 
 
 def test_step_axes_tick_whole_steps_memory_starts_at_zero_and_the_probe_is_its_own_phase():
@@ -243,12 +280,15 @@ def test_compare_shows_only_the_picked_runs_each_at_its_own_last_eval(studio):
     # each run at its own first and last eval: the 6-step run's step 6 beside the 4-step run's step 4
     steps = [caption.split(" · ")[1] for _, caption in gallery["value"][:4]]
     assert steps == ["step 0", "step 0", "step 6", "step 4"] and gallery["columns"] == 4
-    # time to reach the exact run's final eval (0.2 × 4 = 0.8): the jagg run (0.3 × step) at step 4
-    assert "Time to reach eval reward 0.8 (#2 exact's final eval)" in message
+    # time to reach the lower final eval (the exact run's 0.2 × 4 = 0.8): the jagg run (0.3 × step) at step 4
+    assert "Time to reach eval reward 0.8 (the lower of the final evals, #2 exact's)" in message
     assert reach.set_index("run").at["#1 jagg", "reaches at step"] == 4
     # images at a chosen step too, and another level
     *_, gallery, _ = compare([1, 2], 1.8, "step", ["grad/norm"], 0.0, False, "1.2", "2")
-    assert [c.split(" · ")[1] for _, c in gallery["value"][:6]][4:] == ["step 2", "step 2"]
+    # the extra step sorts in step order: between each run's first and last eval
+    assert [c.split(" · ")[1] for _, c in gallery["value"][:6]] == [
+        "step 0", "step 0", "step 2", "step 2", "step 6", "step 4",
+    ]  # fmt: skip
     message, *_ = compare([1, 2], 1.8, "step", ["grad/norm"], 0.0, False, "lots")
     assert message == "**Error:** reward level: must be a number or empty, got 'lots'"
 

@@ -163,8 +163,35 @@ def test_runs_without_a_shared_eval_step_are_shown_one_by_one(store, tmp_path):
     run_id = store.create_run("no-images", {"strategy": "exact", "steps": 1}, tmp_path / "y")
     store.log_step(run_id, 1, {"reward/mean": 0.5})
     page = write_report(store, [1, run_id], tmp_path / "apart.html").read_text(encoding="utf-8")
-    assert "the runs share no eval step with images" in page
+    assert "the runs share no prompt and seed with images" in page
     assert _heads(page) == ["#1 exact · step 0", f"#1 exact · step {LAST}"] and len(_cells(page)) == 24
+
+
+def test_a_four_run_report_shows_each_runs_own_first_and_last_eval(tmp_path):
+    """Four runs whose last evals are at steps 2, 3, 4 and 5 share only step 0: each run's last column is its
+    own last eval, never step 0 under "first and last eval"."""
+    root = tmp_path / "runs"
+    with open_store(root) as s:
+        ids = []
+        for last in (2, 3, 4, 5):
+            strategy = "exact" if last % 2 else "jagg"
+            run_id = s.create_run(f"r{last}", {"strategy": strategy, "steps": last}, root / f"r{last}")
+            for step in (0, last):
+                rows = []
+                for seed in (0, 1):
+                    rel = f"samples/eval/step{step}-s{seed}.png"
+                    (root / f"r{last}" / rel).parent.mkdir(parents=True, exist_ok=True)
+                    Image.new("RGB", (8, 8), (40 * last, 20 * step, 100 * seed)).save(root / f"r{last}" / rel)
+                    rows.append({"kind": "eval", "prompt": "a dot", "seed": seed, "reward": 0.1, "path": rel})
+                s.log_samples(run_id, step, rows)
+                s.log_step(run_id, step, {"eval/reward/mean": 0.1 * step})
+            ids.append(run_id)
+        page = write_report(s, ids, tmp_path / "four.html", r=1.8).read_text(encoding="utf-8")
+    kinds = {2: "jagg", 3: "exact", 4: "jagg", 5: "exact"}
+    firsts = [f"#{run_id} {kinds[last]} · step 0" for run_id, last in zip(ids, (2, 3, 4, 5))]
+    lasts = [f"#{run_id} {kinds[last]} · step {last}" for run_id, last in zip(ids, (2, 3, 4, 5))]
+    assert _heads(page) == firsts + lasts
+    assert len(_cells(page)) == 2 * 8  # two prompt+seed rows of eight columns
 
 
 def test_big_images_are_scaled_down_small_ones_kept_byte_for_byte(tmp_path):
