@@ -1436,8 +1436,9 @@ class History:
 def read_history(path: Path, uid: str | None) -> History:
     """Parse ``history.jsonl``, skipping: a torn last line; a line that is not a JSON record; a line whose
     checksum fails (a flipped byte); a line of another run (its uid is not ``uid``; None: any uid, for a run
-    whose ``run.json`` is lost); and a line without a checksum after one with (pasted: an older version
-    writes none, and a version that writes them never goes back)."""
+    whose ``run.json`` is lost); a line without a checksum after one with (pasted: an older version
+    writes none, and a version that writes them never goes back); and a line with a run uid but no intact
+    checksum (this version writes both: a flipped byte inside ``"crc"``)."""
     out = History()
     try:
         text = path.read_bytes().decode("utf-8", errors="replace")
@@ -1465,8 +1466,10 @@ def read_history(path: Path, uid: str | None) -> History:
             if checked:
                 out.skipped.append((number, "no checksum (pasted?)"))
                 continue
-            if record.get("uid") is None:
-                out.unverified += 1
+            if record.get("uid") is not None:  # this version's line (it has a uid) with its checksum damaged
+                out.skipped.append((number, "checksum missing or damaged"))
+                continue
+            out.unverified += 1
         checked = checked or match is not None
         if uid is not None and record.get("uid") not in (None, uid):
             out.skipped.append((number, f"of another run ({str(record.get('uid'))[:12]})"))
