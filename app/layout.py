@@ -22,7 +22,8 @@ ALL_REWARDS_HINT = (*SPACE_REWARDS, "pickscore", "clipscore", "hpsv2")
 # Page-wide style (passed to launch): low-resolution samples drawn pixel for pixel, never smoothed, and a
 # caption shown whole while the pointer is on its image.
 CSS = """
-#compare-gallery img, #step-gallery img, #live-gallery img { image-rendering: pixelated; }
+#compare-gallery img, #step-gallery img, #live-gallery img, #tryit-base img, #tryit-trained img {
+  image-rendering: pixelated; }
 .thumbnail-item:hover .caption-label { white-space: normal; overflow: visible; text-overflow: clip;
   max-width: none; z-index: 20; }
 """
@@ -271,6 +272,38 @@ def compare_tab(
     return SimpleNamespace(**{k: v for k, v in locals().items() if k != "frames"})
 
 
+def tryit_tab(
+    choices: list[tuple[str, int]], value: int | None, steps: list[int], caps: dict[str, int]
+) -> SimpleNamespace:
+    """Try it: a run (with a checkpoint) and its step, prompts and seeds, Generate and Cancel, a progress line
+    and the base model's and the run's images side by side (:mod:`app.tryit`)."""
+    with gr.Row():
+        run = gr.Dropdown(
+            choices=choices, value=value, label="run (runs with a checkpoint)", scale=3,
+            allow_custom_value=True, elem_id="tryit-run", elem_classes=["run-picker"],
+        )  # fmt: skip
+        step = gr.Dropdown(
+            choices=steps, value=steps[-1] if steps else None, label="step (a checkpoint)", scale=1,
+            allow_custom_value=True, elem_id="tryit-step",
+        )  # fmt: skip
+    with gr.Row():
+        prompts = gr.Textbox(
+            label=f"prompts (one a line, at most {caps['prompts']})", lines=3, scale=3, elem_id="tryit-prompts",
+            placeholder="red circle left",
+        )  # fmt: skip
+        seeds = gr.Textbox(
+            label=f"seeds (at most {caps['seeds']})", value="0, 1", scale=1, elem_id="tryit-seeds"
+        )
+    with gr.Row():
+        generate_btn = gr.Button("Generate", variant="primary", elem_id="tryit-generate")
+        cancel_btn = gr.Button("Cancel", variant="stop", elem_id="tryit-cancel")
+    message = gr.Markdown(elem_id="tryit-msg")
+    with gr.Row():
+        base = gr.Gallery(label="base model", height="auto", elem_id="tryit-base")
+        trained = gr.Gallery(label="the run's weights", height="auto", elem_id="tryit-trained")
+    return SimpleNamespace(**locals())
+
+
 def history_tab(space: bool, backbones: Sequence[str] = ()) -> SimpleNamespace:
     """Search and filters, the runs table (a click on a row picks its run), the actions on a run id (Delete
     and Resume ask first), its note, and (Space mode) the owner's login and downloads."""
@@ -293,12 +326,19 @@ def history_tab(space: bool, backbones: Sequence[str] = ()) -> SimpleNamespace:
         resume_btn = gr.Button("Resume")
         duplicate_btn = gr.Button("Duplicate")
         export_btn = gr.Button("Export CSV + JSON")
+        model_btn = gr.Button("Export model", elem_id="history-export-model")
     with gr.Row():
         note = gr.Textbox(label="note of this run", scale=4, elem_id="history-note")
         note_btn = gr.Button("Save note", scale=1)
     confirm = confirm_row("history")
     history_msg = gr.Markdown()
     export_files = gr.File(label="export", file_count="multiple")
+    model_file = gr.File(  # shown once it holds an export (app.tryit.TryIt.export_model)
+        label="model: the `jagg export-model` folder as a zip",
+        visible=False,
+        interactive=False,
+        elem_id="history-model-file",
+    )
     with gr.Accordion("Owner", open=False, visible=space):
         with gr.Row():
             password = gr.Textbox(

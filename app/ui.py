@@ -23,7 +23,7 @@ from typing import Any
 
 import gradio as gr
 
-from app import data, layout, panels, showcase
+from app import data, layout, panels, showcase, tryit
 from app.form import (
     FORM_FIELDS,
     form_config,
@@ -239,11 +239,14 @@ def build_layout(h: Handlers, backbones: tuple[str, ...], showcase_ids: list[int
             live = layout.live_tab(h.run_choices(), h.default_run(), h.panels)
         with gr.Tab("Compare", id="compare"):
             compare = layout.compare_tab(h.store, h.run_choices(), showcase_ids, shown)
+        with gr.Tab("Try it", id="tryit"):
+            tried = tryit.TryIt(h)
+            try_tab = layout.tryit_tab(*tried.initial(), tried.caps)
         with gr.Tab("History", id="history") as history_tab:
             history = layout.history_tab(h.space, backbones)
     return SimpleNamespace(
         tabs=tabs, new=new, live=live, compare=compare, history=history, history_tab=history_tab,
-        run_seen=gr.State(None), list_seen=gr.State(None),
+        run_seen=gr.State(None), list_seen=gr.State(None), tryit=try_tab, tryit_handlers=tried,
     )  # fmt: skip
 
 
@@ -390,6 +393,7 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
         [history.owner_msg, history.owner_download],
         api_name="owner_file",
     )
+    tryit.wire(page.tryit, history, page.tryit_handlers)
     demo.load(
         h.live.on_load, new.r_input, [live.live_run, *refreshed, page.run_seen], api_visibility="private"
     )

@@ -10,7 +10,9 @@ Sampling is the eval's (:func:`jagg_engine.evaluate.evaluate_run_settings`): the
 sampling steps and schedule from the fixed noise of (prompt i, seed s), so the same prompt and seed start from
 the same noise under every model, scored by the run's weighted rewards (``--reward`` for another). The grid
 has one row per prompt and one column per seed (with ``--with-base``: the base's seeds, then the run's), each
-image captioned with its seed and reward; ``--json`` prints one object with every image's reward.
+image captioned with its seed and reward; ``--json`` prints one object with every image's reward (and, with
+``--images DIR``, the path of each image written alone); ``--progress`` names each phase on stderr (the app's
+Try it tab shows them).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import argparse
 import dataclasses
 import json
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -60,6 +63,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs-dir", default="runs", help="runs root holding jagg.db (default: runs)")
     parser.add_argument("--device", default="auto", help="cpu, cuda, … (auto: cuda when available)")
     parser.add_argument("--json", action="store_true", help="print one JSON object with every image's reward")
+    parser.add_argument(
+        "--images",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also write each image as its own PNG into this folder (its path in --json)",
+    )
+    parser.add_argument(
+        "--progress", action="store_true", help="print one 'progress: …' line to stderr as each phase starts"
+    )
 
 
 def _seeds(text: str) -> list[int]:
@@ -116,6 +129,8 @@ def resolve_models(args: argparse.Namespace, device: Any) -> tuple[Any, list[tup
 
 def sample(args: argparse.Namespace) -> dict[str, Any]:
     """Sample every model on the prompts × seeds, write the grid, return the summary (see the module doc)."""
+    from PIL import Image
+
     from .devices import resolve_device
     from .evaluate import evaluate_run_settings
     from .rewards.registry import RewardConfigError, WeightedReward, check_reward
@@ -132,7 +147,11 @@ def sample(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(f"--out: must name a .png file, got {str(out)!r}")
     if not out.absolute().parent.is_dir():
         raise UsageError(f"--out: {out.absolute().parent} is not a folder")
+    images_dir = Path(args.images) if args.images is not None else None
+    if images_dir is not None and not images_dir.is_dir():
+        raise UsageError(f"--images: {images_dir} is not a folder")
     device = resolve_device(args.device)
+    _progress(args, "loading the models")
     cfg, models = resolve_models(args, device)
     if args.steps is not None:
         cfg = dataclasses.replace(cfg, sampling_steps=args.steps)
@@ -145,7 +164,8 @@ def sample(args: argparse.Namespace) -> dict[str, Any]:
     except RewardConfigError as exc:
         raise UsageError(f"--reward: {exc}") from None
     results = []
-    for label, model in models:
+    for n, (label, model) in enumerate(models, 1):
+        _progress(args, f"sampling {label} ({n} of {len(models)})")
         try:
             schedule = pipeline_schedule(cfg, model)
             result = evaluate_run_settings(
@@ -157,12 +177,15 @@ def sample(args: argparse.Namespace) -> dict[str, Any]:
     grid = captioned_grid(
         prompts, seeds, [(label, r.images.numpy(), r.totals.tolist()) for label, r in results]
     )
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    try:
-        grid.save(tmp, format="PNG")
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    _progress(args, "writing the images")
+    _save_png(grid, out)
+    paths: list[list[str | None]] = [[None] * len(r.prompts) for _, r in results]
+    if images_dir is not None:
+        for b, (_, r) in enumerate(results):
+            for k, s in enumerate(r.seeds):  # seed-major: prompt k % P
+                path = images_dir / f"model{b}_prompt{k % len(prompts)}_seed{s}.png"
+                _save_png(Image.fromarray(r.images[k].numpy()), path)
+                paths[b][k] = str(path)
     return {
         "out": str(out),
         "sampling_steps": cfg.sampling_steps,
@@ -172,13 +195,28 @@ def sample(args: argparse.Namespace) -> dict[str, Any]:
                 "label": label,
                 "reward_mean": float(r.totals.mean()),
                 "images": [
-                    {"prompt": p, "seed": s, "reward": float(v)}
-                    for p, s, v in zip(r.prompts, r.seeds, r.totals)
+                    {"prompt": p, "seed": s, "reward": float(v), **({"path": path} if path else {})}
+                    for p, s, v, path in zip(r.prompts, r.seeds, r.totals, paths[b])
                 ],
             }
-            for label, r in results
+            for b, (label, r) in enumerate(results)
         ],
     }
+
+
+def _progress(args: argparse.Namespace, phase: str) -> None:
+    if getattr(args, "progress", False):
+        print(f"progress: {phase}", file=sys.stderr, flush=True)
+
+
+def _save_png(image: Any, path: Path) -> None:
+    """``image`` as ``path`` whole or not at all (written beside it, then renamed)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        image.save(tmp, format="PNG")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def captioned_grid(

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAUNCHES = ("launch_run", "compare_exact_jagg")
 
 SCRIPT = r"""
-import json, sys
+import inspect, json, sys
 from pathlib import Path
 
 import gradio as gr
@@ -82,6 +82,11 @@ known = {
     "step_images": [(i, kind, step) for i in ids for kind in ("eval", "train") for step in (0, 10**6)],
     "owner_login": [("wrong",)],
     "owner_file": [("jagg.db",)],
+    # Try it and Export model: no run here has a checkpoint, so each is refused before a worker starts
+    "try_it": [(i, None, "red circle", "0") for i in ids] + [(None, None, "red circle", "0")],
+    "try_it_steps": run_id_args,
+    "try_it_cancel": [()],
+    "export_model": run_id_args,
 }
 
 
@@ -125,6 +130,9 @@ for fn in demo.fns.values():
     ]
     for args in calls:
         result = fn.fn(*args)
+        if inspect.isgenerator(result):  # a generator's outputs: each value it yields is drawn
+            for result in list(result):
+                draw(fn, result)
         draw(fn, result)
         called.append(name)
     if name == "live_view":
@@ -171,7 +179,7 @@ def test_app_builds_and_draws_every_page_without_torch(tmp_path: Path) -> None:
     # Every tab's handlers ran on real rows, and drew what a user sees.
     assert {
         "predict_speedup", "live_view", "on_tick", "on_load", "compare_runs", "history", "export_run",
-        "cancel_run", "resume_run", "delete_run",
+        "cancel_run", "resume_run", "delete_run", "try_it", "try_it_cancel", "export_model",
     } <= set(facts["called"])  # fmt: skip
     live, compare, history = (facts["drawn"][k] for k in ("live", "compare", "history"))
     assert live["plots_with_traces"] >= 2 and live["images"] >= 1 and live["rows"] >= 1, live
