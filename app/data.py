@@ -818,8 +818,9 @@ def own_step_cells(
     at: float | None = None,
     limit_keys: int = 8,
 ) -> tuple[list[tuple[str, str]], list[tuple[int, int]]]:
-    """:func:`side_by_side_own_steps`'s items and its columns as (run id, eval step) pairs; ([], []) when the
-    runs share no prompt+seed with an image in every column."""
+    """:func:`side_by_side_own_steps`'s items and its columns as (run id, eval step) pairs (a column of the
+    same steps as another is left out: runs with one eval each show it once); ([], []) when the runs share
+    no prompt+seed with an image in every column."""
     runs = [run for run in (store.get_run(i) for i in run_ids) if run is not None]
     if not runs:
         return [], []
@@ -832,7 +833,8 @@ def own_step_cells(
         picks.append(lambda ss: min(reversed(ss), key=lambda s: abs(s - float(at))))
     groups = [[(run, pick(steps[run["id"]])) for run in runs] for pick in picks]
     groups.sort(key=lambda group: sum(step for _, step in group) / len(group))  # stable: first, at, last
-    cells = [cell for group in groups for cell in group]
+    unique = {tuple(step for _, step in group): group for group in groups}  # one eval only: shown once
+    cells = [cell for group in unique.values() for cell in group]
     wanted = {run["id"]: {step for r, step in cells if r["id"] == run["id"]} for run in runs}
     found = _eval_images(runs, samples, runs_root, wanted)
     keys = sorted(set.intersection(*(set(found.get((r["id"], step), {})) for r, step in cells)))
@@ -923,6 +925,20 @@ def run_signature(store: RunStore, run: Mapping[str, Any] | None) -> tuple:
     return (run["id"], run["status"], run["last_step"], count, last, *sizes)
 
 
+def pair_signature(run: Mapping[str, Any] | None, runs: Sequence[Mapping[str, Any]]) -> tuple:
+    """The status and last step of the run paired with ``run`` (linked either way), () without one: the view
+    of a JAGG run that ended first is redrawn while its exact run trains on, so that the pair's measured
+    speedup follows until both end instead of freezing at the value it had when JAGG ended."""
+    if run is None:
+        return ()
+    for other in runs:
+        if other["id"] != run["id"] and (
+            other["id"] == run.get("paired_run_id") or other.get("paired_run_id") == run["id"]
+        ):
+            return ("pair", other["id"], other["status"], other.get("last_step"))
+    return ()
+
+
 class SharedTick:
     """The reads of the app's timer, done once per tick and shared by every open tab.
 
@@ -968,13 +984,14 @@ class SharedTick:
         return self._shared("runs", self.store.list_runs)
 
     def signature(self, run_id: int | None) -> tuple:
-        """:func:`run_signature` of ``run_id`` in this tick's run list."""
+        """:func:`run_signature` of ``run_id`` in this tick's run list, and its pair's (:func:`pair_signature`)."""
         if run_id is None:
             return (None,)
 
         def read() -> tuple:
-            run = next((r for r in self.runs() if r["id"] == run_id), None)
-            return run_signature(self.store, run)
+            runs = self.runs()
+            run = next((r for r in runs if r["id"] == run_id), None)
+            return (*run_signature(self.store, run), *pair_signature(run, runs))
 
         return self._shared(("signature", run_id), read)
 

@@ -74,9 +74,10 @@ def parse_run_id(value: Any, field: str = "run id") -> int | None:
 
 def match_run(value: Any, runs: Sequence[Mapping[str, Any]], field: str = "run id") -> int | None:
     """The id a picker's value names, or None when empty: a run id (``12``, ``#12``, 12.0; whether that run
-    exists is the caller's to say) or a run's exact label (:func:`app.data.run_label`, or that label without
-    its status), never a substring match: with runs #1–#11, "1" is run #1, never #11. Raises ConfigError in
-    one line naming ``field`` (:func:`parse_run_id`'s) for a text that is neither."""
+    exists is the caller's to say), a run's exact label (:func:`app.data.run_label`, or that label without
+    its status) or the exact name of one run only, never a substring match: with runs #1–#11, "1" is run #1,
+    never #11. Raises ConfigError in one line naming ``field`` (:func:`parse_run_id`'s) for a text that is
+    none of these, or a name several runs share (naming them)."""
     if isinstance(value, str):
         text = value.strip()
         if not text:
@@ -88,6 +89,14 @@ def match_run(value: Any, runs: Sequence[Mapping[str, Any]], field: str = "run i
             label = data.run_label(run)
             if text in (label, label.rsplit(" (", 1)[0]):
                 return int(run["id"])
+        named = [int(run["id"]) for run in runs if str(run.get("name", "")).strip() == text]
+        if len(named) == 1:  # a unique run name is that run
+            return named[0]
+        if named:
+            ids = ", ".join(f"#{i}" for i in sorted(named))
+            raise ConfigError(
+                f"{field}: {len(named)} runs are named {brief(text)} ({ids}); pick one by its number"
+            )
     return parse_run_id(value, field)  # a number, or the one-line error of a text that names no run
 
 

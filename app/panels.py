@@ -26,7 +26,7 @@ import gradio as gr
 import pandas as pd
 import plotly.graph_objects as go
 
-from app import data, metrics
+from app import data, metrics, samples
 from jagg_engine.store import RunStore
 
 KINDS = ("plot", "table", "gallery", "text")
@@ -221,9 +221,19 @@ def _probe(ctx: LiveContext) -> go.Figure:
     )
 
 
-@register("gallery", label="evaluation samples (fixed prompts and seeds)", place=(6, 0), kind="gallery")
+@register(
+    "gallery",
+    label="first eval: where the run started (the step slider below shows the newest and any other step)",
+    place=(6, 0),
+    kind="gallery",
+)
 def _gallery(ctx: LiveContext) -> list[tuple[str, str]]:
-    return ctx.publish(data.gallery_items(ctx.store, ctx.run["id"], ctx.runs_root))
+    """The run's first eval images once a later eval exists: the slider shows the newest step, so the same
+    images are never on the tab twice (with one eval so far, the slider alone shows it)."""
+    if len(samples.sample_steps(ctx.store, ctx.run["id"], "eval")) < 2:
+        return []
+    _, items = samples.step_gallery(ctx.store, ctx.run["id"], ctx.runs_root, "eval", step=0)
+    return ctx.publish(items)
 
 
 @register("log", label="log", place=(9, 0), kind="text")

@@ -449,6 +449,21 @@ def test_a_pairs_speedup_is_provisional_until_both_runs_end(store):
     assert row["measured speedup"] == pytest.approx(4.0) and row["measured"] == "final"  # median of 3,3,5,5
 
 
+def test_the_live_view_of_a_jagg_run_that_ended_is_redrawn_while_its_exact_run_trains(store):
+    s, ids, root = store
+    exact = _timed_run(s, root, "e", "exact", 3.0, status="running")
+    jagg = _timed_run(s, root, "j", "jagg", 1.0)
+    s.set_paired(jagg, exact)
+    now = [0.0]
+    shared = data.SharedTick(s, max_age=1.0, clock=lambda: now[0])
+    before = shared.signature(jagg)
+    assert before[-4:] == ("pair", exact, "running", 3)
+    s.log_step(exact, 4, {"time/update": 5.0})  # the JAGG run itself did not change
+    now[0] = 2.0
+    assert shared.signature(jagg) != before and shared.signature(jagg)[-1] == 4
+    assert data.pair_signature(s.get_run(ids["exact"]), s.list_runs())[1] == ids["jagg"]  # linked either way
+
+
 def test_predictions_say_which_exact_run_they_are_over():
     windowed = _config(
         strategy="jagg", sde_window_schedule="sliding", window=4, reuse_rollout_velocity="auto"

@@ -267,3 +267,17 @@ def test_every_config_field_survives_the_form():
     config = TrainConfig().apply_overrides(overrides).to_dict()
     values = form.config_form_values(config)
     assert form.form_fields_config(*values).to_dict() == {**config, "output_dir": TrainConfig().output_dir}
+
+
+def test_the_live_gallery_shows_the_first_eval_never_the_sliders_newest_images_again(app):
+    demo, run_id = app
+    names = [p.name for p in panels.panels()]
+    gallery = _handler(demo, "live_view")(run_id, 1.8)[1 + names.index("gallery")]
+    newest, _ = _handler(demo, "step_images")(run_id, "eval", None)
+    assert [caption.split(" · ")[0] for _, caption in gallery] == ["step 0"] * 4  # evals at 0, 2, 3
+    assert {caption.split(" · ")[0] for _, caption in newest} == {"step 3"}
+    assert not {p for p, _ in gallery} & {p for p, _ in newest}  # no image twice on the tab
+    store = demo.jagg_manager.store
+    once = store.create_run("one-eval", store.get_run(run_id)["config"], store.runs_root / "run-0002")
+    store.log_samples(once, 0, [{**s, "step": 0} for s in store.samples(run_id, "eval") if s["step"] == 0])
+    assert _handler(demo, "live_view")(once, 1.8)[1 + names.index("gallery")] == []  # the slider shows it

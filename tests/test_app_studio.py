@@ -242,6 +242,12 @@ def test_a_picker_takes_an_exact_id_or_label_never_a_substring(studio):
     with pytest.raises(ConfigError, match=r"^run id: must be a whole number from 1 to \d+, got 'r1'$"):
         form.match_run("r1", runs)  # "r1" is in "r10" and "r11": not a name, so no run
     assert form.match_run("12", runs) == 12  # an id: whether run #12 exists is the handler's to say
+    assert form.match_run("r4", runs) == 4 and form.match_run(" six ", runs) == 1  # a unique run name
+    twins = [*runs, {**runs[-1], "id": 40}]
+    with pytest.raises(
+        ConfigError, match=r"^run id: 2 runs are named 'six' \(#1, #40\); pick one by its number$"
+    ):
+        form.match_run("six", twins)
     assert _handler(demo, "live_view")("12", 1.8)[0] == "No run #12."
     progress = _handler(demo, "live_view")("1", 1.8)[0]
     assert progress.startswith("**Run #1 six**")
