@@ -379,7 +379,7 @@ class TryIt:
             f"Same prompts and noise: base (mean reward {base['reward_mean']:.3f}) and run #{number} at step "
             f"{at} (mean reward {trained['reward_mean']:.3f}), {len(typed)} prompt(s) × {len(chosen)} seed(s)."
         )
-        yield message, *(gr.update(value=g, columns=len(chosen)) for g in galleries)
+        yield message, *(gr.update(value=g, columns=max(2, len(chosen))) for g in galleries)
 
     def cancel(self, request: gr.Request = None) -> str:  # type: ignore[assignment]
         """Kill the running worker (Try it or export); in Space mode only the visitor who started it may."""
