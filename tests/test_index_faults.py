@@ -216,11 +216,17 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
-def _killed(*args: str, kill_at: int, tear: Path | None = None) -> None:
+def _with_killer(*args: str, kill_at: int = 0, tear: Path | None = None) -> subprocess.CompletedProcess:
+    """`jagg ARGS` with the reward ``test-sigkill`` registered: its ``kill_at``-th call (0: never) first
+    appends half a history line to ``tear`` (if given), then SIGKILLs the process."""
     env = {**ENV, "KILL_AT_CALL": str(kill_at), **({"TEAR": str(tear)} if tear else {})}
-    proc = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", KILLER, *args], capture_output=True, text=True, env=env, timeout=300
     )
+
+
+def _killed(*args: str, kill_at: int, tear: Path | None = None) -> None:
+    proc = _with_killer(*args, kill_at=kill_at, tear=tear)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
 
 
@@ -260,6 +266,76 @@ def test_a_resume_after_a_torn_write_keeps_its_truncation_and_reindex_restores_n
     assert f"skipped: run 1: 1 history line(s) skipped: line {fragment} (not a JSON record)" in done.stdout
     assert snapshot(root) == live
     assert {r["step"] for r in snapshot(root)["metrics"]} == {1, 2, 3, 4}
+
+
+# ------------------------------------------------------------------------------------------------ a lone checkpoint
+
+
+@pytest.mark.slow
+def test_a_lone_corrupt_checkpoint_ends_resume_in_one_line_and_from_scratch_starts_the_run_over(tmp_path):
+    """A run SIGKILLed after its first checkpoint (step 2), a 64-byte block of that checkpoint's weights
+    flipped: `jagg train --resume 1` fails the run with one line naming the file and `--from-scratch` (the
+    traceback only in train.log); `jagg train --resume 1 --from-scratch` then trains run 1 from step 0 to the
+    end, its old steps discarded through the history's truncation (reindex agrees)."""
+    root = tmp_path / "runs"
+    folder = root / "run-0001"
+    _killed("train", *TOY, "rewards={test-sigkill: 1.0}", "steps=6", "--runs-dir", str(root), kill_at=3)
+    (lone,) = (folder / "checkpoints").iterdir()
+    weights = lone / "weights.safetensors"
+    with weights.open("r+b") as fh:
+        fh.seek(weights.stat().st_size - 64)
+        block = fh.read(64)
+        fh.seek(weights.stat().st_size - 64)
+        fh.write(bytes(b ^ 0xFF for b in block))
+    corrupt = weights.read_bytes()
+    with open_store(root) as store:
+        first = store.metrics_frame(1)
+    assert first["step"].tolist() == [1, 2]
+
+    refused = _with_killer("train", "--resume", "1", "--runs-dir", str(root))
+
+    assert refused.returncode == 1
+    assert "Traceback" not in refused.stderr, refused.stderr
+    last = refused.stderr.strip().splitlines()[-1]
+    assert last.endswith(
+        f"ERROR run 1 failed: CheckpointError: resume: no intact checkpoint in {folder / 'checkpoints'}"
+        f" (refused: {weights}: sha256 does not match the manifest (corrupt)); start the run over from step 0"
+        f" with `jagg train --resume 1 --from-scratch --runs-dir {root}`, or start a new run with its config"
+    ), last
+    assert "Traceback (most recent call last):" in (folder / "train.log").read_text()
+    with open_store(root) as store:
+        assert store.get_run(1)["status"] == "failed"
+        assert store.get_run(1)["error"].startswith("CheckpointError: resume: no intact checkpoint in ")
+        uid = store.uid(1)
+
+    again = _with_killer("train", "--resume", "1", "--from-scratch", "--runs-dir", str(root))
+
+    assert again.returncode == 0, again.stderr
+    with open_store(root) as store:
+        assert [(r["id"], r["status"], r["uid"]) for r in store.list_runs()] == [(1, "finished", uid)]
+        frame = store.metrics_frame(1)
+    assert frame["step"].tolist() == [1, 2, 3, 4, 5, 6]
+    assert frame["reward/mean"].tolist()[:2] == first["reward/mean"].tolist()  # the same steps from step 0
+    (aside,) = folder.glob("checkpoints-discarded-*")
+    assert (aside / lone.name / "weights.safetensors").read_bytes() == corrupt  # kept aside as it was
+    assert sorted(p.name for p in aside.iterdir()) == [lone.name]
+    truncates = [
+        r["step"] for r in read_history(folder / HISTORY_FILE, uid).records if r["kind"] == "truncate"
+    ]
+    assert truncates == [-1]
+    live = snapshot(root)
+    done = jagg("reindex", "--runs-dir", str(root))
+    assert done.returncode == 0, done.stderr
+    assert snapshot(root) == live
+
+
+def test_from_scratch_without_resume_is_one_line(tmp_path):
+    proc = jagg("train", *TOY, "steps=1", "--from-scratch", "--runs-dir", str(tmp_path / "runs"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "jagg train: error: --from-scratch: only with --resume RUN_ID (a new run starts from step 0 anyway)"
+    ]
+    assert not (tmp_path / "runs").exists()
 
 
 # ------------------------------------------------------------------------------------------------ a killed reindex

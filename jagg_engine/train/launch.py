@@ -3,6 +3,7 @@
     jagg train [CONFIG] [key=value ...] [--processes N] [--runs-dir DIR]   a new run
     jagg train --run-id ID [--runs-dir DIR]                              a queued run created by the app
     jagg train --resume ID [--runs-dir DIR]                              continue after the last checkpoint
+    jagg train --resume ID --from-scratch [--runs-dir DIR]               start the run over from step 0
 
 One process runs the trainer here; N > 1 processes go through ``accelerate launch`` (gloo on CPU, NCCL on
 GPUs). Nothing is written before the config validates: a bad field is one line and exit code 2.
@@ -55,6 +56,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--run-id", type=int, default=None, help="train a queued run that already exists")
     p.add_argument("--resume", type=int, default=None, metavar="RUN_ID", help="resume a failed/cancelled run")
+    p.add_argument(
+        "--from-scratch",
+        action="store_true",
+        help="with --resume: start the run over from step 0 in the same run (its logged steps and checkpoints"
+        " are discarded), e.g. when no checkpoint of it is intact",
+    )
     scale = p.add_argument_group("several machines (accelerate launch)")
     scale.add_argument(
         "--machines", type=int, default=None, metavar="M", help="machines of the run (default 1)"
@@ -199,6 +206,7 @@ def accelerate_argv(
     resume: bool,
     topo: Topology | None = None,
     join_timeout: float = JOIN_TIMEOUT_S,
+    from_scratch: bool = False,
 ) -> list[str]:
     """The ``accelerate launch`` command line of this machine's trainer processes.
 
@@ -227,7 +235,7 @@ def accelerate_argv(
     argv += ["--machine-rank", str(topo.machine_rank)]
     if run_id is not None:
         argv += ["--run-id", str(run_id)]
-    return argv + (["--resume"] if resume else [])
+    return argv + (["--resume"] if resume else []) + (["--from-scratch"] if resume and from_scratch else [])
 
 
 RUN_ID_MAX = 2**63 - 1  # SQLite's INTEGER
@@ -272,6 +280,8 @@ def _run(args: argparse.Namespace, lock: list) -> int:
 
     if args.resume is not None and args.run_id is not None:
         raise UsageError("--resume and --run-id: give one of them")
+    if getattr(args, "from_scratch", False) and args.resume is None:
+        raise UsageError("--from-scratch: only with --resume RUN_ID (a new run starts from step 0 anyway)")
     attach = args.resume if args.resume is not None else args.run_id
     flag = "--resume" if args.resume is not None else "--run-id"
     if attach is not None and not 1 <= attach <= RUN_ID_MAX:
@@ -377,8 +387,9 @@ def _run(args: argparse.Namespace, lock: list) -> int:
         print(f"run {run_id}: {run_dir}", file=sys.stderr)
 
     resume = args.resume is not None
+    from_scratch = resume and getattr(args, "from_scratch", False)
     if topo.processes == 1 and topo.config_file is None:
-        return train(run_id, str(runs_dir), resume=resume)
+        return train(run_id, str(runs_dir), resume=resume, from_scratch=from_scratch)
     env = dict(os.environ)
     try:
         import torch
@@ -391,7 +402,9 @@ def _run(args: argparse.Namespace, lock: list) -> int:
         env["JAGG_EXPECT"] = json.dumps(expect)
     if lock:
         env[LOCKED_ENV] = str(lock[0].folder)  # the trainer processes run under this command's lock
-    argv = accelerate_argv(topo.processes, run_id, str(runs_dir), resume, topo, args.join_timeout)
+    argv = accelerate_argv(
+        topo.processes, run_id, str(runs_dir), resume, topo, args.join_timeout, from_scratch=from_scratch
+    )
     if topo.machines > 1:
         who = "machine 0: waiting" if topo.machine_rank == 0 else f"machine {topo.machine_rank}: joining"
         print(

@@ -277,10 +277,14 @@ class Trainer:
         resume: bool = False,
         accelerator: Any = None,
         run_dir: str | os.PathLike[str] | None = None,
+        from_scratch: bool = False,
     ):
+        """``from_scratch`` (with ``resume``): the run starts over from step 0 instead of its last checkpoint
+        (see :meth:`start_over`)."""
         from accelerate import Accelerator
 
         self.cfg, self.run_id, self.resume = cfg, run_id, resume
+        self.from_scratch, self.runs_dir = resume and from_scratch, runs_dir
         self.acc = accelerator or Accelerator(cpu=not torch.cuda.is_available())
         self.main = self.acc.is_main_process
         self.world, self.rank = self.acc.num_processes, self.acc.process_index
@@ -690,14 +694,20 @@ class Trainer:
         if self.main:
             row = self.store.get_run(self.run_id)
             max_step = max(row["last_step"] or 0, 0) if row else None
-        state = checkpoint.load_latest(
-            self.checkpoint_dir(),
-            self.rank,
-            gather=self.gather_strings,
-            broadcast=self.broadcast,
-            run_uid=self.run_uid,
-            max_step=max_step,
-        )
+        try:
+            state = checkpoint.load_latest(
+                self.checkpoint_dir(),
+                self.rank,
+                gather=self.gather_strings,
+                broadcast=self.broadcast,
+                run_uid=self.run_uid,
+                max_step=max_step,
+            )
+        except checkpoint.CheckpointError as exc:  # none intact: say what the user can do
+            raise checkpoint.CheckpointError(
+                f"{exc}; start the run over from step 0 with `jagg train --resume {self.run_id} --from-scratch"
+                f" --runs-dir {self.runs_dir}`, or start a new run with its config"
+            ) from None
         if state is None:
             return 0
         if len(state.params) != len(self.params) or any(
@@ -746,9 +756,23 @@ class Trainer:
             broadcast_object_list(flag, from_process=0)
         return flag[0]
 
+    def start_over(self) -> None:
+        """``--from-scratch``: the run goes on from step 0 in its own folder and row. Its checkpoints are moved
+        aside (``checkpoints-discarded-<time>``, never read again) and every logged step is discarded through
+        the history's truncation (:meth:`RunStore.truncate_after`, to step -1), so the index, the history file
+        and a later reindex agree."""
+        if self.acc.is_local_main_process and self.checkpoint_dir().is_dir():
+            aside = self.run_dir / f"checkpoints-discarded-{time.strftime('%Y%m%d-%H%M%S')}"
+            os.replace(self.checkpoint_dir(), aside)
+            log.info("from scratch: checkpoints moved to %s", aside)
+        if self.main:
+            self.store.truncate_after(self.run_id, -1)
+            log.info("from scratch: every logged step discarded, starting over from step 0")
+        self.acc.wait_for_everyone()
+
     def run(self) -> str:
         cfg = self.cfg
-        done = self.load_checkpoint() if self.resume else 0
+        done = self.load_checkpoint() if self.resume and not self.from_scratch else 0
         self.start_step = done + 1
         problem = None
         if self.main:  # the claim: only from the status this trainer was started for (compare-and-set)
@@ -760,10 +784,11 @@ class Trainer:
         problem = self.broadcast(problem)
         if problem:
             raise ClaimError(problem)
-        if self.main:
-            if self.resume:
-                self.store.truncate_after(self.run_id, done)
-                log.info("resuming after step %d", done)
+        if self.from_scratch:
+            self.start_over()
+        elif self.main and self.resume:
+            self.store.truncate_after(self.run_id, done)
+            log.info("resuming after step %d", done)
         if done == 0 and cfg.eval_every:
             metrics0 = self.evaluate(0)
             if self.main:
@@ -849,12 +874,22 @@ def failure_message(exc: BaseException, store: RunStore | None) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+FILE_ONLY = "jagg_file_only"  # a log record with this attribute set goes to train.log, never to the terminal
+
+
+def _terminal_handler() -> logging.Handler:
+    """stderr without the records marked :data:`FILE_ONLY` (a failure's traceback): the terminal gets one line."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(lambda record: not getattr(record, FILE_ONLY, False))
+    return handler
+
+
 def _setup_logging(run_dir: Path | None, main: bool) -> None:
     if not main:
-        logging.basicConfig(level=logging.WARNING)
+        logging.basicConfig(level=logging.WARNING, handlers=[_terminal_handler()])
         return
     run_dir.mkdir(parents=True, exist_ok=True)
-    handlers = [logging.FileHandler(run_dir / "train.log"), logging.StreamHandler(sys.stderr)]
+    handlers = [logging.FileHandler(run_dir / "train.log"), _terminal_handler()]
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", handlers=handlers, force=True
     )
@@ -867,9 +902,10 @@ def share_run(
     machine_rank: int,
     runs_dir: str,
     expect: dict[str, Any],
-) -> tuple[TrainConfig, int, bool, Path]:
+    from_scratch: bool = False,
+) -> tuple[TrainConfig, int, bool, bool, Path]:
     """Global rank 0 holds the run (read from the store on machine 0); every rank receives its id, config,
-    folder and resume flag after the rendezvous: machines other than 0 have no store to read them from.
+    folder, resume and from-scratch flags after the rendezvous: machines other than 0 have no store to read them from.
 
     Each rank validates the config on its machine (prompt files, reward dependencies) and checks what its
     machine was given (``expect``: the CONFIG and run id of its ``jagg train``) against machine 0's. Any problem
@@ -882,7 +918,15 @@ def share_run(
 
     box: list[Any] = [None]
     if acc.is_main_process:
-        box = [{"id": run["id"], "config": run["config"], "run_dir": run["run_dir"], "resume": resume}]
+        box = [
+            {
+                "id": run["id"],
+                "config": run["config"],
+                "run_dir": run["run_dir"],
+                "resume": resume,
+                "from_scratch": from_scratch,
+            }
+        ]
     if acc.num_processes > 1:
         broadcast_object_list(box, from_process=0)
     shared = box[0]
@@ -907,7 +951,7 @@ def share_run(
     run_dir = Path(shared["run_dir"])
     if machine_rank != 0:
         run_dir = Path(runs_dir) / run_dir.name
-    return cfg, int(shared["id"]), bool(shared["resume"]), run_dir
+    return cfg, int(shared["id"]), bool(shared["resume"]), bool(shared.get("from_scratch")), run_dir
 
 
 def _mark_started() -> None:
@@ -917,8 +961,15 @@ def _mark_started() -> None:
         Path(marker).touch()
 
 
-def train(run_id: int | None, runs_dir: str, resume: bool = False, machine_rank: int = 0) -> int:
+def train(
+    run_id: int | None,
+    runs_dir: str,
+    resume: bool = False,
+    machine_rank: int = 0,
+    from_scratch: bool = False,
+) -> int:
     """Train run ``run_id`` of the store in ``runs_dir`` (its config is read from the store). Exit code.
+    ``from_scratch`` (with ``resume``): start the run over from step 0 (:meth:`Trainer.start_over`).
 
     Global rank 0 reads the run; the other ranks (``run_id`` None on machines other than 0) receive it.
     """
@@ -939,7 +990,7 @@ def train(run_id: int | None, runs_dir: str, resume: bool = False, machine_rank:
                 print(f"jagg train: refused: {exc}", file=sys.stderr)
                 return CLAIM_REFUSED_RC
     try:
-        return _train_locked(run_id, runs_dir, resume, machine_rank, main, store, run)
+        return _train_locked(run_id, runs_dir, resume, machine_rank, main, store, run, from_scratch)
     finally:
         if lock is not None:
             lock.release()
@@ -953,6 +1004,7 @@ def _train_locked(
     main: bool,
     store: RunStore | None,
     run: dict[str, Any] | None,
+    from_scratch: bool = False,
 ) -> int:
     _setup_logging(Path(run["run_dir"]) if main else None, main)
     expect = json.loads(os.environ.get("JAGG_EXPECT") or "{}")
@@ -965,8 +1017,12 @@ def _train_locked(
 
         acc = Accelerator(cpu=not torch.cuda.is_available())
         _mark_started()
-        cfg, run_id, resume, run_dir = share_run(acc, run, resume, machine_rank, runs_dir, expect)
-        trainer = Trainer(cfg, run_id, runs_dir, resume=resume, accelerator=acc, run_dir=run_dir)
+        cfg, run_id, resume, from_scratch, run_dir = share_run(
+            acc, run, resume, machine_rank, runs_dir, expect, from_scratch
+        )
+        trainer = Trainer(
+            cfg, run_id, runs_dir, resume=resume, accelerator=acc, run_dir=run_dir, from_scratch=from_scratch
+        )
         # The app runs a compare pair side by side with the cores split between them (OMP_NUM_THREADS).
         log.info("torch CPU threads: %d", torch.get_num_threads())
 
@@ -987,7 +1043,8 @@ def _train_locked(
         return CLAIM_REFUSED_RC
     except Exception as exc:  # the run fails, its history stays: rows already written are intact
         message = failure_message(exc, store)
-        log.error("run %s failed: %s\n%s", run_id, message, traceback.format_exc())
+        log.error("run %s failed: %s", run_id, message)
+        log.error("%s", traceback.format_exc().rstrip(), extra={FILE_ONLY: True})  # train.log keeps it
         if main:
             if reserve is not None:
                 reserve.unlink(missing_ok=True)  # room for the status below when the disk is full
@@ -1006,9 +1063,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-id", type=int, default=None, help="the run (global rank 0 needs it)")
     parser.add_argument("--runs-dir", required=True)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--from-scratch", action="store_true", help="with --resume: start over from step 0")
     parser.add_argument("--machine-rank", type=int, default=0)
     args = parser.parse_args(argv)
-    return train(args.run_id, args.runs_dir, args.resume, args.machine_rank)
+    return train(args.run_id, args.runs_dir, args.resume, args.machine_rank, args.from_scratch)
 
 
 if __name__ == "__main__":
