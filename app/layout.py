@@ -13,7 +13,7 @@ import gradio as gr
 
 from app import data, metrics, panels, samples, showcase
 from app.form import OVERRIDES_EXAMPLE
-from app.space import CAPS, OWNER_PASSWORD_ENV, SPACE_REWARDS
+from app.space import CAPS, OWNER_PASSWORD_ENV, SPACE_REWARDS, SpaceLimits
 from jagg_engine.train.config import ALGORITHMS, STRATEGIES, TrainConfig
 
 # The rewards the New run form offers outside a Space (a Space offers only its weight-free ones).
@@ -87,15 +87,15 @@ def metric_controls(prefix: str, x_only: bool = False) -> SimpleNamespace:
     )
 
 
-def header(space: bool, per_visitor: int) -> None:
+def header(space: bool, limits: SpaceLimits) -> None:
     gr.Markdown(
         "# JAGG Studio\nGRPO for flow-matching image transformers, with JAGG: two endpoint backward passes "
         "per window of W denoising steps instead of W."
         + (
             f"\n\n*Space mode: tiny-shapes only, at most {CAPS['steps']} steps, one run trains at a time and "
-            f"{per_visitor} may wait or train per visitor. You can cancel, resume and delete the "
+            f"{limits.per_visitor} may wait or train per visitor. You can cancel, resume and delete the "
             "runs you started from this page: the runs belong to this page load, so reloading the page "
-            "loses control of them (they keep training, and stay visible to everyone).*"
+            f"loses control of them (they keep training, and stay visible to everyone). {limits.describe_disk()}*"
             if space
             else ""
         )

@@ -17,8 +17,10 @@ work is checked here, by who asks (``gr.Request.session_hash``, one per page loa
   address, with no Space-wide pause, so that guessing never locks the owner out. The showcase runs are
   read-only for everyone.
 * **Queue limits**: at most ``per_visitor`` waiting-or-training runs per visitor session and ``total`` in all.
-* **Pruning**: when the runs folder passes ``max_runs_bytes``, the oldest finished visitor runs are deleted
-  with their folders (never the owner's, never the showcase, never an active run).
+* **Pruning**: when the visitor runs pass ``max_visitor_runs`` in number or ``max_visitor_bytes`` in size, or
+  the runs folder passes ``max_runs_bytes``, the oldest finished visitor runs are deleted with their folders
+  (never the owner's, never the showcase, never an active run). The Space header says so
+  (:meth:`SpaceLimits.describe_disk`).
 * **Files** (:class:`FilePublisher`): gradio's file route serves only what the app handed to a component
   (copied into gradio's cache): sample images and the exports a visitor asked for. The runs folder itself
   is never an allowed path, so ``jagg.db``, checkpoints and logs are never served (a runs folder gradio
@@ -221,12 +223,24 @@ def check_space_config(cfg: TrainConfig, base: TrainConfig | None = None) -> Non
 @dataclasses.dataclass(frozen=True)
 class SpaceLimits:
     """Queue and disk limits of a Space (environment: JAGG_SPACE_QUEUE_PER_VISITOR, JAGG_SPACE_QUEUE_TOTAL,
-    JAGG_SPACE_MAX_RUNS_MB)."""
+    JAGG_SPACE_MAX_RUNS_MB, JAGG_SPACE_MAX_VISITOR_RUNS, JAGG_SPACE_MAX_VISITOR_RUNS_MB)."""
 
     per_visitor: int = 2  # waiting or training runs of one visitor session (a compare pair is 2)
     total: int = 4  # waiting or training runs of all visitors together
     max_runs_bytes: int = 2048 * 1024**2  # the runs folder is pruned above this size
+    max_visitor_runs: int = (
+        12  # visitor runs kept (a tiny-shapes run is ~30 MB); the oldest finished go first
+    )
+    max_visitor_bytes: int = 512 * 1024**2  # bytes of the visitor runs' folders kept together
     prune_every_s: float = 30.0  # the folder size is measured at most this often
+
+    def describe_disk(self) -> str:
+        """The Space header's sentence on what is kept of visitor runs."""
+        return (
+            f"The newest {self.max_visitor_runs} visitor runs are kept ({self.max_visitor_bytes / 1024**2:.0f} MB"
+            " together at most): past that the oldest finished ones are deleted, never the showcase or the"
+            " owner's runs."
+        )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SpaceLimits:
@@ -236,6 +250,8 @@ class SpaceLimits:
             ("JAGG_SPACE_QUEUE_PER_VISITOR", "per_visitor", 1),
             ("JAGG_SPACE_QUEUE_TOTAL", "total", 1),
             ("JAGG_SPACE_MAX_RUNS_MB", "max_runs_bytes", 1024**2),
+            ("JAGG_SPACE_MAX_VISITOR_RUNS", "max_visitor_runs", 1),
+            ("JAGG_SPACE_MAX_VISITOR_RUNS_MB", "max_visitor_bytes", 1024**2),
         ):
             text = env.get(name)
             if text is None or text == "":
@@ -418,8 +434,10 @@ class SpaceGuard:
 
     # ------------------------------------------------------------------ disk
     def prune(self, store: RunStore, force: bool = False) -> list[int]:
-        """Delete the oldest finished visitor runs (rows and folders) while the runs folder is larger than
-        ``max_runs_bytes``; at most every ``prune_every_s`` seconds unless ``force``. Returns the ids."""
+        """Delete the oldest finished visitor runs (rows and folders) while the visitor runs are more than
+        ``max_visitor_runs`` or weigh more than ``max_visitor_bytes``, or the runs folder is larger than
+        ``max_runs_bytes``; at most every ``prune_every_s`` seconds unless ``force``. Never the owner's runs,
+        the showcase (read-only) or an active run. Returns the ids."""
         if not self.space:
             return []
         with self._lock:
@@ -427,34 +445,50 @@ class SpaceGuard:
             if not force and now - self._last_prune < self.limits.prune_every_s:
                 return []
             self._last_prune = now
-            size = folder_size(self.root)
-            if size <= self.limits.max_runs_bytes:
-                return []
             runs = {run["id"]: run for run in store.list_runs()}
-            candidates = sorted(
+            visitor = sorted(
                 run_id
                 for run_id, entry in self._runs.items()
-                if not entry["owner"]
-                and run_id in runs
-                and run_id not in self.read_only
-                and runs[run_id]["status"] in ("finished", "failed", "cancelled")
+                if not entry["owner"] and run_id in runs and run_id not in self.read_only
             )
-            pruned = []
-            for run_id in candidates:
-                if size <= self.limits.max_runs_bytes:
+            weight = {
+                run_id: folder_size(Path(runs[run_id]["run_dir"])) if runs[run_id]["run_dir"] else 0
+                for run_id in visitor
+            }
+            size, count, visitors_bytes = folder_size(self.root), len(visitor), sum(weight.values())
+
+            def over() -> str | None:
+                if count > self.limits.max_visitor_runs:
+                    return f"{count} visitor runs, at most {self.limits.max_visitor_runs} kept"
+                if visitors_bytes > self.limits.max_visitor_bytes:
+                    return f"visitor runs over {self.limits.max_visitor_bytes / 1024**2:.0f} MB"
+                if size > self.limits.max_runs_bytes:
+                    return f"runs folder over {self.limits.max_runs_bytes / 1024**2:.0f} MB"
+                return None
+
+            pruned, why = [], over()
+            reasons = []
+            for run_id in visitor:  # oldest first
+                if why is None:
                     break
-                folder = runs[run_id]["run_dir"]
-                freed = folder_size(Path(folder)) if folder else 0
+                if runs[run_id]["status"] not in ("finished", "failed", "cancelled"):
+                    continue
                 try:
                     store.delete_run(run_id, delete_files=True)
                 except StoreError:
                     continue
-                size -= freed
+                reasons.append(why)
+                size, count, visitors_bytes = (
+                    size - weight[run_id],
+                    count - 1,
+                    visitors_bytes - weight[run_id],
+                )
                 pruned.append(run_id)
                 self._runs.pop(run_id, None)
+                why = over()
             if pruned:
                 self._save()
-                print(f"jagg app: pruned visitor runs {pruned} (runs folder over the size limit)", flush=True)
+                print(f"jagg app: pruned visitor runs {pruned} ({reasons[0]})", flush=True)
             return pruned
 
     def forget(self, run_id: int) -> None:

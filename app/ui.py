@@ -228,7 +228,7 @@ def _readable(block: Any, preprocess: Callable[[Any], Any]) -> Callable[[Any], A
 
 def build_layout(h: Handlers, backbones: tuple[str, ...], showcase_ids: list[int]) -> SimpleNamespace:
     """Every tab's components, inside the open Blocks; the page opens on the showcase when there is one."""
-    layout.header(h.space, h.guard.limits.per_visitor)
+    layout.header(h.space, h.guard.limits)
     shown = h.history.compare(showcase_ids, h.r0) if len(showcase_ids) >= 2 else None
     defaults = TrainConfig()
     note = speedup_note(defaults.window, defaults.jagg_frac, defaults.strategy, h.r0, *h.reuse_defaults)
