@@ -133,8 +133,11 @@ class Confirm:
     def __init__(self, app: Handlers):
         self.app = app
 
-    def ask(self, action: str, run_id: Any, *extra: Any) -> tuple[str, Any, Any]:
-        """(question or one-line error, the confirm row's visibility, the pending action)."""
+    def ask(
+        self, action: str, run_id: Any, *extra: Any, request: gr.Request | None = None
+    ) -> tuple[str, Any, Any]:
+        """(question or one-line error, the confirm row's visibility, the pending action). An action that would
+        be refused anyway (:meth:`refusal`) is refused here, before any question."""
         try:
             number = self.app.resolve(run_id)
             run = self.app.store.get_run(number) if number is not None else None
@@ -142,11 +145,39 @@ class Confirm:
                 raise ConfigError("No run selected." if number is None else f"run id: no run #{number}")
         except ConfigError as exc:  # it may quote what was typed in the picker
             return f"**Error:** {md_message(exc)}", gr.update(visible=False), None
+        refused = self.refusal(action, run, request)
+        if refused:
+            return f"**Refused.** {md_message(refused)}", gr.update(visible=False), None
         # Another visitor's run name: shown as typed, never as Markdown or HTML (no image, no link).
         what = f"run #{number} {md_text(run['name'])} ({run['status']})"
         also = " and its folder" if action == "delete" and extra and extra[0] else ""
         question = f"**{CONFIRM_VERBS[action]} {what}{also}?** Press Confirm to go on, or Keep to leave it."
         return question, gr.update(visible=True), {"action": action, "run": number, "extra": list(extra)}
+
+    def refusal(self, action: str, run: dict[str, Any], request: gr.Request | None = None) -> str:
+        """Why ``action`` on ``run`` would be refused once confirmed ("" when it would go on): the read-only
+        showcase or another visitor's run (:meth:`SpaceGuard.check_action`), a resume of a run that is not
+        failed or cancelled, a cancel of a run that has ended, a delete of a run still queued or training."""
+        number, status = int(run["id"]), run["status"]
+        try:
+            self.app.guard.check_action(session(request), number, action)
+        except SpaceError as exc:
+            return str(exc)
+        if action == "resume" and status not in ("failed", "cancelled"):
+            return f"run {number}: is {status}; only a failed or cancelled run resumes"
+        if action == "cancel" and status not in ("queued", "running"):
+            return f"run {number}: is already {status}"
+        if action == "delete" and status in ("queued", "running"):
+            return f"run {number}: is {status}; cancel it first"
+        return ""
+
+    def asker(self, action: str) -> Any:
+        """The handler of ``action``'s button: :meth:`ask` with the caller's request (Space mode's session)."""
+
+        def ask(run_id: Any, *extra: Any, request: gr.Request | None = None) -> tuple[str, Any, Any]:
+            return self.ask(action, run_id, *(bool(x) for x in extra), request=request)
+
+        return ask
 
     def keep(self) -> tuple[str, Any, None]:
         return "Nothing done.", gr.update(visible=False), None
@@ -196,15 +227,16 @@ class NewRunHandlers(_Part):
         return (
             self.manager.pair_message(exact_id, jagg_id),  # side by side or one after the other, and why
             jagg_id,
-            gr.update(choices=self.app.run_choices(), value=exact_id),
+            # Live opens on the JAGG run: its table holds the pair's measured speedup, redrawn until both end.
+            gr.update(choices=self.app.run_choices(), value=jagg_id),
         )
 
     def predict(self, window: float, jagg_frac: float, strategy: str, r: float) -> str:
         return speedup_note(window, jagg_frac, strategy, r, *self.app.reuse_defaults)
 
     def duplicate(self, run_id: Any) -> tuple[Any, ...]:
-        """The New run form filled with run ``run_id``'s config (other fields as overrides), and the tab
-        switched to it; on a bad id the form is left as it is."""
+        """The New run form filled with run ``run_id``'s config (other fields as overrides), the tab switched
+        to it, a note, and the form's launch message cleared; on a bad id the form is left as it is."""
         try:
             number = self.app.resolve(run_id)
             run = self.store.get_run(number) if number is not None else None
@@ -212,9 +244,9 @@ class NewRunHandlers(_Part):
                 raise ConfigError("No run selected." if number is None else f"run id: no run #{number}")
             values = config_form_values(run["config"])
         except ConfigError as exc:
-            return (*(gr.skip() for _ in FORM_FIELDS), gr.skip(), f"**Error:** {md_message(exc)}")
+            return (*(gr.skip() for _ in FORM_FIELDS), gr.skip(), f"**Error:** {md_message(exc)}", gr.skip())
         note = f"New run form filled with run #{number}'s config: change a field and press Launch."
-        return (*values, gr.update(selected="new"), note)
+        return (*values, gr.update(selected="new"), note, "")  # "": the last launch's message is gone
 
 
 def view_of(metric_keys: Any, smoothing: Any, log_y: Any, x: Any) -> metrics.MetricView:
@@ -249,7 +281,8 @@ class LiveHandlers(_Part):
             note = "No run selected." if number is None else f"No run #{number}."
             return (note, *(p.empty("pick a run") for p in self.panels))
         ctx = panels.live_context(self.store, run, ratio, self.root, self.publish.items, view)
-        return (data.progress_markdown(run), *(panels.render(p, ctx) for p in self.panels))
+        progress = data.progress_markdown(run, self.store.last_values(run["id"], data.TRAINING_CLOCK_KEYS))
+        return (progress, *(panels.render(p, ctx) for p in self.panels))
 
     def metric_choices(self, number: int | None, picked: Any) -> Any:
         """The metric picker's choices: every key the run logged (and what is picked, so it stays)."""
@@ -394,8 +427,8 @@ class HistoryHandlers(_Part):
         at: Any = None,
     ) -> tuple[Any, ...]:
         """Only the picked runs: (one-line message, the showcase box shown only for the showcase's own runs,
-        reward curves over ``x``, the metrics view, time to reach ``level`` (empty: the exact run's final
-        eval), summary, config diff, images at each run's own first and last eval (and at step ``at``), the
+        reward curves over ``x``, the metrics view, time to reach ``level`` (empty: the lower of the
+        runs' final evals, a level every run reaches), summary, config diff, images at each run's own first and last eval (and at step ``at``), the
         gallery's columns). An id that names no run is one line; the valid runs stay."""
         empty = (gr.update(visible=False), gr.update(visible=False), pd.DataFrame(), pd.DataFrame(),
                  pd.DataFrame(), gr.update(value=[]), gr.skip())  # fmt: skip
@@ -505,6 +538,15 @@ class HistoryHandlers(_Part):
         except (KeyError, IndexError, TypeError, ValueError):
             return gr.skip(), gr.skip()
         return run_id, notes.read_notes(self.root).get(run_id, "")
+
+    def load_note(self, run_id: Any) -> Any:
+        """The note box when the run id changes: the note of the run it names, "" for one without a note or
+        an id that names no run (Save never writes one run's note to another)."""
+        try:
+            number = parse_run_id(run_id)
+        except ConfigError:
+            return ""
+        return notes.read_notes(self.root).get(number, "") if number is not None else ""
 
     def save_note(
         self, run_id: Any, text: str, request: gr.Request | None = None

@@ -145,7 +145,8 @@ def new_run_tab(backbones: Sequence[str], space: bool, r0: float, note: str) -> 
         launch_btn = gr.Button("Launch", variant="primary")
         pair_btn = gr.Button("Compare exact vs JAGG")
     launch_msg = gr.Markdown()
-    launched_id = gr.Number(label="launched run id", precision=0, interactive=False)
+    # Text, not gr.Number: a number box shows 0 before any run (gradio's frontend fills an empty one with 0).
+    launched_id = gr.Textbox(label="launched run id", interactive=False, lines=1, max_lines=1)
     form = [name, backbone, model_path, rewards, algorithm, window, jagg_frac, strategy, steps, group_size, lr,
             seed, processes, overrides]  # fmt: skip
     return SimpleNamespace(**locals())
@@ -320,7 +321,10 @@ def history_tab(space: bool, backbones: Sequence[str] = ()) -> SimpleNamespace:
     )
     with gr.Row():
         history_btn = gr.Button("Refresh")
-        target = gr.Number(label="run id", elem_id="history-target")  # no rounding: 1.5 is refused, not run 2
+        # Text, not gr.Number (which shows 0 while empty); parsed exactly: 1.5 is refused, not run 2.
+        target = gr.Textbox(
+            label="run id", placeholder="e.g. 12", lines=1, max_lines=1, elem_id="history-target"
+        )
         delete_files = gr.Checkbox(label="also delete its folder", value=False)
         delete_btn = gr.Button("Delete", variant="stop")
         resume_btn = gr.Button("Resume")

@@ -286,6 +286,14 @@ class TryIt:
         steps = checkpoint_steps(runs[0].get("run_dir")) if runs else []
         return [(data.run_label(r), r["id"]) for r in runs], (runs[0]["id"] if runs else None), steps
 
+    def load_pickers(self) -> tuple[Any, Any]:
+        """At each page load: the run picker (runs with a checkpoint now, on the newest) and its steps."""
+        choices, value, steps = self.initial()
+        return (
+            gr.update(choices=choices, value=value),
+            gr.update(choices=steps, value=steps[-1] if steps else None),
+        )
+
     def pick_run(self) -> Any:
         """The run picker's choices now (on focus: runs that gained a checkpoint since the page opened)."""
         return gr.update(choices=self.run_choices())
@@ -299,6 +307,13 @@ class TryIt:
         run = self.store.get_run(number) if number is not None else None
         steps = checkpoint_steps(run.get("run_dir")) if run else []
         return gr.update(choices=steps, value=steps[-1] if steps else None)
+
+    def refresh_steps(self, run_id: Any, step: Any) -> Any:
+        """On focus of the step picker: the run's checkpoint steps now, the picked one kept while it has one."""
+        update = self.steps_of(run_id)
+        if step in update["choices"]:
+            update["value"] = step
+        return update
 
     def _checked_run(self, run_id: Any, field: str) -> tuple[int, list[int]]:
         number = match_run(run_id, self.store.list_runs(), field)
@@ -441,6 +456,9 @@ def wire(tab: Any, history: Any, h: TryIt) -> None:
     """Connect the Try it tab (:func:`app.layout.tryit_tab`) and History's Export model button to ``h``."""
     tab.run.change(h.steps_of, tab.run, tab.step, api_name="try_it_steps")
     tab.run.focus(h.pick_run, None, tab.run, api_visibility="private")
+    tab.step.focus(h.refresh_steps, [tab.run, tab.step], tab.step, api_visibility="private")
+    # no triggers: at each page load (the pickers as built are the app's start's)
+    gr.on(None, h.load_pickers, None, [tab.run, tab.step], api_visibility="private")
     tab.generate_btn.click(
         h.generate, [tab.run, tab.step, tab.prompts, tab.seeds], [tab.message, tab.base, tab.trained],
         api_name="try_it", concurrency_limit=None,  # one worker at a time is Workers' rule, refused in one line

@@ -288,16 +288,21 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
     _wire_confirm(
         live.confirm, live.action_msg, h.live.confirmed, [],
         asks=[
-            (live.cancel_btn, lambda run: h.confirm.ask("cancel", run), live.live_run),
-            (live.resume_btn, lambda run: h.confirm.ask("resume", run), live.live_run),
+            (live.cancel_btn, h.confirm.asker("cancel"), live.live_run),
+            (live.resume_btn, h.confirm.asker("resume"), live.live_run),
         ],
+    )  # fmt: skip
+    # Another run picked: the last action's message and an open question were about the run before.
+    live.live_run.change(
+        lambda: ("", gr.update(visible=False), None, ""), None,
+        [live.action_msg, live.confirm.row, live.confirm.pending, live.confirm.question], api_visibility="private",
     )  # fmt: skip
     # The API keeps the direct actions (a script has no one to ask).
     gr.Button(visible=False).click(h.live.cancel, live.live_run, live.action_msg, api_name="cancel_run")
     gr.Button(visible=False).click(
         h.live.resume_live, live.live_run, live.action_msg, api_name="resume_live_run"
     )
-    filled = [*new.form, page.tabs, live.action_msg]
+    filled = [*new.form, page.tabs, live.action_msg, new.launch_msg]
     live.duplicate_btn.click(h.new.duplicate, live.live_run, filled, api_name="duplicate_run")
     gr.Button(visible=False).click(
         h.live.step_images,
@@ -358,6 +363,8 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
     history.history_table.select(
         h.history.pick_row, history.history_table, [history.target, history.note], api_visibility="private"
     )
+    # The note box follows the run id (typed or picked): Save never writes one run's note to another.
+    history.target.change(h.history.load_note, history.target, history.note, api_visibility="private")
     history.note_btn.click(
         h.history.save_note, [history.target, history.note], [history.history_msg, history.history_table],
         api_name="save_note",
@@ -365,12 +372,8 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
     _wire_confirm(
         history.confirm, history.history_msg, h.history.confirmed, [history.history_table],
         asks=[
-            (
-                history.delete_btn,
-                lambda run, files: h.confirm.ask("delete", run, bool(files)),
-                [history.target, history.delete_files],
-            ),
-            (history.resume_btn, lambda run: h.confirm.ask("resume", run), history.target),
+            (history.delete_btn, h.confirm.asker("delete"), [history.target, history.delete_files]),
+            (history.resume_btn, h.confirm.asker("resume"), history.target),
         ],
     )  # fmt: skip
     gr.Button(visible=False).click(
@@ -384,7 +387,10 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
         h.history.resume, history.target, history.history_msg, api_name="resume_run"
     )
     history.duplicate_btn.click(
-        h.new.duplicate, history.target, [*new.form, page.tabs, history.history_msg], api_visibility="private"
+        h.new.duplicate,
+        history.target,
+        [*new.form, page.tabs, history.history_msg, new.launch_msg],
+        api_visibility="private",
     )
     history.login_btn.click(h.history.login, history.password, history.login_msg, api_name="owner_login")
     history.owner_btn.click(

@@ -239,8 +239,8 @@ def test_the_first_tick_after_picking_a_run_leaves_the_slider_where_the_user_put
 def test_duplicate_fills_the_form_so_that_it_rebuilds_the_same_config(app, tmp_path):
     demo, run_id = app
     stored = demo.jagg_manager.store.get_run(run_id)["config"]
-    *values, tabs, note = _handler(demo, "duplicate_run")(run_id)
-    assert tabs["selected"] == "new" and f"run #{run_id}'s config" in note
+    *values, tabs, note, launch_message = _handler(demo, "duplicate_run")(run_id)
+    assert tabs["selected"] == "new" and f"run #{run_id}'s config" in note and launch_message == ""
     filled = dict(zip(form.FORM_FIELDS, values))
     assert (filled["name"], filled["steps"], filled["lr"]) == ("tiny-shapes", 3, 3e-5)
     # the fields not on the form, and only those that differ from the defaults, go to the overrides box
@@ -251,8 +251,8 @@ def test_duplicate_fills_the_form_so_that_it_rebuilds_the_same_config(app, tmp_p
     assert {k for k in stored if stored[k] != changed[k]} == {"window"}
     # a bad id fills nothing
     outputs = _handler(demo, "duplicate_run")(10**6)
-    assert outputs[-1] == "**Error:** run id: no run #1000000"
-    assert all(_skipped(o) for o in outputs[:-1])
+    assert outputs[-2] == "**Error:** run id: no run #1000000"
+    assert all(_skipped(o) for o in (*outputs[:-2], outputs[-1]))  # the launch message too
 
 
 def test_every_config_field_survives_the_form():

@@ -429,6 +429,57 @@ def test_history_refreshes_when_a_run_moves_and_a_row_click_picks_its_run(studio
     row = list(table["id"]).index(2)
     picked = history.pick_row(table, gr.SelectData(None, {"index": [row, 3], "value": "x", "selected": True}))
     assert picked == (2, "the exact baseline")
+    # the note box follows the run id, typed or picked: another run's note (or none) replaces it
+    assert history.load_note("2") == "the exact baseline" and history.load_note("3") == ""
+    assert history.load_note("") == "" and history.load_note("1.5") == ""
+
+
+def test_actions_that_would_be_refused_are_refused_before_the_question(studio):
+    from types import SimpleNamespace
+
+    demo, root = studio
+    handlers, store = demo.jagg_handlers, demo.jagg_manager.store
+    for action, why in (
+        ("resume", "run 3: is finished; only a failed or cancelled run resumes"),
+        ("cancel", "run 3: is already finished"),
+    ):
+        question, row, pending = handlers.confirm.asker(action)("3")
+        assert (question, row["visible"], pending) == (f"**Refused.** {why}", False, None)
+    running = store.create_run("going", TrainConfig().to_dict(), None)
+    store.set_status(running, "running", pid=None)
+    assert handlers.confirm.asker("delete")(str(running), True)[0] == (
+        f"**Refused.** run {running}: is running; cancel it first"
+    )
+    assert handlers.confirm.asker("delete")("3", True)[0].startswith("**Delete run #3 r3 (finished) and its")
+    # the read-only showcase and, in Space mode, another visitor's run: refused at once, no question
+    handlers.guard.read_only = {3}
+    assert "shipped showcase, which is read-only" in handlers.confirm.asker("delete")("3", False)[0]
+    handlers.guard.read_only = set()
+    handlers.guard.is_owner = lambda session: False  # as a Space visitor who did not start run #4
+    visitor = SimpleNamespace(session_hash="someone-else", headers={})
+    question, row, _ = handlers.confirm.asker("delete")("4", False, request=visitor)
+    assert (
+        question.startswith("**Refused.** delete: run 4 was not started in this session")
+        and not row["visible"]
+    )
+
+
+def test_duplicate_clears_the_last_launch_message_and_a_pair_opens_live_on_its_jagg_run(studio):
+    demo, _ = studio
+    handlers = demo.jagg_handlers
+    *_, tab, note, launch_message = handlers.new.duplicate("1")
+    assert (
+        tab["selected"] == "new"
+        and note.startswith("New run form filled with run #1")
+        and launch_message == ""
+    )
+    assert handlers.new.duplicate("99")[-2] == "**Error:** run id: no run #99"
+    handlers.queue_tick = lambda: []  # queued, never started: nothing trains in this test
+    values = form.config_form_values({**TrainConfig().to_dict(), "steps": 2})
+    _, jagg_id, picker = handlers.new.launch_pair(*values)
+    jagg = demo.jagg_manager.store.get_run(jagg_id)
+    assert jagg["config"]["strategy"] == "jagg" and picker["value"] == jagg_id  # Live opens on the JAGG run
+    assert data.paired_exact_run(demo.jagg_manager.store, jagg) is not None
 
 
 def test_the_space_header_and_reward_hint_tell_the_truth(tmp_path):

@@ -74,6 +74,12 @@ def test_try_it_draws_base_and_run_from_the_same_noise_with_the_rewards_the_eval
     assert [run_id for _, run_id in h.run_choices()] == [1]  # #2 has no checkpoint
     assert h.initial()[1:] == (1, [1])  # step 0 is the base model, beside every try
     assert h.steps_of(1)["choices"] == [1] and h.steps_of(1)["value"] == 1
+    run_picker, step_picker = h.load_pickers()
+    assert run_picker["value"] == 1 and step_picker == {**h.steps_of(1)}
+    assert (
+        h.refresh_steps(1, 1)["value"] == 1 and h.refresh_steps(1, 7)["value"] == 1
+    )  # a step gone: the last
+    assert h.steps_of(2)["choices"] == [] and h.steps_of("nope")["choices"] == []
     prompts = sorted({p for p, _ in eval_samples(runs, 1)})
     shown = list(h.generate(1, None, "\n".join(prompts) + "\n\n", "0, 2", request("a")))
     messages = [m for m, *_ in shown]
