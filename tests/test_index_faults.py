@@ -390,6 +390,35 @@ def test_a_reindex_killed_between_its_renames_leaves_the_old_or_the_new_index(tm
     assert snapshot(root) == before
 
 
+# ------------------------------------------------------------------------------------------------ a lost index
+
+
+def test_a_missing_index_beside_run_folders_is_one_line_naming_reindex_in_every_command(tmp_path):
+    """jagg.db (and its -wal/-shm) deleted, the run folders kept: `jagg runs`, `jagg export`, `jagg train`
+    and `jagg train --resume` each end with one line naming the folder and `jagg reindex` (exit 2), and none
+    makes a run, a folder or an empty index; the reindex brings the run back."""
+    root = tmp_path / "runs"
+    train_toy(root, steps=2)
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{root / DB_NAME}{suffix}").unlink(missing_ok=True)
+    line = (
+        f"{root / DB_NAME}: missing, but {root} holds 1 run folder(s) (run-0001); rebuild it from the run"
+        f" folders with `jagg reindex --runs-dir {root}`"
+    )
+    for args in (
+        ["runs"],
+        ["export", "1", "--out", str(tmp_path)],
+        ["train", *TOY, "steps=1"],
+        ["train", "--resume", "1"],
+    ):
+        proc = jagg(*args, "--runs-dir", str(root))
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert proc.stderr.strip().splitlines() == [f"jagg {args[0]}: error: {line}"], (args, proc.stderr)
+    assert sorted(p.name for p in root.iterdir()) == [".jagg.db.lock", "run-0001"]
+    done = jagg("reindex", "--runs-dir", str(root))
+    assert done.returncode == 0 and done.stdout.startswith("reindexed 1 run(s)"), done.stderr
+
+
 # ------------------------------------------------------------------------------------------------ run.json
 
 

@@ -274,7 +274,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, lock: list) -> int:
-    from jagg_engine.store import DB_NAME, RUN_FOLDER, ClaimError, RunLock
+    from jagg_engine.store import (
+        DB_NAME,
+        RUN_FOLDER,
+        ClaimError,
+        RunLock,
+        missing_index_message,
+        run_folders_with_files,
+    )
     from jagg_engine.train.config import ConfigError, TrainConfig, check_runs_dir, load_config
     from jagg_engine.train.trainer import CLAIM_REFUSED_RC, LOCKED_ENV, train
 
@@ -320,6 +327,8 @@ def _run(args: argparse.Namespace, lock: list) -> int:
         if not os.path.lexists(
             os.path.join(runs_dir, DB_NAME)
         ):  # opening the store would create an empty history
+            if found := run_folders_with_files(Path(runs_dir)):  # the index is lost, its folders are here
+                raise UsageError(missing_index_message(Path(runs_dir), found))
             raise UsageError(f"{flag}: no run history in {runs_dir} (no {DB_NAME}); give --runs-dir")
         store = writable_store(runs_dir)
         store.check_liveness()
