@@ -76,7 +76,9 @@ def test_two_resumes_at_once_and_resume_pressed_twice_one_trains_the_run_ends_fi
         lines[0].startswith("jagg train: error: run 1: another trainer holds ")
         and "; not started" in lines[0]
     )
-    assert store.get_run(1)["status"] == "running" and store.get_run(1)["pid"] == winner.pid
+    # the winner takes the folder's lock first and marks the run running just after: wait for the mark
+    assert wait_for(lambda: store.get_run(1)["status"] == "running"), store.get_run(1)
+    assert store.get_run(1)["pid"] == winner.pid
     cancel_at(store, 1, 30)  # the winner stops after step 30 or so, with a checkpoint
     assert winner.wait(timeout=120) == 0
 
