@@ -19,13 +19,15 @@ from jagg_engine.train.config import ALGORITHMS, STRATEGIES, TrainConfig
 # The rewards the New run form offers outside a Space (a Space offers only its weight-free ones).
 ALL_REWARDS_HINT = (*SPACE_REWARDS, "pickscore", "clipscore", "hpsv2")
 
-# Page-wide style (passed to launch): low-resolution samples drawn pixel for pixel, never smoothed, and a
-# caption shown whole while the pointer is on its image.
+# Page-wide style (passed to launch): low-resolution samples drawn pixel for pixel, never smoothed, a
+# caption shown whole while the pointer is on its image, and in dark mode the plots' titles, ticks and
+# legends in the theme's text colour (their backgrounds are transparent: app.metrics.use_page_theme).
 CSS = """
 #compare-gallery img, #step-gallery img, #live-gallery img, #tryit-base img, #tryit-trained img {
   image-rendering: pixelated; }
 .thumbnail-item:hover .caption-label { white-space: normal; overflow: visible; text-overflow: clip;
   max-width: none; z-index: 20; }
+.dark .js-plotly-plot .main-svg text:not(.nums):not(.name) { fill: var(--body-text-color) !important; }
 """
 
 # Run pickers: Enter takes the run whose id or whole label is what was typed, never the first label that

@@ -204,6 +204,26 @@ def metrics_figure(
     return fig
 
 
+THEME_TEMPLATE = "jagg"
+
+
+def use_page_theme() -> None:
+    """Make :data:`THEME_TEMPLATE` plotly's default template: plotly's own with transparent paper and plot
+    backgrounds and a grey grid, so that every figure drawn after sits on the page's light or dark
+    background (the page's CSS, :data:`app.layout.CSS`, colours the figures' text in dark mode with the
+    theme's text colour). The app calls it when it is built; nothing changes at import."""
+    import plotly.io as pio
+
+    if THEME_TEMPLATE not in pio.templates:
+        template = go.layout.Template(pio.templates["plotly"])
+        clear, grid = "rgba(0,0,0,0)", "rgba(128,128,128,0.25)"
+        template.layout.update(paper_bgcolor=clear, plot_bgcolor=clear)
+        for axis in ("xaxis", "yaxis"):
+            template.layout[axis].update(gridcolor=grid, zerolinecolor=grid, linecolor=grid)
+        pio.templates[THEME_TEMPLATE] = template
+    pio.templates.default = THEME_TEMPLATE
+
+
 def empty_figure(title: str, note: str = "no data yet") -> go.Figure:
     """A figure with nothing to draw yet: its title and, in the middle, why (every panel's empty state)."""
     fig = go.Figure()

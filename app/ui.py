@@ -23,7 +23,7 @@ from typing import Any
 
 import gradio as gr
 
-from app import data, layout, panels, showcase, tryit
+from app import data, layout, metrics, panels, showcase, tryit
 from app.form import (
     FORM_FIELDS,
     form_config,
@@ -112,6 +112,7 @@ def build_app(
         owner_name=os.environ.get(SPACE_AUTHOR_ENV),
     )
     r0 = r_default if r_default is not None else data.default_r(has_gpu())
+    metrics.use_page_theme()  # plots on the page's own background, light or dark
     handlers = Handlers(manager, guard, root, space, r0, panels.panels(), showcase_ids)
     # gradio's cache (sample-image copies, reports, exports) is swept of files older than an hour, every 10
     # minutes; a visitor's reports and exports are also pruned as they are written (app.space.prune_exports).

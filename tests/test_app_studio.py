@@ -494,3 +494,14 @@ def test_the_space_header_and_reward_hint_tell_the_truth(tmp_path):
         assert hint == ", ".join(SPACE_REWARDS) and "pickscore" not in hint
     finally:
         demo.jagg_manager.shutdown()
+
+
+def test_plots_follow_the_page_theme_light_or_dark(studio):
+    from app import layout
+
+    demo, _ = studio  # building the app made the page's template the default
+    fig = data.reward_figure({"#1": demo.jagg_manager.store.metrics_frame(1)})
+    template = fig.layout.template.layout
+    assert (template.paper_bgcolor, template.plot_bgcolor) == ("rgba(0,0,0,0)", "rgba(0,0,0,0)")
+    assert fig.layout.template.layout.xaxis.gridcolor == "rgba(128,128,128,0.25)"
+    assert ".dark .js-plotly-plot .main-svg text" in layout.CSS and "var(--body-text-color)" in layout.CSS
