@@ -478,6 +478,17 @@ def paired_exact_run(store: RunStore, run: Mapping[str, Any]) -> dict[str, Any] 
     return None
 
 
+def paired_run(store: RunStore, run: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The other run of ``run``'s pair (linked either way by paired_run_id, whatever its strategy), if any."""
+    if run.get("paired_run_id") is not None:
+        other = store.get_run(run["paired_run_id"])
+        if other is not None and other["id"] != run["id"]:
+            return other
+    return next(
+        (r for r in store.list_runs() if r.get("paired_run_id") == run["id"] and r["id"] != run["id"]), None
+    )
+
+
 # What makes an exact run a fair baseline of a run it was not paired with: the same model, the same batch
 # (prompts × group, sampling steps) and the same eval.
 BASELINE_KEYS = (

@@ -188,11 +188,24 @@ def seconds_per_step_figure(frame: pd.DataFrame) -> go.Figure:
 # Registered in the order of the live view's outputs (the API's): new panels go at the end of this list.
 
 
+def reward_series(ctx: LiveContext) -> tuple[dict[str, pd.DataFrame], dict[str, Mapping[str, Any]], str]:
+    """(label → metrics frame, label → run row, title) of the Live reward panel: the run alone (label ""), or
+    a run of a pair (Compare exact vs JAGG) and its pair, so that one Live view shows both runs."""
+    run = ctx.run
+    pair = data.paired_run(ctx.store, run)
+    if pair is None:
+        return {"": ctx.frame}, {"": run}, f"Reward — run #{run['id']}"
+    mine = f"#{run['id']} {run['config'].get('strategy')}"
+    theirs = f"#{pair['id']} {pair['config'].get('strategy')} (its pair)"
+    frames = {mine: ctx.frame, theirs: ctx.store.metrics_frame(pair["id"])}
+    return frames, {mine: run, theirs: pair}, f"Reward — run #{run['id']} and its pair #{pair['id']}"
+
+
 @register("reward", label="reward", place=(1, 0))
 def _reward(ctx: LiveContext) -> go.Figure:
-    return data.reward_figure(
-        {"": ctx.frame}, title=f"Reward — run #{ctx.run['id']}", x=ctx.view.x, runs={"": ctx.run}
-    )
+    """The run's reward curves, its pair's overlaid (:func:`reward_series`)."""
+    frames, runs, title = reward_series(ctx)
+    return data.reward_figure(frames, title=title, x=ctx.view.x, runs=runs)
 
 
 @register("time", label="step time", place=(1, 1))

@@ -524,3 +524,24 @@ def test_history_search_matches_run_ids_exactly(store):
     assert list(data.filter_history(hist, f"#{ids['jagg']}")["id"]) == [ids["jagg"]]
     assert list(data.filter_history(hist, str(ids["exact"]))["id"]) == [ids["exact"]]
     assert data.filter_history(hist, "12345").empty
+
+
+def test_a_pairs_live_view_overlays_both_runs_reward_curves(store):
+    from app import panels
+
+    s, ids, root = store
+    reward = next(p for p in panels.panels() if p.name == "reward")
+    ctx = panels.live_context(s, s.get_run(ids["jagg"]), 1.8, root, lambda items: items)
+    fig = panels.render(reward, ctx)
+    runs = {t.name.split(" · ")[0] for t in fig.data}
+    assert runs == {f"#{ids['jagg']} jagg", f"#{ids['exact']} exact (its pair)"}
+    assert fig.layout.title.text == f"Reward — run #{ids['jagg']} and its pair #{ids['exact']}"
+    exact_ctx = panels.live_context(s, s.get_run(ids["exact"]), 1.8, root, lambda items: items)
+    assert f"#{ids['jagg']} jagg (its pair)" in {
+        t.name.split(" · ")[0] for t in panels.render(reward, exact_ctx).data
+    }
+    alone = _timed_run(s, root, "alone", "jagg", 1.0)
+    alone_fig = panels.render(
+        reward, panels.live_context(s, s.get_run(alone), 1.8, root, lambda items: items)
+    )
+    assert alone_fig.layout.title.text == f"Reward — run #{alone}"
