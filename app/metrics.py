@@ -339,7 +339,7 @@ def window_figure(frame: pd.DataFrame, sampling_steps: int | None = None) -> go.
     ``sampler/window_end`` (end exclusive), high noise (index 0) at the top; and, where logged, the σ at the
     window's first step and after its last (``sampler/sigma_window_start`` / ``_end``) on a right-hand σ axis
     (σ = 1 at the top), so a pipeline schedule's σ shows beside its step indices."""
-    title = "SDE window (sampling steps trained)"
+    title = "SDE window: sampling steps trained"
     if not set(WINDOW_KEYS) <= set(frame.columns):
         return empty_figure(title, "no sampler/window_start, sampler/window_end logged")
     rows = frame[["step", *WINDOW_KEYS]].dropna()
@@ -351,22 +351,23 @@ def window_figure(frame: pd.DataFrame, sampling_steps: int | None = None) -> go.
             go.Scatter(x=rows["step"], y=start, mode="lines", line={"shape": "hv", "color": "#1f77b4"},
                        name="window start"),
             go.Scatter(x=rows["step"], y=end, mode="lines", line={"shape": "hv", "color": "#1f77b4"},
-                       fill="tonexty", fillcolor="rgba(31,119,180,0.25)", name="window end (exclusive)"),
+                       fill="tonexty", fillcolor="rgba(31,119,180,0.25)", name="window end (excl.)"),
         ]
     )  # fmt: skip
     sigma_keys = [k for k in SIGMA_KEYS if k in frame.columns]
     for key, dash in zip(sigma_keys, ("dot", "dash")):
         sig = frame[["step", key]].dropna()
-        label = "σ at window start" if key.endswith("start") else "σ after window end"
+        label = "σ at start" if key.endswith("start") else "σ after end"
         fig.add_trace(go.Scatter(x=sig["step"], y=sig[key], mode="lines", yaxis="y2", name=label,
                                  line={"shape": "hv", "color": "#d62728", "dash": dash}))  # fmt: skip
     if sigma_keys:
         fig.update_layout(yaxis2={"title": "σ", "overlaying": "y", "side": "right", "range": [0, 1]})
     top = sampling_steps if sampling_steps else float(end.max())
     fig.update_layout(
-        title=title, xaxis_title="step", yaxis_title="sampling step (0 = highest noise)", height=300,
-        yaxis={"range": [top, 0], "dtick": 1}, margin={"l": 60, "r": 60, "t": 50, "b": 40},
-        legend={"orientation": "h", "y": -0.25},
+        title=title, xaxis_title="step", yaxis_title="sampling step (0: σ = 1)", height=340,
+        yaxis={"range": [top, 0], "dtick": 1}, margin={"l": 60, "r": 60, "t": 50, "b": 100},
+        # the legend in the figure's bottom strip, below the x axis title (not over it) at any panel width
+        legend={"orientation": "h", "yref": "container", "y": 0.01, "yanchor": "bottom", "x": 0},
     )  # fmt: skip
     integer_step_ticks(fig)
     return fig

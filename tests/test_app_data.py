@@ -390,7 +390,7 @@ def test_window_panel_draws_the_window_sigmas_on_a_sigma_axis():
     )
     fig = metrics.window_figure(frame, 12)
     sigma = [t for t in fig.data if t.yaxis == "y2"]
-    assert [t.name for t in sigma] == ["σ at window start", "σ after window end"]
+    assert [t.name for t in sigma] == ["σ at start", "σ after end"]
     assert list(sigma[1].y) == [0.93, 0.83, 0.61] and fig.layout.yaxis2.title.text == "σ"
     older = metrics.window_figure(frame.drop(columns=list(metrics.SIGMA_KEYS)), 12)  # a history without σ
     assert all(t.yaxis in (None, "y") for t in older.data) and len(older.data) == 2
