@@ -16,7 +16,7 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from app import data, metrics, notes, panels, samples
+from app import client, data, metrics, notes, panels, samples
 from app.form import (
     FORM_FIELDS,
     config_form_values,
@@ -281,8 +281,26 @@ class LiveHandlers(_Part):
             note = "No run selected." if number is None else f"No run #{number}."
             return (note, *(p.empty("pick a run") for p in self.panels))
         ctx = panels.live_context(self.store, run, ratio, self.root, self.publish.items, view)
+        shown = (client.attach_panel(p.name, panels.render(p, ctx), ctx) for p in self.panels)
         progress = data.progress_markdown(run, self.store.last_values(run["id"], data.TRAINING_CLOCK_KEYS))
-        return (progress, *(panels.render(p, ctx) for p in self.panels))
+        return (progress, *shown)
+
+    def panel_view(
+        self, name: str, run_id: Any, r: float, metric_keys: Any, smoothing: Any, log_y: Any, x: Any
+    ) -> Any:
+        """Panel ``name`` alone (a metric picked on Live redraws the metrics panel, nothing else); a bad
+        control leaves it as drawn (:meth:`live_view` says why)."""
+        panel = next(p for p in self.panels if p.name == name)
+        try:
+            number, ratio = self.app.resolve(run_id), parse_ratio(r, self.r0)
+            view = view_of(metric_keys, smoothing, log_y, x)
+        except ConfigError:
+            return gr.skip()
+        run = self.store.get_run(number) if number is not None else None
+        if run is None:
+            return gr.skip()
+        ctx = panels.live_context(self.store, run, ratio, self.root, self.publish.items, view)
+        return client.attach_panel(name, panels.render(panel, ctx), ctx)
 
     def metric_choices(self, number: int | None, picked: Any) -> Any:
         """The metric picker's choices: every key the run logged (and what is picked, so it stays)."""
@@ -307,6 +325,7 @@ class LiveHandlers(_Part):
             gallery,
             note,
             gr.update(**bounds, value=bounds["maximum"]),
+            bounds["maximum"],  # the newest step, for the page's slider (client.SLIDER_JS)
             sig,
         )
 
@@ -339,7 +358,7 @@ class LiveHandlers(_Part):
         if list(sig) == list(seen or []):
             return (
                 *(gr.skip() for _ in range(1 + len(self.panels))),
-                *(gr.skip() for _ in range(4)),  # metric picker, step gallery, step note, slider
+                *(gr.skip() for _ in range(5)),  # metric picker, step gallery, step note, slider, newest
                 seen,
                 choices_update,
                 runs_sig,
@@ -347,20 +366,29 @@ class LiveHandlers(_Part):
         bounds = samples.slider_range(self.store, number)
         same_run = bool(seen) and len(seen) > 4 and seen[0] == number
         follow = not same_run or step is None or float(step) >= float(seen[4] or 0)
-        slider = gr.update(**bounds, **({"value": bounds["maximum"]} if follow else {}))
-        shown = self.step_images(run_id, kind, bounds["maximum"]) if follow else (gr.skip(), gr.skip())
+        # The slider's value is the page's to move (client.SLIDER_JS moves it to the newest step only while it
+        # sits on the last one): a tick sent before the user moved the slider cannot move it back. Here the
+        # images are drawn for a run drawn first, or for a new eval at the step the slider already shows.
+        same_step = same_run and step is not None and float(step) == float(bounds["maximum"])
+        images = follow and (not same_run or same_step)
+        shown = self.step_images(run_id, kind, bounds["maximum"]) if images else (gr.skip(), gr.skip())
         return (
             *self.live_view(run_id, r, metric_keys, smoothing, log_y, x),
             self.metric_choices(number, metric_keys),
             *shown,
-            slider,
+            gr.update(**bounds),
+            bounds["maximum"],
             sig,
             choices_update,
             runs_sig,
         )
 
-    def on_load(self, r: float) -> tuple[Any, ...]:
-        run_id = self.app.default_run()
+    def on_load(self, r: float, request: gr.Request | None = None) -> tuple[Any, ...]:
+        """The page's first Live view: the run its address names (``?run=N``), else the newest live one."""
+        asked = client.view_from_query(getattr(request, "query_params", None) or {}).get("run")
+        run_id = (
+            asked if asked is not None and self.store.get_run(asked) is not None else self.app.default_run()
+        )
         return (gr.update(choices=self.app.run_choices(), value=run_id), *self.live_refresh(run_id, r))
 
     def step_images(self, run_id: Any, kind: str, step: float | None) -> tuple[list, str]:
@@ -432,6 +460,53 @@ class HistoryHandlers(_Part):
         gallery's columns). An id that names no run is one line; the valid runs stay."""
         empty = (gr.update(visible=False), gr.update(visible=False), pd.DataFrame(), pd.DataFrame(),
                  pd.DataFrame(), gr.update(value=[]), gr.skip())  # fmt: skip
+        ids, bad = self._picked(run_ids)
+        try:
+            ratio = parse_ratio(r, self.r0)
+            view = view_of(metric_keys, smoothing, log_y, x)
+            wanted = _optional_number(level, "reward level")
+            step = _optional_number(at, "images at step")
+        except ConfigError as exc:
+            # one line naming the control; what is drawn stays
+            return (f"**Error:** {md_message(exc)}", *(gr.skip() for _ in range(len(empty) + 1)))
+        runs = [self.store.get_run(i) for i in ids]
+        note = " ".join(f"**Not shown:** {md_message(b)}" for b in bad[:1]) + (
+            f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        )
+        showcase = gr.update(visible=bool(self.showcase_ids) and sorted(ids) == sorted(self.showcase_ids))
+        if len(runs) < 2:
+            return ((note + " · " if note else "") + "Pick two or more runs.", showcase, *empty)
+        frames, by_label = self._frames(runs)
+        reached, reach = self._reach(frames, by_label, wanted)
+        note = " · ".join(part for part in (note, reached) if part)
+        items, columns = data.side_by_side_own_steps(self.store, ids, self.root, at=step)
+        return (
+            note,
+            showcase,
+            gr.update(
+                value=client.attach(
+                    data.reward_figure(frames, title="Reward", x=view.x, runs=by_label),
+                    frames,
+                    by_label,
+                    "reward",
+                ),
+                visible=True,
+            ),
+            gr.update(
+                value=client.attach(
+                    metrics.metrics_figure(frames, view, runs=by_label, title="Metrics"), frames, by_label
+                ),
+                visible=True,
+            ),
+            reach,
+            data.compare_frame(self.store, ids, ratio),
+            data.config_diff({f"#{run['id']}": run["config"] for run in runs}),
+            gr.update(value=self.publish.items(items), columns=max(columns, 1)),
+            gr.update(choices=sorted(set(metrics.metric_keys(list(frames.values()))) | set(view.metrics))),
+        )
+
+    def _picked(self, run_ids: Any) -> tuple[list[int], list[str]]:
+        """The ids of the picked runs that exist (in order, once each) and a line per value that names none."""
         if run_ids is not None and not isinstance(run_ids, (list, tuple)):
             run_ids = [run_ids]
         ids, bad = [], []
@@ -445,48 +520,81 @@ class HistoryHandlers(_Part):
                 bad.append(f"runs: no run #{number}")
             elif number is not None and number not in ids:
                 ids.append(number)
-        try:
-            ratio = parse_ratio(r, self.r0)
-            view = view_of(metric_keys, smoothing, log_y, x)
-            wanted = _optional_number(level, "reward level")
-            step = _optional_number(at, "images at step")
-        except ConfigError as exc:
-            return (f"**Error:** {md_message(exc)}", gr.skip(), *empty)
-        runs = [self.store.get_run(i) for i in ids]
-        note = " ".join(f"**Not shown:** {md_message(b)}" for b in bad[:1]) + (
-            f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        )
-        showcase = gr.update(visible=bool(self.showcase_ids) and sorted(ids) == sorted(self.showcase_ids))
-        if len(runs) < 2:
-            return ((note + " · " if note else "") + "Pick two or more runs.", showcase, *empty)
-        labels = {run["id"]: f"#{run['id']} {run['config'].get('strategy')}" for run in runs}
+        return ids, bad
+
+    def _frames(self, runs: list[dict[str, Any]]) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
+        """Label (``#3 jagg``) → metrics frame, and label → run row, of the picked runs."""
+        labels = self._labels(runs)
         frames = {labels[run["id"]]: self.store.metrics_frame(run["id"]) for run in runs}
-        by_label = {labels[run["id"]]: run for run in runs}
-        strategies = {labels[run["id"]]: run["config"].get("strategy") for run in runs}
+        return frames, {labels[run["id"]]: run for run in runs}
+
+    @staticmethod
+    def _labels(runs: list[dict[str, Any]]) -> dict[int, str]:
+        """Run id → its label in Compare's plots and tables (``#3 jagg``)."""
+        return {run["id"]: f"#{run['id']} {run['config'].get('strategy')}" for run in runs}
+
+    def _reach(
+        self, frames: dict[str, pd.DataFrame], by_label: dict[str, Any], wanted: float | None
+    ) -> tuple[str, pd.DataFrame]:
+        """The time-to-reach sentence and table at ``wanted`` (None: the default level)."""
+        strategies = {label: run["config"].get("strategy") for label, run in by_label.items()}
         if wanted is None:
             found = metrics.default_level(frames, strategies)
             wanted, whose = found if found else (None, "")
         else:
             whose = "the level asked"
-        reach = metrics.reach_frame(frames, wanted) if wanted is not None else pd.DataFrame()
-        if wanted is not None:
-            note = (note + " · " if note else "") + f"Time to reach eval reward {wanted:.4g} ({whose})."
+        if wanted is None:
+            return "", pd.DataFrame()
+        return f"Time to reach eval reward {wanted:.4g} ({whose}).", metrics.reach_frame(frames, wanted)
+
+    def compare_metrics(
+        self, run_ids: Any, x: Any, metric_keys: Any, smoothing: Any, log_y: Any
+    ) -> tuple[Any, Any]:
+        """A metric picked or dropped: (message, the metrics plot) and nothing else redrawn; a bad control is
+        its one line and the plot stays."""
+        try:
+            view = view_of(metric_keys, smoothing, log_y, x)
+        except ConfigError as exc:
+            return f"**Error:** {md_message(exc)}", gr.skip()
+        ids, _ = self._picked(run_ids)
+        runs = [self.store.get_run(i) for i in ids]
+        if len(runs) < 2:
+            return gr.skip(), gr.skip()
+        frames, by_label = self._frames(runs)
+        fig = metrics.metrics_figure(frames, view, runs=by_label, title="Metrics")
+        return gr.skip(), gr.update(value=client.attach(fig, frames, by_label), visible=True)
+
+    def compare_reach(self, run_ids: Any, level: Any) -> tuple[Any, Any]:
+        """The reward level changed: (the time-to-reach sentence, its table) and nothing else redrawn; a level
+        that is not a number is its one line and the table stays."""
+        try:
+            wanted = _optional_number(level, "reward level")
+        except ConfigError as exc:
+            return f"**Error:** {md_message(exc)}", gr.skip()
+        ids, _ = self._picked(run_ids)
+        runs = [self.store.get_run(i) for i in ids]
+        if len(runs) < 2:
+            return gr.skip(), gr.skip()
+        frames, by_label = self._frames(runs)
+        return self._reach(frames, by_label, wanted)
+
+    def compare_shown(self, run_ids: Any) -> Any:
+        """The "runs shown" boxes after a Compare: one per picked run, all ticked."""
+        ids, _ = self._picked(run_ids)
+        labels = list(self._labels([self.store.get_run(i) for i in ids]).values())
+        return gr.update(choices=labels, value=labels)
+
+    def compare_images(self, run_ids: Any, at: Any) -> tuple[Any, Any]:
+        """The images' extra step changed: (message, the gallery) and nothing else redrawn."""
+        try:
+            step = _optional_number(at, "images at step")
+        except ConfigError as exc:
+            return f"**Error:** {md_message(exc)}", gr.skip()
+        ids, _ = self._picked(run_ids)
+        if len(ids) < 2:
+            return gr.skip(), gr.skip()
         items, columns = data.side_by_side_own_steps(self.store, ids, self.root, at=step)
-        return (
-            note,
-            showcase,
-            gr.update(
-                value=data.reward_figure(frames, title="Reward", x=view.x, runs=by_label), visible=True
-            ),
-            gr.update(
-                value=metrics.metrics_figure(frames, view, runs=by_label, title="Metrics"), visible=True
-            ),
-            reach,
-            data.compare_frame(self.store, ids, ratio),
-            data.config_diff({f"#{run['id']}": run["config"] for run in runs}),
-            gr.update(value=self.publish.items(items), columns=max(columns, 1)),
-            gr.update(choices=sorted(set(metrics.metric_keys(list(frames.values()))) | set(view.metrics))),
-        )
+        return gr.skip(), gr.update(value=self.publish.items(items), columns=max(columns, 1))
 
     def report(
         self, run_ids: list[int] | None, r: float, request: gr.Request | None = None

@@ -23,6 +23,8 @@ ALL_REWARDS_HINT = (*SPACE_REWARDS, "pickscore", "clipscore", "hpsv2")
 # caption shown whole while the pointer is on its image, and in dark mode the plots' titles, ticks and
 # legends in the theme's text colour (their backgrounds are transparent: app.metrics.use_page_theme).
 CSS = """
+#compare-gallery .caption-label, #step-gallery .caption-label, #live-gallery .caption-label {
+  white-space: normal; overflow: visible; text-overflow: clip; max-width: none; }
 #compare-gallery img, #step-gallery img, #live-gallery img, #tryit-base img, #tryit-trained img {
   image-rendering: pixelated; }
 .thumbnail-item:hover .caption-label { white-space: normal; overflow: visible; text-overflow: clip;
@@ -82,7 +84,7 @@ def metric_controls(prefix: str, x_only: bool = False) -> SimpleNamespace:
             0.0, 0.99, value=view.smoothing, step=0.01, label="smoothing (EMA)", scale=2,
             elem_id=f"{prefix}-smoothing",
         )  # fmt: skip
-        log_y = gr.Checkbox(value=False, label="log scale", scale=1, elem_id=f"{prefix}-log")
+        log_y = gr.Checkbox(value=False, label="log scale", scale=1, elem_id=f"{prefix}-log-scale")
         x = gr.Radio(list(metrics.X_AXES), value="step", label="x axis", scale=2, elem_id=f"{prefix}-x")
     return SimpleNamespace(
         pick=pick, smoothing=smoothing, log_y=log_y, x=x, inputs=[pick, smoothing, log_y, x]
@@ -185,6 +187,9 @@ def live_tab(
         # The step the slider shows, for the timer: a tick sent while the bounds of another run arrive could
         # carry a step outside the session's new bounds, which gr.Slider refuses with an error toast.
         step_at = gr.State(None)
+        # The newest step, from each refresh: the page moves the slider to it while the slider sits on the last
+        # step (app.client.SLIDER_JS), never after the user moved it away.
+        step_latest = gr.Number(visible="hidden", elem_id="step-latest")
         # The API's step (any number: the images of the logged step nearest to it are shown).
         step_asked = gr.Number(label="step", visible=False)
         step_note = gr.Markdown(elem_id="step-note")
@@ -248,6 +253,14 @@ def compare_tab(
         elem_id="compare-report",
     )
     view = metric_controls("compare")
+    shown_labels = (
+        [f"#{run['id']} {run['config'].get('strategy')}" for run in shown_runs_of(store, showcase_ids)]
+        if shown
+        else []
+    )
+    shown_runs = gr.CheckboxGroup(
+        choices=shown_labels, value=shown_labels, label="runs shown", elem_id="compare-shown"
+    )
     compare_plot = gr.Plot(label="reward", elem_id="compare-plot", visible=False)
     metrics_plot = gr.Plot(label="metrics", elem_id="compare-metrics", visible=False)
     reach_table = gr.Dataframe(
@@ -306,6 +319,11 @@ def tryit_tab(
         base = gr.Gallery(label="base model", height="auto", elem_id="tryit-base")
         trained = gr.Gallery(label="the run's weights", height="auto", elem_id="tryit-trained")
     return SimpleNamespace(**locals())
+
+
+def shown_runs_of(store: Any, ids: Sequence[int]) -> list[dict[str, Any]]:
+    """The run rows of ``ids`` that exist, in order."""
+    return [run for run in (store.get_run(i) for i in ids) if run is not None]
 
 
 def history_tab(space: bool, backbones: Sequence[str] = ()) -> SimpleNamespace:

@@ -23,7 +23,7 @@ from typing import Any
 
 import gradio as gr
 
-from app import data, layout, metrics, panels, showcase, tryit
+from app import client, data, layout, metrics, panels, showcase, tryit
 from app.form import (
     FORM_FIELDS,
     form_config,
@@ -131,7 +131,8 @@ def build_app(
     demo.jagg_runs_dir = root  # type: ignore[attr-defined]
     demo.jagg_guard = guard  # type: ignore[attr-defined]
     demo.jagg_showcase_ids = list(showcase_ids)  # type: ignore[attr-defined]
-    demo.jagg_css, demo.jagg_head = layout.CSS, layout.HEAD  # type: ignore[attr-defined]  # for launch()
+    demo.jagg_css = layout.CSS  # type: ignore[attr-defined]  # for launch()
+    demo.jagg_head = layout.HEAD + client.SCRIPT  # type: ignore[attr-defined]  # run pickers, metrics views
     demo.jagg_stop_ticker = threading.Event()  # type: ignore[attr-defined]  # set() stops the queue ticker
     if background_ticks:
         _start_ticker(handlers.shared.tick, stop=demo.jagg_stop_ticker)
@@ -275,7 +276,7 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
     # (and its images), and the metric picker's choices follow the run's logged keys.
     view = [live.live_run, new.r_input, *live.view.inputs]
     step_shown = [live.step_gallery, live.step_note]
-    refreshed = [*live.outputs, live.view.pick, *step_shown, live.step_slider]
+    refreshed = [*live.outputs, live.view.pick, *step_shown, live.step_slider, live.step_latest]
     gr.Button(visible=False).click(h.live.live_view, view, live.outputs, api_name="live_view")
     for trigger in (live.live_run.change, live.refresh_btn.click):
         trigger(
@@ -284,8 +285,6 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
             [*refreshed, page.run_seen],
             api_visibility="private",
         )
-    for control in live.view.inputs:
-        control.change(h.live.live_view, view, live.outputs, api_visibility="private")
     _wire_confirm(
         live.confirm, live.action_msg, h.live.confirmed, [],
         asks=[
@@ -320,7 +319,7 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
         step_shown,
         api_visibility="private",
     )
-    gr.Timer(TICK_S).tick(
+    page.live_tick = gr.Timer(TICK_S).tick(
         h.live.on_tick,
         [
             live.live_run,
@@ -338,9 +337,10 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
 
     compare_inputs = [compare.compare_runs, new.r_input, compare.view.x, compare.view.pick,
                       compare.view.smoothing, compare.view.log_y, compare.level, compare.image_step]  # fmt: skip
-    compare.compare_btn.click(h.history.compare, compare_inputs, compare.outputs, api_name="compare_runs")
-    for control in (*compare.view.inputs, compare.level, compare.image_step):
-        control.change(h.history.compare, compare_inputs, compare.outputs, api_visibility="private")
+    compare.compare_btn.click(
+        h.history.compare, compare_inputs, compare.outputs, api_name="compare_runs"
+    ).then(h.history.compare_shown, compare.compare_runs, compare.shown_runs, api_visibility="private")
+    client.wire(page, h)  # the metrics views' controls, in the page; their state in the address
     compare.report_btn.click(
         h.history.report, [compare.compare_runs, new.r_input], [compare.report_msg, compare.report_file],
         api_name="report_runs",
@@ -405,6 +405,12 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
         h.live.on_load, new.r_input, [live.live_run, *refreshed, page.run_seen], api_visibility="private"
     )
     demo.load(h.history.history, filters, history.history_table, api_visibility="private")
+    demo.load(
+        client.loader(h),
+        new.r_input,
+        client.load_outputs(page),
+        api_visibility="private",
+    )
 
 
 def _wire_confirm(

@@ -174,7 +174,7 @@ def test_the_step_slider_shows_one_step_of_images_in_a_fixed_prompt_and_seed_ord
     assert step_images(None, "eval", 1) == ([], "No run selected.")
     # picking the run puts the slider on its last step with images
     refreshed = next(f.fn for f in demo.fns.values() if f.fn.__name__ == "live_refresh")(run_id, 1.8)
-    assert refreshed[-2]["maximum"] == 3 and refreshed[-2]["value"] == 3
+    assert refreshed[-3]["maximum"] == 3 and refreshed[-3]["value"] == 3 and refreshed[-2] == 3
     assert samples.nearest_step([], 3) is None and samples.nearest_step([0, 4], None) == 4
 
 
@@ -211,12 +211,14 @@ def test_a_tick_carrying_a_step_outside_the_slider_bounds_its_session_last_drew_
     demo, run_id = app
     session = _LiveSession(demo)
     step_images = next(f for f in demo.fns.values() if f.api_name == "step_images")
-    drawn = session.refresh(None)[-2]  # no run picked: the slider's bounds are 0..1
+    drawn = session.refresh(None)[-3]  # no run picked: the slider's bounds are 0..1
     assert (drawn["minimum"], drawn["maximum"]) == (0, 1)
     out = session.tick(run_id, 3)
     assert "step-slider" not in [getattr(b, "elem_id", None) for b in session.tick_fn.inputs]
     slider = next(o for o in out if isinstance(o, dict) and "maximum" in o)
-    assert (slider["maximum"], slider["value"]) == (3, 3)
+    newest = out[[getattr(b, "elem_id", None) for b in session.tick_fn.outputs].index("step-latest")]
+    # the bounds of run 3, and its newest step for the page (which moves the slider: app.client.SLIDER_JS)
+    assert slider["maximum"] == 3 and "value" not in slider and newest == 3
     for api_state in (session.state, None):
         _, note = asyncio.run(demo.process_api(step_images, [run_id, "eval", 3], api_state))["data"]
         assert "Eval images at step **3** (logged at steps 0, 2, 3)" in note
@@ -230,7 +232,7 @@ def test_the_first_tick_after_picking_a_run_leaves_the_slider_where_the_user_put
     the slider back to the last step."""
     demo, run_id = app
     session = _LiveSession(demo)
-    assert session.refresh(run_id)[-2]["value"] == 3
+    assert session.refresh(run_id)[-3]["value"] == 3
     out = session.tick(run_id, 0)  # the slider moved to step 0 (its change event keeps the step)
     slider = out[[getattr(b, "elem_id", None) for b in session.tick_fn.outputs].index("step-slider")]
     assert "value" not in slider and "maximum" not in slider, slider  # skipped: the slider stays on 0

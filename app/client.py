@@ -1,0 +1,519 @@
+"""The metrics views' controls, applied in the page: smoothing, log scale, the x axis and the runs shown.
+
+The server draws each Live and Compare plot once (and again when a run logs new steps); :func:`attach` puts,
+in each trace's ``meta``, the series it was drawn from: the run's label, the trace's role, its values and
+the three x axes of its points (step, wall time as Unix milliseconds, seconds since the run started). The
+page's script (:data:`SCRIPT`, in the page's head) recomputes a trace from that series with plotly's own
+``Plotly.update`` when a control moves: no server round trip, the other components untouched. The same
+EMA as :func:`app.metrics.ema` (debiased, TensorBoard's) is computed there.
+
+The view's state (runs, metrics, axis, smoothing, log scale, reward level) is written to the page's query
+string as it changes (``?tab=compare&runs=3,4&x=wall+time&smoothing=0.8``) so that a view can be shared and
+survives a reload; :func:`view_from_query` reads it back on the server when the page loads.
+
+Conventions borrowed from wandb and TensorBoard: the x axis, smoothing and log scale are view settings
+applied to data the page already holds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from app import metrics
+
+META_KEY = "jagg"  # trace.meta[META_KEY]: the series the page recomputes the trace from
+ROLES = ("line", "raw", "fixed")  # smoothed when smoothing > 0 | the faint raw curve | drawn as logged
+MARKERS_UP_TO = 24  # a curve of more points is drawn as a line (its points are in the hover)
+QUERY_KEYS = ("tab", "run", "runs", "metrics", "x", "smoothing", "log", "level")
+
+
+def _numbers(values: pd.Series) -> list[float | None]:
+    return [None if v is None or not math.isfinite(float(v)) else float(v) for v in values]
+
+
+def axes_of(frame: pd.DataFrame, run: Mapping[str, Any] | None) -> dict[str, list[float | None]]:
+    """Each row's x on the three axes: ``step``, ``wall`` (Unix ms, what a plotly date axis takes) and
+    ``rel`` (seconds since the run started), as :func:`app.metrics.x_values` computes them."""
+    wall = metrics.x_values(frame, run, "wall time")
+    if pd.api.types.is_datetime64_any_dtype(wall):  # any resolution (pandas may keep seconds)
+        epoch = pd.Timestamp(0, tz="UTC") if wall.dt.tz is not None else pd.Timestamp(0)
+        wall_ms = (wall - epoch).dt.total_seconds() * 1000.0
+    else:
+        wall_ms = wall.astype(float)
+    return {
+        "step": _numbers(metrics.x_values(frame, run, "step")),
+        "wall": _numbers(wall_ms),
+        "rel": _numbers(metrics.x_values(frame, run, "relative time")),
+    }
+
+
+def series_meta(
+    frame: pd.DataFrame,
+    run: Mapping[str, Any] | None,
+    label: str,
+    key: str,
+    role: str,
+    values: pd.Series | None = None,
+) -> dict[str, Any]:
+    """The ``meta`` of a trace drawn from column ``key`` of ``frame`` (``values``: what it draws instead, on
+    the same rows, e.g. a trailing mean): the rows that logged ``key``, their values and their three x."""
+    if role not in ROLES:
+        raise ValueError(f"role: must be one of {', '.join(ROLES)}, got {role!r}")
+    keep = frame[key].notna() if key in frame.columns else pd.Series(False, index=frame.index)
+    rows = frame[keep]
+    axes = axes_of(rows, run)
+    y = (values if values is not None else frame[key])[keep] if len(rows) else pd.Series([], dtype=float)
+    return {META_KEY: {"run": label, "key": key, "role": role, "y": _numbers(y), **axes}}
+
+
+def _split(name: str, labels: list[str]) -> tuple[str, str] | None:
+    """(run label, series name) of a trace named ``<label> · <series>`` (or ``<series>`` with one run
+    labelled "")."""
+    for label in sorted(labels, key=len, reverse=True):
+        if label and name.startswith(f"{label} · "):
+            return label, name[len(label) + 3 :]
+    return ("", name) if "" in labels else None
+
+
+def attach(
+    fig: go.Figure,
+    frames: Mapping[str, pd.DataFrame],
+    runs: Mapping[str, Mapping[str, Any]] | None = None,
+    kind: str = "metrics",
+) -> go.Figure:
+    """Put in each trace of ``fig`` (a :func:`app.metrics.metrics_figure` for ``kind="metrics"``, a
+    :func:`app.data.reward_figure` for ``kind="reward"``, over the same ``frames`` and ``runs``) the series
+    the page recomputes it from. A trace whose name names no series is left as it is (the page leaves it
+    alone). Returns ``fig``."""
+    from app.data import TREND_MIN_STEPS, TREND_STEPS
+
+    labels = list(frames)
+    for trace in fig.data:
+        found = _split(str(trace.name or ""), labels)
+        if found is None:
+            continue
+        label, series = found
+        frame, run = frames[label], (runs or {}).get(label)
+        if kind == "metrics":
+            key, role = (series[: -len(" (raw)")], "raw") if series.endswith(" (raw)") else (series, "line")
+            values = None
+        elif series == "eval":
+            key, role, values = metrics.EVAL_KEY, "fixed", None
+        elif series.startswith("total, mean of last"):
+            key, role = "reward/mean", "fixed"
+            values = frame[key].dropna().rolling(TREND_STEPS, min_periods=TREND_MIN_STEPS).mean()
+            values = values.reindex(frame.index)
+        else:
+            key, role, values = (
+                ("reward/mean" if series == "total" else f"reward/{series}/mean"),
+                "fixed",
+                None,
+            )
+        if key not in frame.columns:
+            continue
+        trace.meta = series_meta(frame, run, label, key, role, values)
+        if trace.mode == "lines+markers" and len(trace.meta[META_KEY]["y"]) > MARKERS_UP_TO:
+            trace.mode = "lines"  # a marker per point of a long curve: clutter, and most of a redraw's time
+    fig.update_layout(meta={META_KEY: {"kind": kind}})
+    return fig
+
+
+PANEL_KINDS = {"reward": "reward", "metrics": "metrics"}  # the Live panels the page recomputes
+
+
+def attach_panel(name: str, value: Any, ctx: Any) -> Any:
+    """A Live panel's value with its series attached (:func:`attach`) when it is one of
+    :data:`PANEL_KINDS` and a figure; any other value as it is. ``ctx``: the :class:`app.panels.LiveContext`
+    the panel was drawn from."""
+    if name not in PANEL_KINDS or not isinstance(value, go.Figure):
+        return value
+    try:
+        if name == "reward":  # the run and, for a run of a pair, its pair (the panel's own series)
+            from app.panels import reward_series
+
+            frames, runs, _ = reward_series(ctx)
+            return attach(value, frames, runs, "reward")
+        return attach(value, {"": ctx.frame}, {"": ctx.run}, PANEL_KINDS[name])
+    except Exception:  # the panel as drawn, its controls then act through the server only
+        return value
+
+
+# ---------------------------------------------------------------------------------------------- the URL
+
+
+def view_from_query(params: Mapping[str, str]) -> dict[str, Any]:
+    """The view a query string names (the page writes it as its controls move): ``tab`` (live | compare),
+    ``run`` (Live's run), ``runs`` (Compare's, comma-separated ids), ``metrics`` (comma-separated keys),
+    ``x`` (one of :data:`app.metrics.X_AXES`), ``smoothing``, ``log`` (1 | 0), ``level``. Values that do
+    not parse are left out (the control keeps its default): a shared link never breaks the page."""
+    view: dict[str, Any] = {}
+    tab = params.get("tab")
+    if tab in ("live", "compare"):
+        view["tab"] = tab
+    run = (params.get("run") or "").strip().lstrip("#")
+    if run.isdigit():
+        view["run"] = int(run)
+    ids = [part.strip().lstrip("#") for part in (params.get("runs") or "").split(",")]
+    ids = [int(part) for part in ids if part.isdigit()]
+    if ids:
+        view["runs"] = list(dict.fromkeys(ids))
+    keys = [part.strip() for part in (params.get("metrics") or "").split(",") if part.strip()]
+    if keys:
+        view["metrics"] = keys
+    if params.get("x") in metrics.X_AXES:
+        view["x"] = params["x"]
+    try:
+        smoothing = float(params.get("smoothing", "nan"))
+    except ValueError:
+        smoothing = math.nan
+    if 0.0 <= smoothing < 1.0:
+        view["smoothing"] = smoothing
+    if params.get("log") in ("0", "1"):
+        view["log_y"] = params["log"] == "1"
+    level = (params.get("level") or "").strip()
+    try:
+        if level and math.isfinite(float(level)):
+            view["level"] = level
+    except ValueError:
+        pass
+    return view
+
+
+# ---------------------------------------------------------------------------------------------- the page's script
+
+# window.jaggView: apply(plotIds, view) recomputes every trace that carries meta.jagg and relayouts its axes
+# in one Plotly.update per plot; url(state) writes the view to the query string. view = {x, smoothing, log,
+# shown}: x one of "step" | "wall time" | "relative time", smoothing in [0, 1), log (null: leave the y axes
+# as they are), shown (null: every run; else the run labels to show).
+SCRIPT = r"""<style>.jagg-stale, .jagg-stale * { visibility: hidden !important; }</style><script>
+(() => {
+  const AXES = {"step": "step", "wall time": "wall", "relative time": "rel"};
+  const TITLES = {"step": "step", "wall time": "wall time", "relative time": "relative time (s)"};
+  const ema = (ys, w) => {  // app.metrics.ema: debiased, gaps skipped
+    const out = new Array(ys.length).fill(null);
+    let last = 0, n = 0;
+    for (let i = 0; i < ys.length; i++) {
+      const v = ys[i];
+      if (v === null || !Number.isFinite(v)) continue;
+      n += 1;
+      last = w * last + (1 - w) * v;
+      out[i] = w > 0 ? last / (1 - Math.pow(w, n)) : v;
+    }
+    return out;
+  };
+  const graph = (id) => document.querySelector("#" + id + " .js-plotly-plot");
+  const series = (m, view, logged) => {
+    const xs = m[AXES[view.x] || "step"], x = [], y = [];
+    for (let i = 0; i < m.y.length; i++) {
+      if (xs[i] === null || m.y[i] === null) continue;
+      if (logged && !(m.y[i] > 0)) continue;  // log scale: only positive values have a place
+      x.push(xs[i]);
+      y.push(m.y[i]);
+    }
+    return {x, y: m.role === "line" && view.smoothing > 0 ? ema(y, view.smoothing) : y};
+  };
+  const apply = (ids, view) => {
+    const started = performance.now(), done = [], per = {};
+    for (const id of ids) {
+      const gd = graph(id);
+      if (!gd || !gd.data || !window.Plotly) continue;
+      const kind = ((gd.layout.meta || {}).jagg || {}).kind;
+      const logged = kind === "metrics" && !!view.log;
+      const x = [], y = [], visible = [], idx = [];
+      let lo = Infinity, hi = -Infinity;
+      gd.data.forEach((t, i) => {
+        const m = (t.meta || {}).jagg;
+        if (!m) return;
+        const s = series(m, view, logged);
+        for (const v of s.x) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
+        const shown = !view.shown || view.shown.includes(m.run);
+        x.push(s.x); y.push(s.y); idx.push(i);
+        visible.push(shown && (m.role !== "raw" || view.smoothing > 0));
+      });
+      if (!idx.length) continue;
+      // what this plot's drawing depends on: a reward plot has no smoothing or log scale
+      const key = JSON.stringify(kind === "metrics" ? view : {x: view.x, shown: view.shown});
+      if (gd.data[idx[0]]._jaggView === key) continue;  // this view is drawn on these traces already
+      idx.forEach((i) => { gd.data[i]._jaggView = key; });
+      const layout = {};
+      const date = view.x === "wall time", steps = view.x === "step";
+      for (const key of Object.keys(gd._fullLayout || gd.layout)) {
+        if (/^xaxis\d*$/.test(key)) {
+          layout[key + ".type"] = date ? "date" : "linear";
+          layout[key + ".autorange"] = true;
+          layout[key + ".tickformat"] = steps ? "d" : "";
+          const short = steps && hi - lo <= 12;
+          layout[key + ".dtick"] = short ? 1 : null;
+          layout[key + ".tick0"] = short ? 0 : null;
+          const title = (gd.layout[key] || {}).title;
+          if (title && (title.text || typeof title === "string")) layout[key + ".title.text"] = TITLES[view.x];
+        }
+        if (kind === "metrics" && /^yaxis\d*$/.test(key)) {
+          layout[key + ".type"] = logged ? "log" : "linear";
+          layout[key + ".autorange"] = true;
+        }
+      }
+      if (kind === "metrics" && gd.layout.title) {
+        const text = String(gd.layout.title.text || gd.layout.title).replace(/ \(EMA [^)]*\)$/, "");
+        layout["title.text"] = text + (view.smoothing > 0 ? " (EMA " + view.smoothing + ")" : "");
+      }
+      const t = performance.now();
+      done.push(window.Plotly.update(gd, {x, y, visible}, layout, idx));
+      per[id] = performance.now() - t;
+    }
+    const ms = performance.now() - started;  // plotly draws synchronously; its promises settle after
+    if (done.length) window.jaggView.last = {ms, view, ids, per};
+    return Promise.all(done);
+  };
+  const url = (state) => {
+    const q = new URLSearchParams(window.location.search);
+    for (const [k, v] of Object.entries(state)) {
+      const text = Array.isArray(v) ? v.join(",") : v === true ? "1" : v === false ? "0" : v;
+      if (text === null || text === undefined || text === "") q.delete(k); else q.set(k, String(text));
+    }
+    const search = q.toString();
+    window.history.replaceState(null, "", window.location.pathname + (search ? "?" + search : ""));
+  };
+  // The controls act on the DOM event itself (not after gradio's event round): the view is read from the
+  // controls as they are now and applied at the next frame. Gradio's change events apply it again for a value
+  // set by the server (a link's view on load); the same view on the same traces is not drawn twice.
+  const PAGES = {
+    compare: {plots: ["compare-plot", "compare-metrics"], prefix: "compare", shown: "compare-shown"},
+    live: {plots: ["live-reward", "live-metrics"], prefix: "live"},
+  };
+  const read = (page) => {
+    const p = PAGES[page], q = (s) => document.querySelector("#" + p.prefix + "-" + s);
+    const x = q("x") && q("x").querySelector("input:checked");
+    const number = q("smoothing") && q("smoothing").querySelector("input[type=number]");
+    const log = q("log-scale") && q("log-scale").querySelector("input");
+    const boxes = p.shown && document.querySelector("#" + p.shown);
+    const shown = boxes ? [...boxes.querySelectorAll("label")].filter((l) => {
+      const i = l.querySelector("input"); return i && i.checked;
+    }).map((l) => l.textContent.trim()) : null;
+    return {x: x ? x.value : "step", smoothing: number ? Number(number.value) || 0 : 0,
+            log: log ? log.checked : false, shown};
+  };
+  let pending = null;
+  const onControl = (event) => {
+    const t = event.target;
+    if (!t || !t.closest) return;
+    for (const [page, p] of Object.entries(PAGES)) {
+      const ids = ["x", "smoothing", "log-scale"].map((s) => "#" + p.prefix + "-" + s);
+      if (p.shown) ids.push("#" + p.shown);
+      if (!ids.some((id) => t.closest(id))) continue;
+      if (pending) cancelAnimationFrame(pending);
+      pending = requestAnimationFrame(() => {
+        pending = null;
+        const view = read(page);
+        apply(p.plots, view);
+        url({tab: page, x: view.x, smoothing: view.smoothing, log: view.log});
+      });
+    }
+  };
+  document.addEventListener("change", onControl, true);
+  document.addEventListener("input", onControl, true);
+  // Live: the panels show only while the progress line names the run picked (a run switch, or a refresh
+  // sent for the previous run and answered after the switch, hides them until the new run's arrive).
+  let watched = null, looping = false, panelIds = null, check = () => null;
+  const watchRun = (run, ids) => {
+    panelIds = ids;
+    const m = String(run === null || run === undefined ? "" : run).match(/^\s*#?(\d+)/);
+    watched = m ? m[1] : null;
+    window.jaggView.latest = null;  // the step slider: a new run's newest step
+    check = () => {
+      const p = document.getElementById("live-progress");
+      const ok = watched === null || !!(p && p.textContent.includes("Run #" + watched + " "));
+      for (const id of ids) {
+        const el = document.getElementById(id);
+        if (el) el.classList.toggle("jagg-stale", !ok);
+      }
+    };
+    if (!looping) {  // checked before every paint: what is painted agrees with the progress line
+      looping = true;
+      const loop = () => { check(); requestAnimationFrame(loop); };
+      requestAnimationFrame(loop);
+    }
+    window.jaggView.check = check;
+    check();
+  };
+  // A run picked from the list (a click, or Enter: the run pickers' script clicks the option) hides the
+  // panels at once, before gradio's own change event for the picker.
+  document.addEventListener("mousedown", (event) => {
+    const li = event.target && event.target.closest && event.target.closest("#live-run li[data-index]");
+    if (li && panelIds) watchRun(li.textContent.replace(/^\s*\u2713/, "").trim(), panelIds);
+  }, true);
+  window.jaggView = {apply, url, ema, read, watchRun, last: null};
+})();
+</script>"""
+
+
+# The step slider follows the newest step only while it sits on the last one the page was told of: decided
+# here, with the slider's value as it is now, so that a refresh sent before the user moved it never moves it
+# back. A run switch (CLEAR_JS) forgets the last step.
+SLIDER_JS = """(latest, current) => {
+  const J = window.jaggView, before = J.latest;
+  if (latest === null || latest === undefined) return current;
+  J.latest = latest;
+  const follow = before === null || before === undefined || current === null || Number(current) >= before;
+  return follow ? latest : current;
+}"""
+
+
+def switch_js(panel_ids: list[str]) -> str:
+    """The ``js=`` of a run switch on Live (no outputs): the panels ``panel_ids`` are hidden while the
+    progress line names another run than the one picked (:data:`SCRIPT`'s ``watchRun``), so that no panel
+    of the previous run stays up while the new one is read, nor comes back with a refresh sent for it."""
+    return f"(run) => {{ window.jaggView.watchRun(run, {panel_ids!r}); return []; }}"
+
+
+def control_js(plot_ids: list[str], tab: str, fields: list[str], draw: bool = True) -> str:
+    """The ``js=`` of an event with no server function and no outputs that writes the view to the query
+    string and, with ``draw``, recomputes the plots ``plot_ids`` in the page (after the server drew a plot
+    again: Compare pressed, a metric picked). ``fields`` names the event's inputs in order, among
+    ``metrics``, ``smoothing``, ``log``, ``x`` (the metrics controls, :func:`app.layout.metric_controls`)
+    and ``shown`` (the run labels to show; absent: every run)."""
+    view = "{x: x, smoothing: Number(smoothing) || 0, log: !!log, " + (
+        "shown: Array.isArray(shown) ? shown : null}" if "shown" in fields else "shown: null}"
+    )
+    state = "{tab: " + repr(tab) + ", metrics: metrics, x: x, smoothing: smoothing, log: !!log}"
+    apply = f"window.jaggView.apply({plot_ids!r}, {view}); " if draw else ""
+    return f"({', '.join(fields)}) => {{ {apply}window.jaggView.url({state}); return []; }}"
+
+
+def url_js(tab: str, field: str) -> str:
+    """The ``js=`` of an event that writes one input (``field``: run, runs or level) to the query string."""
+    return f"(value) => {{ window.jaggView.url({{tab: {tab!r}, {field}: value}}); return []; }}"
+
+
+def load_view(h: Any, r: float, request: Any = None) -> tuple[Any, ...]:
+    """The page's view from its address, when the page loads: (the tab, Live's metrics controls, Compare's
+    runs, its metrics controls and reward level, then Compare's outputs and its "runs shown" boxes). A query
+    that names no view changes nothing (every value skipped). ``h``: the app's :class:`app.handlers.Handlers`."""
+    import gradio as gr
+
+    view = view_from_query(getattr(request, "query_params", None) or {})
+    controls = [
+        gr.update(value=view["metrics"]) if "metrics" in view else gr.skip(),
+        gr.update(value=view["smoothing"]) if "smoothing" in view else gr.skip(),
+        gr.update(value=view["log_y"]) if "log_y" in view else gr.skip(),
+        gr.update(value=view["x"]) if "x" in view else gr.skip(),
+    ]
+    compare_n = h.history.COMPARE_OUTPUTS + 1
+    tab = view.get("tab") or ("compare" if "runs" in view else "live" if "run" in view else None)
+    if tab != "compare":
+        live = controls if tab == "live" else [gr.skip()] * 4
+        tabs = gr.update(selected="live") if tab == "live" else gr.skip()
+        return (tabs, *live, gr.skip(), *[gr.skip()] * 5, *[gr.skip()] * compare_n)
+    defaults = metrics.MetricView()
+    runs = view.get("runs")
+    shown = (
+        h.history.compare(
+            runs,
+            r,
+            view.get("x", defaults.x),
+            view.get("metrics", list(defaults.metrics)),
+            view.get("smoothing", defaults.smoothing),
+            view.get("log_y", defaults.log_y),
+            view.get("level"),
+            None,
+        )
+        if runs
+        else [gr.skip()] * (compare_n - 1)
+    )
+    level = gr.update(value=view["level"]) if "level" in view else gr.skip()
+    picked = gr.update(value=runs) if runs else gr.skip()
+    boxes = h.history.compare_shown(runs) if runs else gr.skip()
+    return (gr.update(selected="compare"), *[gr.skip()] * 4, picked, *controls, level, *shown, boxes)
+
+
+# ---------------------------------------------------------------------------------------------- wiring
+
+LIVE_PLOTS = ["live-reward", "live-metrics"]
+COMPARE_PLOTS = ["compare-plot", "compare-metrics"]
+
+
+def wire(page: Any, h: Any) -> None:
+    """The metrics views' events (inside the open Blocks; ``page``: :func:`app.ui.build_layout`'s
+    components, ``h``: the app's :class:`app.handlers.Handlers`):
+
+    - smoothing, log scale and the x axis (Live and Compare) and the runs shown (Compare) act in the page
+      (:data:`SCRIPT`), with no server function;
+    - a metric picked redraws the metrics plot alone; Compare's reward level its time-to-reach sentence and
+      table alone; its extra image step the gallery alone (an invalid value: its one line, the rest kept);
+    - each writes the view to the query string, which :func:`load_view` reads when the page loads.
+    """
+    live, compare, new = page.live, page.compare, page.new
+    private = {"api_visibility": "private", "show_progress": "hidden"}
+    fields = ["metrics", "smoothing", "log", "x"]
+    # smoothing, log scale and the x axis: the page's own listeners (SCRIPT), on the DOM event itself
+    live.view.pick.change(
+        None, live.view.inputs, None, js=control_js(LIVE_PLOTS, "live", fields, draw=False), **private
+    )
+    live.view.pick.change(
+        lambda *a: h.live.panel_view("metrics", *a),
+        [live.live_run, new.r_input, *live.view.inputs],
+        live.shown["metrics"],
+        **private,
+    )
+    live.live_run.change(None, live.live_run, None, js=url_js("live", "run"), **private)
+    # A run switch: the previous run's panels are hidden at once, until the progress line names the new run.
+    ids = ["live-progress", *(f"live-{p.name}" for p in h.panels), "step-gallery", "step-note"]
+    live.live_run.change(None, live.live_run, None, js=switch_js(ids), **private)
+    live.step_latest.change(
+        None, [live.step_latest, live.step_slider], live.step_slider, js=SLIDER_JS, **private
+    )
+
+    shown_inputs = [*compare.view.inputs, compare.shown_runs]
+    compare_js = control_js(COMPARE_PLOTS, "compare", [*fields, "shown"])
+    compare.view.pick.change(
+        h.history.compare_metrics,
+        [compare.compare_runs, compare.view.x, *compare.view.inputs[:3]],
+        [compare.compare_msg, compare.metrics_plot],
+        **private,
+    ).then(None, shown_inputs, None, js=compare_js, **private)
+    compare.level.change(
+        h.history.compare_reach,
+        [compare.compare_runs, compare.level],
+        [compare.compare_msg, compare.reach_table],
+        **private,
+    )
+    compare.level.change(None, compare.level, None, js=url_js("compare", "level"), **private)
+    compare.image_step.change(
+        h.history.compare_images,
+        [compare.compare_runs, compare.image_step],
+        [compare.compare_msg, compare.compare_gallery],
+        **private,
+    )
+    compare.compare_btn.click(None, compare.compare_runs, None, js=url_js("compare", "runs"), **private)
+    # a plot drawn again by the server (Compare pressed) keeps the runs unticked in the page hidden
+    compare.compare_plot.change(None, shown_inputs, None, js=compare_js, **private)
+
+
+def loader(h: Any) -> Any:
+    """:func:`load_view` as a gradio load handler (gradio passes the request to a parameter typed so)."""
+    import gradio as gr
+
+    def load(r: float, request: gr.Request) -> tuple[Any, ...]:
+        return load_view(h, r, request)
+
+    load.__annotations__ = {"r": float, "request": gr.Request, "return": tuple}  # resolved, not strings
+    return load
+
+
+def load_outputs(page: Any) -> list[Any]:
+    """The outputs of :func:`load_view`, in its order."""
+    live, compare = page.live, page.compare
+    return [
+        page.tabs,
+        *live.view.inputs,
+        compare.compare_runs,
+        *compare.view.inputs,
+        compare.level,
+        *compare.outputs,
+        compare.shown_runs,
+    ]

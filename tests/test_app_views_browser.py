@@ -1,0 +1,400 @@
+"""The metrics views' controls in headless Chromium (`python launch.py` over a runs folder the test writes):
+each control of a 4-run Compare timed from the input to the redrawn plot, the view kept in the address, a
+bad reward level that keeps the view, a run switch beside a training run that never shows the previous run's
+panels, and a step slider that no refresh moves back once the user moved it.
+
+Runs #3–#6: 40 steps each (eval every 5), two JAGG and two exact, with clock times; run #7 "trains" (a
+thread of the test logs a step and an eval image every second while the Live tests run).
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from browser import chromium
+from PIL import Image
+
+from app import showcase
+from jagg_engine.store import open_store
+from jagg_engine.train.config import TrainConfig
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+ARTIFACTS = REPO / "test-artifacts"
+BUDGET_MS = 200.0  # the issue's bound: a control redraws within this in real Chromium
+STEPS = 40
+TRIALS = 5
+SWITCH_GRACE_MS = 250  # the picker's own handling of Enter, under load
+
+
+def _image(store, root: Path, run_id: int, step: int, shade: int) -> None:
+    rel = f"samples/eval/step_{step:05d}/a_seed0.png"
+    path = root / f"run-{run_id:04d}" / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (16, 16), (shade % 256, 40, 90)).save(path)
+    store.log_samples(
+        run_id, step, [{"kind": "eval", "prompt": "a circle", "seed": 0, "reward": 0.5, "path": rel}]
+    )
+
+
+def _fill(root: Path) -> None:
+    with open_store(root) as store:
+        assert showcase.install(store, root) == [1, 2]
+        base = TrainConfig().apply_overrides(["eval_every=5"]).to_dict()
+        for n in range(3, 7):
+            strategy = "exact" if n % 2 else "jagg"
+            cfg = {**base, "steps": STEPS, "strategy": strategy, "output_dir": str(root.resolve())}
+            run_id = store.create_run(f"run{n}", cfg, None)
+            store.set_run_dir(run_id, root / f"run-{run_id:04d}")
+            store.set_status(run_id, "running", pid=None)
+            t0 = time.time() - 3600
+            for step in range(STEPS + 1):
+                row = {"time/unix": t0 + (6 if strategy == "exact" else 3) * step}
+                if step:
+                    row |= {"reward/mean": 0.01 * step + 0.002 * n, "loss/clipfrac": 0.05 + 0.01 * (step % 7),
+                            "grad/norm": 2.0 / step, "time/step": 3.0, "time/train_elapsed": 3.0 * step}  # fmt: skip
+                if step % 5 == 0:
+                    row["eval/reward/mean"] = 0.2 + 0.01 * step * (1.5 if strategy == "jagg" else 1.0)
+                store.log_step(run_id, step, row)
+            store.set_status(run_id, "finished")
+            store.set_times(run_id, t0, t0, row["time/unix"])
+            (root / f"run-{run_id:04d}").mkdir(parents=True, exist_ok=True)
+            (root / f"run-{run_id:04d}" / "train.log").write_text(f"log of run{n}\n")
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    from test_app_e2e import LiveApp
+
+    tmp = tmp_path_factory.mktemp("views")
+    _fill(tmp / "runs")
+    live = LiveApp(tmp / "runs", tmp)
+    live.start()
+    yield live
+    live.stop()
+
+
+def _driver(url: str):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = chromium("1400,2400")
+    driver.get(url)
+    WebDriverWait(driver, 60).until(lambda d: d.find_elements(By.XPATH, "//button[@role='tab']"))
+    return driver
+
+
+PLOT = """
+const g = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');
+if (!g || !g._fullData) return null;
+return {names: g._fullData.map(t => t.name), visible: g._fullData.map(t => t.visible),
+        ys: g._fullData.map(t => Array.from(t.y || [])), xs: g._fullData.map(t => Array.from(t.x || [])),
+        meta: g.data.filter(t => t.meta && t.meta.jagg).length,
+        xtype: g._fullLayout.xaxis.type, ytype: g._fullLayout.yaxis.type,
+        xtitle: (g._fullLayout.xaxis.title || {}).text};
+"""
+
+# Runs an action in the page and returns the milliseconds from just before it to the first animation frame
+# at which `done` (a JS expression over `g`, the plot) holds; -1 past 10 s.
+TIMED = """
+const [action, plotId, done, finish] = arguments;
+const graph = () => document.querySelector('#' + plotId + ' .js-plotly-plot');
+const check = new Function('g', 'return (' + done + ');');
+const t0 = performance.now();
+new Function(action)();
+const poll = () => {
+  const g = graph();
+  if (g && g._fullLayout && check(g)) return finish(performance.now() - t0);
+  if (performance.now() - t0 > 10000) return finish(-1);
+  requestAnimationFrame(poll);
+};
+requestAnimationFrame(poll);
+"""
+
+
+def _timed(driver, action: str, plot_id: str, done: str) -> float:
+    driver.set_script_timeout(20)
+    ms = float(driver.execute_async_script(TIMED, action, plot_id, done))
+    time.sleep(0.2)  # gradio's own change event lands (and draws nothing: the view is drawn already)
+    return ms
+
+
+def _click_label(elem_id: str, label: str) -> str:
+    return (
+        f"[...document.querySelectorAll('#{elem_id} label')]"
+        f".find(l => l.textContent.trim() === {label!r}).click();"
+    )
+
+
+def _set_number(elem_id: str, value: float) -> str:
+    return (
+        f"const i = document.querySelector('#{elem_id} input[type=number]'); i.value = '{value}';"
+        "i.dispatchEvent(new Event('input', {bubbles: true})); i.dispatchEvent(new Event('change', {bubbles: true}));"
+    )
+
+
+def test_each_control_of_a_four_run_compare_redraws_in_the_page_within_200_ms_and_the_view_is_in_the_address(
+    app,
+):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = _driver(app.url + "?tab=compare&runs=3,4,5,6")
+    try:
+        wait = WebDriverWait(driver, 60, poll_frequency=0.2)
+        wait.until(lambda d: ((driver.execute_script(PLOT, "compare-metrics") or {}).get("meta") or 0) > 0)
+        wait.until(lambda d: ((driver.execute_script(PLOT, "compare-plot") or {}).get("meta") or 0) > 0)
+        reward = driver.execute_script(PLOT, "compare-plot")
+        assert {n.split(" · ")[0] for n in reward["names"]} == {"#3 exact", "#4 jagg", "#5 exact", "#6 jagg"}
+        chips = [c.text for c in driver.find_elements(By.CSS_SELECTOR, "#compare-runs .token")]
+        assert len(chips) == 4, chips
+        # Each control five times (the machine is shared: the median is the figure), each time to a new value.
+        timings: dict[str, list[float]] = {}
+
+        def timed(name: str, action: str, plot_id: str, done: str) -> None:
+            timings.setdefault(name, []).append(_timed(driver, action, plot_id, done))
+
+        for trial in range(TRIALS):
+            for x, kind in (("wall time", "date"), ("step", "linear"), ("relative time", "linear")):
+                title = {"wall time": "wall time", "relative time": "relative time (s)", "step": "step"}[x]
+                timed(
+                    "x axis",
+                    _click_label("compare-x", x),
+                    "compare-plot",
+                    f"g._fullLayout.xaxis.type === {kind!r} && g._fullLayout.xaxis.title.text === {title!r}",
+                )
+                if trial == 0 and x == "wall time":
+                    assert driver.execute_script(PLOT, "compare-metrics")["xtype"] == "date"
+                    walls = driver.execute_script(PLOT, "compare-plot")
+                    last = next(x for n, x in zip(walls["names"], walls["xs"]) if n == "#3 exact · eval")[-1]
+                    assert abs(last / 1000 - (time.time() - 3600 + 6 * STEPS)) < 600  # Unix ms of the eval
+                if trial == 0 and x == "relative time":
+                    rel = driver.execute_script(PLOT, "compare-plot")
+                    exact_eval = next(x for n, x in zip(rel["names"], rel["xs"]) if n == "#3 exact · eval")
+                    assert exact_eval[-1] == pytest.approx(6 * STEPS, abs=1.0)  # seconds since the start
+            smoothing = (0.9, 0.3)[trial % 2]
+            before = driver.execute_script(PLOT, "compare-metrics")
+            clip = before["names"].index("#3 exact · loss/clipfrac")
+            timed(
+                "smoothing",
+                _set_number("compare-smoothing", smoothing),
+                "compare-metrics",
+                f"g._fullData[{clip}].y[5] !== {before['ys'][clip][5]}",
+            )
+            log = "log" if trial % 2 == 0 else "linear"
+            timed(
+                "log scale",
+                "document.querySelector('#compare-log-scale input').click();",
+                "compare-metrics",
+                f"g._fullLayout.yaxis.type === {log!r}",
+            )
+            hidden = "true" if trial % 2 == 0 else "false"
+            timed(
+                "runs shown",
+                _click_label("compare-shown", "#5 exact"),
+                "compare-plot",
+                f"g._fullData.filter(t => t.name.startsWith('#5 exact')).every(t => (t.visible === false) === {hidden})",
+            )
+        # the last trial leaves: x relative time, smoothing 0.9, log on, #5 hidden
+        shown = driver.execute_script(PLOT, "compare-plot")
+        assert all(v is False for n, v in zip(shown["names"], shown["visible"]) if n.startswith("#5 exact"))
+        assert all(
+            v is not False for n, v in zip(shown["names"], shown["visible"]) if n.startswith("#3 exact")
+        )
+        ARTIFACTS.mkdir(exist_ok=True)
+        driver.save_screenshot(str(ARTIFACTS / "app-compare-controls.png"))
+        medians = {name: statistics.median(ms) for name, ms in timings.items()}
+        print("compare controls, ms from the input to the redrawn plot:", timings, "medians:", medians)
+        assert all(0 <= ms for values in timings.values() for ms in values), timings  # -1: never redrawn
+        assert all(ms <= BUDGET_MS for ms in medians.values()), medians
+
+        # The reward level: a server round trip that redraws the time-to-reach sentence and table only.
+        level = driver.find_element(By.CSS_SELECTOR, "#compare-level textarea, #compare-level input")
+        t0 = time.monotonic()
+        level.clear()
+        level.send_keys("0.5\n")
+        wait.until(
+            lambda d: (
+                "Time to reach eval reward 0.5 (the level asked)" in d.find_element(By.ID, "compare-msg").text
+            )
+        )
+        print(f"reward level: {1000 * (time.monotonic() - t0):.0f} ms to the new table (server round trip)")
+        kept = driver.execute_script(PLOT, "compare-plot")
+        assert kept["visible"] == shown["visible"]  # the plots were not drawn again
+        table = driver.find_element(By.ID, "compare-reach").text
+        # a typo: its one line, and the table and plots stay
+        level.clear()
+        level.send_keys("0.5x\n")
+        wait.until(
+            lambda d: "reward level: must be a number or empty" in d.find_element(By.ID, "compare-msg").text
+        )
+        assert driver.find_element(By.ID, "compare-reach").text == table
+        assert driver.execute_script(PLOT, "compare-plot")["visible"] == shown["visible"]
+
+        # The view is in the address; a reload (or the link, shared) opens the same view.
+        query = driver.execute_script("return window.location.search")
+        for part in ("tab=compare", "runs=3%2C4%2C5%2C6", "x=relative+time", "smoothing=0.9", "log=1"):
+            assert part in query, query
+        driver.refresh()
+        wait.until(lambda d: ((d.execute_script(PLOT, "compare-metrics") or {}).get("meta") or 0) > 0)
+        wait.until(lambda d: (d.execute_script(PLOT, "compare-metrics") or {}).get("ytype") == "log")
+        again = driver.execute_script(PLOT, "compare-plot")
+        assert again["xtitle"] == "relative time (s)", again
+        checked = driver.execute_script(
+            "return [document.querySelector('#compare-smoothing input[type=number]').value,"
+            "document.querySelector('#compare-log-scale input').checked]"
+        )
+        assert checked == ["0.9", True], checked
+    finally:
+        driver.quit()
+
+
+class Trainer:
+    """Run #7 "training": a thread logs a step every 0.6 s (an eval image every second step) and appends to
+    its train.log, so that every timer tick of the page has something new to draw."""
+
+    def __init__(self, root: Path):
+        self.root, self.stop, self.step = root, threading.Event(), 0
+        with open_store(root) as store:
+            cfg = {**TrainConfig().to_dict(), "steps": 500, "output_dir": str(root.resolve())}
+            self.run_id = store.create_run("run7", cfg, None)
+            store.set_run_dir(self.run_id, root / f"run-{self.run_id:04d}")
+            store.set_status(self.run_id, "running", pid=None)
+        (root / f"run-{self.run_id:04d}").mkdir(parents=True, exist_ok=True)
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+
+    def loop(self) -> None:
+        with open_store(self.root) as store:
+            while not self.stop.wait(0.6):
+                self.step += 1
+                if self.step % 2 == 0:
+                    _image(store, self.root, self.run_id, self.step, 10 * self.step)
+                store.log_step(
+                    self.run_id, self.step, {"reward/mean": 0.01 * self.step, "time/unix": time.time()}
+                )
+                with (self.root / f"run-{self.run_id:04d}" / "train.log").open("a") as log:
+                    log.write(f"log of run7 step {self.step}\n")
+
+    def __enter__(self) -> Trainer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(10)
+
+
+# Every animation frame from now on: the progress line and the log as the page shows them (nothing where
+# they are hidden).
+WATCH = """
+window.jaggSeen = [];
+const shown = (el) => el && getComputedStyle(el).visibility !== 'hidden';
+const look = () => {
+  const p = document.querySelector('#live-progress'), log = document.querySelector('#live-log textarea');
+  window.jaggSeen.push([performance.now(), shown(p) ? p.innerText : '', shown(log) ? log.value : '']);
+  if (window.jaggSeen.length < 100000) requestAnimationFrame(look);
+};
+requestAnimationFrame(look);
+"""
+
+
+def _pick_run(driver, run_id: int) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    box = driver.find_element(By.CSS_SELECTOR, "#live-run input")
+    box.click()
+    box.send_keys(Keys.CONTROL, "a")
+    box.send_keys(str(run_id))
+    time.sleep(0.3)
+    driver.execute_script("window.jaggSwitchAt = performance.now()")
+    box.send_keys(Keys.ENTER)
+
+
+def test_a_run_switch_beside_a_training_run_never_shows_the_previous_runs_panels(app):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    with Trainer(app.runs_dir) as trainer:
+        live = trainer.run_id
+        driver = _driver(app.url + f"?tab=live&run={live}")
+        try:
+            wait = WebDriverWait(driver, 60, poll_frequency=0.1)
+            wait.until(lambda d: f"Run #{live} run7" in d.find_element("id", "live-progress").text)
+            wait.until(lambda d: "log of run7" in d.execute_script(
+                "return (document.querySelector('#live-log textarea') || {}).value || ''"))  # fmt: skip
+            for old, new, old_log, new_log in (
+                (live, 3, "log of run7", "log of run3"),
+                (3, live, "log of run3", "log of run7"),
+                (live, 5, "log of run7", "log of run5"),
+            ):
+                time.sleep(1.3)  # a timer tick for the old run is likely in flight
+                driver.execute_script(WATCH)
+                _pick_run(driver, new)
+                wait.until(lambda d, new=new: f"Run #{new} " in d.find_element("id", "live-progress").text)
+                wait.until(lambda d, new_log=new_log: new_log in d.execute_script(
+                    "return (document.querySelector('#live-log textarea') || {}).value || ''"))  # fmt: skip
+                time.sleep(6.0)  # three timer ticks beside the training run
+                seen = driver.execute_script("return window.jaggSeen")
+                switched = driver.execute_script("return window.jaggSwitchAt")
+                # from a frame after the switch (Enter pressed, and gradio's picker took it), none shows the
+                # old run's progress line or log: not while the new run is read, nor after a refresh
+                again = [
+                    (round(t - switched), p[:40], log[-30:])
+                    for t, p, log in seen
+                    if t > switched + SWITCH_GRACE_MS and (f"Run #{old} " in p or old_log in log)
+                ]
+                assert not again, (old, new, again[:5])
+                assert f"Run #{new} " in seen[-1][1] and new_log in seen[-1][2], seen[-1]
+            # An answer for the previous run landing now (a refresh sent before the switch) is never shown:
+            # the panels hide while the progress line names another run than the one picked.
+            hidden = driver.execute_script(
+                "const p = document.querySelector('#live-progress p'); p.textContent = 'Run #3 run3 — step 1';"
+                "return new Promise(r => requestAnimationFrame(() => r(['live-log', 'live-reward', "
+                "'step-gallery'].map(id => getComputedStyle(document.getElementById(id)).visibility))));"
+            )
+            assert hidden == ["hidden", "hidden", "hidden"], hidden
+        finally:
+            driver.quit()
+
+
+def test_the_step_slider_is_never_moved_by_a_refresh_once_the_user_moved_it(app):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    with Trainer(app.runs_dir) as trainer:
+        live = trainer.run_id
+        driver = _driver(app.url + f"?tab=live&run={live}")
+        try:
+            wait = WebDriverWait(driver, 60, poll_frequency=0.1)
+            value = "return (document.querySelector('#step-slider input[type=number]') || {}).value"
+            wait.until(lambda d: int(d.execute_script(value) or 0) >= 4)  # it follows the newest eval
+            wait.until(lambda d: int(d.execute_script(value)) > 4)
+            number = driver.find_element(By.CSS_SELECTOR, "#step-slider input[type='number']")
+            number.send_keys(Keys.CONTROL, "a")
+            number.send_keys("2", Keys.ENTER)
+            wait.until(lambda d: "at step 2 " in d.find_element(By.ID, "step-note").text)
+            driver.execute_script(
+                "window.jaggSlider = []; const look = () => { window.jaggSlider.push(document.querySelector("
+                "'#step-slider input[type=number]').value); requestAnimationFrame(look); }; look();"
+            )
+            start = trainer.step
+            time.sleep(8.0)  # four timer ticks, each with new steps and images
+            assert trainer.step >= start + 8
+            values = set(driver.execute_script("return window.jaggSlider"))
+            assert values == {"2"}, values
+            assert "at step 2 " in driver.find_element(By.ID, "step-note").text
+            # back on the newest step, the slider follows the next eval again
+            newest = driver.execute_script(
+                "return document.querySelector('#step-slider input[type=range]').max"
+            )
+            number.send_keys(Keys.CONTROL, "a")
+            number.send_keys(newest, Keys.ENTER)
+            wait.until(lambda d: int(d.execute_script(value)) > int(newest))
+        finally:
+            driver.quit()
