@@ -858,10 +858,13 @@ def own_step_cells(
     return items, [(int(r["id"]), int(step)) for r, step in cells]
 
 
-def reward_svg(frames: Mapping[str, pd.DataFrame], width: int = 900, height: int = 300) -> str:
+def reward_svg(
+    frames: Mapping[str, pd.DataFrame], width: int = 900, height: int = 300, x_title: str = "step"
+) -> str:
     """Each run's training reward per step (reward/mean, solid) and eval reward (eval/reward/mean, dashed, with
     dots) as a static SVG: the curves of :func:`reward_figure` without plotly, so a page shows them at its
-    first paint. Polylines carry ``data-run`` (the label) and ``data-kind`` (train | eval). "" without data."""
+    first paint. Polylines carry ``data-run`` (the label) and ``data-kind`` (train | eval). "" without data.
+    The x is each frame's ``step`` column (a caller may put seconds there: ``x_title`` names the axis)."""
     series = []
     for i, (label, frame) in enumerate(frames.items()):
         for key, kind in (("reward/mean", "train"), ("eval/reward/mean", "eval")):
@@ -895,9 +898,9 @@ def reward_svg(frames: Mapping[str, pd.DataFrame], width: int = 900, height: int
     for y in (y0 + pad, (y0 + y1) / 2, y1 - pad):
         out.append(f'<text x="{left - 6}" y="{py(y) + 4:.1f}" text-anchor="end">{y:.3f}</text>')
     for x in sorted({x0, x1, round((x0 + x1) / 2)}):
-        out.append(f'<text x="{px(x):.1f}" y="{height - bottom + 16}" text-anchor="middle">{x:g}</text>')
+        out.append(f'<text x="{px(x):.1f}" y="{height - bottom + 16}" text-anchor="middle">{x:.4g}</text>')
     out.append(
-        f'<text x="{(left + width - right) / 2}" y="{height - bottom + 32}" text-anchor="middle">step</text>'
+        f'<text x="{(left + width - right) / 2}" y="{height - bottom + 32}" text-anchor="middle">{html.escape(x_title)}</text>'
     )
     for j, (label, color, kind, x, y) in enumerate(series):
         points = " ".join(f"{px(a):.1f},{py(b):.1f}" for a, b in zip(x, y))

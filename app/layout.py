@@ -71,9 +71,13 @@ def confirm_row(prefix: str) -> SimpleNamespace:
     return SimpleNamespace(question=question, row=row, yes=yes, no=no, pending=gr.State(None))
 
 
-def metric_controls(prefix: str, x_only: bool = False) -> SimpleNamespace:
+SHOWCASE_X = "relative time"  # the showcase opens on each run's seconds: the time JAGG saves shows first
+
+
+def metric_controls(prefix: str, x_only: bool = False, x: str = "step") -> SimpleNamespace:
     """The metrics view's controls (trackio / wandb conventions): which logged metrics, EMA smoothing, log
-    scale and the x axis. Their values are :class:`app.metrics.MetricView`'s fields, in its order."""
+    scale and the x axis (``x`` at first). Their values are :class:`app.metrics.MetricView`'s fields, in
+    its order."""
     view = metrics.MetricView()
     with gr.Row():
         pick = gr.Dropdown(
@@ -85,9 +89,9 @@ def metric_controls(prefix: str, x_only: bool = False) -> SimpleNamespace:
             elem_id=f"{prefix}-smoothing",
         )  # fmt: skip
         log_y = gr.Checkbox(value=False, label="log scale", scale=1, elem_id=f"{prefix}-log-scale")
-        x = gr.Radio(list(metrics.X_AXES), value="step", label="x axis", scale=2, elem_id=f"{prefix}-x")
+        axis = gr.Radio(list(metrics.X_AXES), value=x, label="x axis", scale=2, elem_id=f"{prefix}-x")
     return SimpleNamespace(
-        pick=pick, smoothing=smoothing, log_y=log_y, x=x, inputs=[pick, smoothing, log_y, x]
+        pick=pick, smoothing=smoothing, log_y=log_y, x=axis, inputs=[pick, smoothing, log_y, axis]
     )
 
 
@@ -201,7 +205,11 @@ def live_tab(
 
 
 def compare_tab(
-    store: Any, choices: list[tuple[str, int]], showcase_ids: Sequence[int], shown: tuple | None
+    store: Any,
+    choices: list[tuple[str, int]],
+    showcase_ids: Sequence[int],
+    shown: tuple | None,
+    headline: str = "",
 ) -> SimpleNamespace:
     """Run picker, a one-line message, the showcase (only while its runs are the ones picked), reward and
     metrics plots, time to reach a reward level, summary, config diff and side-by-side images; with
@@ -217,13 +225,11 @@ def compare_tab(
                 f"time-to-quality race; `{showcase.RECORD_COMMAND}` records them again). Pick other runs and "
                 "press Compare."
             )
-            # Drawn without plotly, so that the curves are there at the first paint; Compare draws the
-            # interactive plot below.
-            frames = {
-                f"#{run['id']} {run['config'].get('strategy')}": store.metrics_frame(run["id"])
-                for run in (store.get_run(i) for i in showcase_ids)
-            }
-            gr.HTML(data.reward_svg(frames), elem_id="showcase-curves")
+            if headline:
+                gr.Markdown(headline, elem_id="showcase-headline")
+            # Drawn without plotly, against each run's seconds, so that the curves and the time saved are
+            # there at the first paint; Compare draws the interactive plot below (on the same time axis).
+            gr.HTML(showcase.curves_over_time(store, list(showcase_ids)), elem_id="showcase-curves")
     with gr.Row():
         compare_runs = gr.Dropdown(
             choices=choices,
@@ -252,7 +258,7 @@ def compare_tab(
         interactive=False,
         elem_id="compare-report",
     )
-    view = metric_controls("compare")
+    view = metric_controls("compare", x=SHOWCASE_X if shown else "step")
     shown_labels = (
         [f"#{run['id']} {run['config'].get('strategy')}" for run in shown_runs_of(store, showcase_ids)]
         if shown

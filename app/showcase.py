@@ -252,3 +252,58 @@ def _write_images(run_dir: Path, showcase_dir: Path, entry: Mapping[str, Any]) -
         target = run_dir / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         grid.crop((x, y, x + width, y + height)).save(target)
+
+
+# ---------------------------------------------------------------------------------------------- the first screen
+
+
+def _labelled(store: RunStore, ids: list[int]) -> tuple[dict[str, Any], dict[str, Any]]:
+    runs = [run for run in (store.get_run(i) for i in ids) if run is not None]
+    labels = {f"#{run['id']} {run['config'].get('strategy')}": run for run in runs}
+    return {label: store.metrics_frame(run["id"]) for label, run in labels.items()}, labels
+
+
+def headline(store: RunStore, ids: list[int], r: float) -> str:
+    """One sentence over the showcase's runs (exact first): the reward level (the lower of the final evals),
+    each run's training seconds (eval excluded) to reach it, how much sooner the JAGG run gets there, and
+    its measured update-phase speedup over its paired exact run. "" when a run or an eval is missing."""
+    from app import data, metrics
+
+    frames, runs = _labelled(store, ids)
+    found = metrics.default_level(frames) if len(frames) == 2 else None
+    if found is None:
+        return ""
+    level, _ = found
+    (exact_label, jagg_label) = sorted(
+        frames, key=lambda label: runs[label]["config"].get("strategy") != "exact"
+    )
+    reach = {label: metrics.first_reach(frames[label], level) for label in frames}
+    if any(hit is None or not math.isfinite(hit[1]) for hit in reach.values()):
+        return ""
+    (exact_step, exact_s), (jagg_step, jagg_s) = reach[exact_label], reach[jagg_label]
+    sooner = f" — **{exact_s / jagg_s:.1f}× sooner**" if jagg_s > 0 else ""
+    table = data.speedup_frame(store, runs[jagg_label]["id"], r)
+    measured = table.iloc[0].get("measured speedup") if len(table) else None
+    speedup = (
+        f"; its update phase is **{float(measured):.2f}× faster** than its paired exact run's (measured)"
+        if measured is not None and measured == measured
+        else ""
+    )
+    return (
+        f"To reach eval reward **{level:.3f}** (the lower of the two final evals), {jagg_label} trains "
+        f"**{jagg_s:.0f} s** (step {jagg_step}) and {exact_label} **{exact_s:.0f} s** (step {exact_step})"
+        f"{sooner}{speedup}."
+    )
+
+
+def curves_over_time(store: RunStore, ids: list[int]) -> str:
+    """The static reward curves of the first screen (:func:`app.data.reward_svg`) against each run's seconds
+    since it started, so that the time a run saves shows at the first paint."""
+    from app import data, metrics
+
+    frames, runs = _labelled(store, ids)
+    timed = {}
+    for label, frame in frames.items():
+        seconds = metrics.x_values(frame, runs[label], "relative time")
+        timed[label] = frame.assign(step=seconds).dropna(subset=["step"])
+    return data.reward_svg(timed, x_title="seconds since the run started")

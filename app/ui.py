@@ -231,7 +231,8 @@ def _readable(block: Any, preprocess: Callable[[Any], Any]) -> Callable[[Any], A
 def build_layout(h: Handlers, backbones: tuple[str, ...], showcase_ids: list[int]) -> SimpleNamespace:
     """Every tab's components, inside the open Blocks; the page opens on the showcase when there is one."""
     layout.header(h.space, h.guard.limits)
-    shown = h.history.compare(showcase_ids, h.r0) if len(showcase_ids) >= 2 else None
+    shown = h.history.compare(showcase_ids, h.r0, layout.SHOWCASE_X) if len(showcase_ids) >= 2 else None
+    headline = showcase.headline(h.store, showcase_ids, h.r0) if shown else ""
     defaults = TrainConfig()
     note = speedup_note(defaults.window, defaults.jagg_frac, defaults.strategy, h.r0, *h.reuse_defaults)
     with gr.Tabs(selected="compare" if shown else "new") as tabs:
@@ -240,7 +241,7 @@ def build_layout(h: Handlers, backbones: tuple[str, ...], showcase_ids: list[int
         with gr.Tab("Live", id="live"):
             live = layout.live_tab(h.run_choices(), h.default_run(), h.panels)
         with gr.Tab("Compare", id="compare"):
-            compare = layout.compare_tab(h.store, h.run_choices(), showcase_ids, shown)
+            compare = layout.compare_tab(h.store, h.run_choices(), showcase_ids, shown, headline)
         with gr.Tab("Try it", id="tryit"):
             tried = tryit.TryIt(h)
             try_tab = layout.tryit_tab(*tried.initial(), tried.caps)

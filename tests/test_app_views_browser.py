@@ -398,3 +398,33 @@ def test_the_step_slider_is_never_moved_by_a_refresh_once_the_user_moved_it(app)
             wait.until(lambda d: int(d.execute_script(value)) > int(newest))
         finally:
             driver.quit()
+
+
+def test_the_first_screen_is_the_showcase_on_a_time_axis_with_its_headline_and_whole_captions(app):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = _driver(app.url)
+    try:
+        wait = WebDriverWait(driver, 60, poll_frequency=0.2)
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#showcase-curves .curve"))
+        headline = driver.find_element(By.ID, "showcase-headline").text
+        assert headline.startswith("To reach eval reward ") and "#2 jagg trains" in headline, headline
+        assert "× sooner" in headline and "× faster than its paired exact run" in headline, headline
+        svg = driver.find_element(By.ID, "showcase-curves").text
+        assert "seconds since the run started" in svg and "step" not in svg.split("started")[-1], svg
+        checked = driver.execute_script(
+            "return [...document.querySelectorAll('#compare-x input')].filter(i => i.checked).map(i => i.value)"
+        )
+        assert checked == ["relative time"], checked
+        wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#compare-gallery .caption-label")) >= 8)
+        captions = driver.execute_script(
+            "return [...document.querySelectorAll('#compare-gallery .caption-label')].map(c => "
+            "[c.textContent, c.scrollWidth <= c.clientWidth + 1, getComputedStyle(c).textOverflow])"
+        )
+        assert all(text.rsplit(" · ", 1)[-1].startswith("reward ") for text, _, _ in captions), captions[:2]
+        assert all(whole and overflow != "ellipsis" for _, whole, overflow in captions), captions[:2]
+        ARTIFACTS.mkdir(exist_ok=True)
+        driver.save_screenshot(str(ARTIFACTS / "app-showcase-first-screen.png"))
+    finally:
+        driver.quit()
