@@ -320,10 +320,15 @@ SCRIPT = r"""<style>.jagg-stale, .jagg-stale * { visibility: hidden !important; 
   // Live: the panels show only while the progress line names the run picked (a run switch, or a refresh
   // sent for the previous run and answered after the switch, hides them until the new run's arrive).
   let watched = null, looping = false, panelIds = null, check = () => null;
-  const watchRun = (run, ids) => {
+  let picked = null;  // a run picked from the list that gradio has not reported yet: {run, at}
+  const watchRun = (run, ids, byUser = false) => {
     panelIds = ids;
     const m = String(run === null || run === undefined ? "" : run).match(/^\s*#?(\d+)/);
-    watched = m ? m[1] : null;
+    const id = m ? m[1] : null;
+    if (byUser) picked = {run: id, at: performance.now()};
+    else if (picked && performance.now() - picked.at < 10000 && id !== picked.run) return;  // gradio lags
+    else picked = null;
+    watched = id;
     window.jaggView.latest = null;  // the step slider: a new run's newest step
     check = () => {
       const p = document.getElementById("live-progress");
@@ -345,7 +350,14 @@ SCRIPT = r"""<style>.jagg-stale, .jagg-stale * { visibility: hidden !important; 
   // panels at once, before gradio's own change event for the picker.
   document.addEventListener("mousedown", (event) => {
     const li = event.target && event.target.closest && event.target.closest("#live-run li[data-index]");
-    if (li && panelIds) watchRun(li.textContent.replace(/^\s*\u2713/, "").trim(), panelIds);
+    if (li && panelIds) watchRun(li.textContent.replace(/^\s*\u2713/, "").trim(), panelIds, true);
+  }, true);
+  // Typed and Enter without a list hit (the pickers' script then blurs the box, and gradio takes the text):
+  // the text names the run.
+  document.addEventListener("focusout", (event) => {
+    const input = event.target;
+    if (input && input.closest && input.closest("#live-run") && panelIds && /^\s*#?\d+/.test(input.value || ""))
+      watchRun(input.value, panelIds, true);
   }, true);
   window.jaggView = {apply, url, ema, read, watchRun, last: null};
 })();
@@ -437,8 +449,8 @@ LIVE_PLOTS = ["live-reward", "live-metrics"]
 COMPARE_PLOTS = ["compare-plot", "compare-metrics"]
 
 
-def wire(page: Any, h: Any) -> None:
-    """The metrics views' events (inside the open Blocks; ``page``: :func:`app.ui.build_layout`'s
+def wire(demo: Any, page: Any, h: Any) -> None:
+    """The metrics views' events (inside the open Blocks ``demo``; ``page``: :func:`app.ui.build_layout`'s
     components, ``h``: the app's :class:`app.handlers.Handlers`):
 
     - smoothing, log scale and the x axis (Live and Compare) and the runs shown (Compare) act in the page
@@ -464,6 +476,7 @@ def wire(page: Any, h: Any) -> None:
     # A run switch: the previous run's panels are hidden at once, until the progress line names the new run.
     ids = ["live-progress", *(f"live-{p.name}" for p in h.panels), "step-gallery", "step-note"]
     live.live_run.change(None, live.live_run, None, js=switch_js(ids), **private)
+    demo.load(None, live.live_run, None, js=switch_js(ids), **private)  # the run the page opens on
     live.step_latest.change(
         None, [live.step_latest, live.step_slider], live.step_slider, js=SLIDER_JS, **private
     )

@@ -341,7 +341,7 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
     compare.compare_btn.click(
         h.history.compare, compare_inputs, compare.outputs, api_name="compare_runs"
     ).then(h.history.compare_shown, compare.compare_runs, compare.shown_runs, api_visibility="private")
-    client.wire(page, h)  # the metrics views' controls, in the page; their state in the address
+    client.wire(demo, page, h)  # the metrics views' controls, in the page; their state in the address
     compare.report_btn.click(
         h.history.report, [compare.compare_runs, new.r_input], [compare.report_msg, compare.report_file],
         api_name="report_runs",
