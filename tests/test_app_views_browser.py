@@ -3,8 +3,9 @@ each control of a 4-run Compare timed from the input to the redrawn plot, the vi
 bad reward level that keeps the view, a run switch beside a training run that never shows the previous run's
 panels, and a step slider that no refresh moves back once the user moved it.
 
-Runs #3–#6: 40 steps each (eval every 5), two JAGG and two exact, with clock times; run #7 "trains" (a
-thread of the test logs a step and an eval image every second while the Live tests run).
+Runs #3–#6: 40 steps each (eval every 5), two exact and two JAGG, with clock times; run #7 "trains" (a
+thread of the test logs a step every 0.6 s, an eval image every second step, while the Live tests run).
+The shipped showcase is runs #1–#2 (the first screen).
 """
 
 from __future__ import annotations
