@@ -110,7 +110,7 @@ def _choose(driver, elem_id: str, label: str) -> None:
     driver.find_element(By.XPATH, f"//*[@id='{elem_id}']//label[normalize-space()='{label}']").click()
 
 
-def test_browser_pickers_take_the_exact_run_and_actions_ask_first_and_a_bad_pair_queues_nothing(app):
+def test_browser_pickers_take_the_exact_run_a_doomed_action_asks_nothing_and_a_bad_pair_queues_nothing(app):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import WebDriverWait
@@ -133,14 +133,11 @@ def test_browser_pickers_take_the_exact_run_and_actions_ask_first_and_a_bad_pair
             driver, "live-progress"
         )
 
-        # Cancel asks first, naming the run; Keep leaves it as it was.
+        # Cancel of the read-only showcase would be refused once confirmed: it is refused before any question.
         driver.find_element(By.XPATH, "//button[normalize-space()='Cancel run']").click()
-        wait.until(lambda d: "Cancel run #1 showcase-exact (finished)?" in _text(d, "live-confirm-question"))
-        assert driver.find_element(By.ID, "live-confirm").is_displayed()
-        ARTIFACTS.mkdir(exist_ok=True)
-        driver.save_screenshot(str(ARTIFACTS / "app-cancel-confirm.png"))
-        driver.find_element(By.ID, "live-keep").click()
-        wait.until(lambda d: "Nothing done." in _text(d, "live-action-msg"))
+        wait.until(lambda d: "Refused." in _text(d, "live-confirm-question"))
+        refused = _text(driver, "live-confirm-question")
+        assert refused == "Refused. cancel: run 1 is the shipped showcase, which is read-only", refused
         assert not [b for b in driver.find_elements(By.ID, "live-confirm") if b.is_displayed()]
 
         # Compare exact vs JAGG with probe_every=2: refused in one line, nothing queued.
@@ -206,7 +203,7 @@ def test_browser_compare_shows_the_picked_runs_only_with_wall_time_and_time_to_r
         assert rendering == "pixelated"
         # the time-to-reach row: the exact run's final eval (0.2 + 0.1 × 4 = 0.6), which #3 (0.2 + 0.15 × step)
         # first passes at its step-4 eval, after 4 × 9 s of training of its 6 × 9 s
-        assert "Time to reach eval reward 0.6 (#4 exact's final eval)" in message
+        assert "Time to reach eval reward 0.6 (the lower of the final evals, #4 exact's)" in message
         reach = driver.find_element(By.ID, "compare-reach").text
         assert re.search(r"#3 jagg\s+4\s+36(\.0)?\s+67 %", reach), reach
         assert re.search(r"#4 exact\s+4\s+36(\.0)?\s+100 %", reach), reach
