@@ -511,10 +511,11 @@ def loader(h: Any) -> Any:
     """:func:`load_view` as a gradio load handler (gradio passes the request to a parameter typed so)."""
     import gradio as gr
 
-    def load(r: float, request: gr.Request) -> tuple[Any, ...]:
+    def load(r: float, request: gr.Request | None = None) -> tuple[Any, ...]:  # None: called directly
         return load_view(h, r, request)
 
-    load.__annotations__ = {"r": float, "request": gr.Request, "return": tuple}  # resolved, not strings
+    # resolved types, not strings: gradio reads the annotation to pass the request
+    load.__annotations__ = {"r": float, "request": gr.Request | None, "return": tuple}
     return load
 
 
