@@ -288,7 +288,7 @@ def test_file_route_serves_sample_images_and_own_exports_only(app):
     wait_status(alice, run_id, ("finished",))
     run_dir = app.runs / f"run-{run_id:04d}"
 
-    gallery = alice.predict(run_id, 1.8, api_name="/live_view")[6]
+    gallery, _ = alice.predict(run_id, "eval", 0, api_name="/step_images")  # the step slider's images
     image_url = gallery[0]["image"]["url"]
     status, body = get(image_url)
     assert status == 200 and body.startswith(b"\x89PNG")
@@ -331,6 +331,7 @@ def test_file_route_serves_sample_images_and_own_exports_only(app):
 def test_queue_limits_per_visitor_and_in_total(app):
     carol, dave, erin = app.client(), app.client(), app.client()
     message, jagg_id, _ = carol.predict(*form(steps=CAPS["steps"]), api_name="/compare_exact_jagg")
+    jagg_id = int(jagg_id)  # the launched-run box is text (empty before a launch, never 0)
     side = app.demo.jagg_manager.pair_plan({"processes": 1}).mode == "side-by-side"  # this machine's mode
     assert message.startswith("Pair side by side: exact" if side else "Pair one after the other: exact"), (
         message
