@@ -141,6 +141,7 @@ def test_space_builds_from_requirements_and_trains(tmp_path):
         ]  # fmt: skip
         start = time.monotonic()
         message, run_id, _ = client.predict(*form, api_name="/launch_run")
+        run_id = int(run_id)  # the launched-run box is text (empty before a launch, never 0)
         assert message.startswith("Run #") and "started" in message, message
         row: dict = {}
         deadline = time.time() + 600
