@@ -14,26 +14,12 @@ from pathlib import Path
 
 import pytest
 from polling import wait_for
+from toy import ENV, toy
 
 from app.runs import RunManager
 from jagg_engine.store import DB_NAME, RunLock, StoreError, open_store, pid_alive
 
-REPO = Path(__file__).resolve().parents[1]
-TOY = [
-    "backbone=linear-toy",
-    "rewards={brightness: 1.0}",
-    "prompts_per_step=2",
-    "group_size=2",
-    "sampling_steps=4",
-    "sde_window_end=null",
-    "window=2",
-    "eval_every=0",
-    "sample_every=0",
-    "probe_every=0",
-    "checkpoint_every=1",
-    "lr=1e-2",
-]
-ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+TOY = toy()
 
 
 def jagg(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:

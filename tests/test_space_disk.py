@@ -9,27 +9,14 @@ from pathlib import Path
 
 import gradio as gr
 import pytest
+from toy import toy
 
 from app import layout
 from app.space import SpaceGuard, SpaceLimits, folder_size
 from jagg_engine import cli
 from jagg_engine.store import open_store
 
-TOY = [
-    "backbone=linear-toy",
-    "rewards={brightness: 1.0}",
-    "prompts_per_step=2",
-    "group_size=2",
-    "sampling_steps=4",
-    "sde_window_end=null",
-    "window=2",
-    "eval_every=0",
-    "sample_every=0",
-    "probe_every=0",
-    "checkpoint_every=1",
-    "steps=2",
-    "lr=1e-2",
-]
+TOY = toy(steps=2)
 BLOB = 200_000  # bytes of each visitor run's checkpoint-sized file
 
 
