@@ -547,6 +547,13 @@ class HistoryHandlers(_Part):
             return "", pd.DataFrame()
         return f"Time to reach eval reward {wanted:.4g} ({whose}).", metrics.reach_frame(frames, wanted)
 
+    def _picked_frames(self, run_ids: Any) -> tuple[dict[str, pd.DataFrame], dict[str, Any]] | None:
+        """The frames and runs by label of a Compare's picked runs, or None with fewer than two (a component
+        redrawn alone keeps what the last full Compare drew)."""
+        ids, _ = self._picked(run_ids)
+        runs = [self.store.get_run(i) for i in ids]
+        return self._frames(runs) if len(runs) >= 2 else None
+
     def compare_metrics(
         self, run_ids: Any, x: Any, metric_keys: Any, smoothing: Any, log_y: Any
     ) -> tuple[Any, Any]:
@@ -556,11 +563,10 @@ class HistoryHandlers(_Part):
             view = view_of(metric_keys, smoothing, log_y, x)
         except ConfigError as exc:
             return f"**Error:** {md_message(exc)}", gr.skip()
-        ids, _ = self._picked(run_ids)
-        runs = [self.store.get_run(i) for i in ids]
-        if len(runs) < 2:
+        picked = self._picked_frames(run_ids)
+        if picked is None:
             return gr.skip(), gr.skip()
-        frames, by_label = self._frames(runs)
+        frames, by_label = picked
         fig = metrics.metrics_figure(frames, view, runs=by_label, title="Metrics")
         return gr.skip(), gr.update(value=client.attach(fig, frames, by_label), visible=True)
 
@@ -571,12 +577,10 @@ class HistoryHandlers(_Part):
             wanted = _optional_number(level, "reward level")
         except ConfigError as exc:
             return f"**Error:** {md_message(exc)}", gr.skip()
-        ids, _ = self._picked(run_ids)
-        runs = [self.store.get_run(i) for i in ids]
-        if len(runs) < 2:
+        picked = self._picked_frames(run_ids)
+        if picked is None:
             return gr.skip(), gr.skip()
-        frames, by_label = self._frames(runs)
-        return self._reach(frames, by_label, wanted)
+        return self._reach(*picked, wanted)
 
     def compare_shown(self, run_ids: Any) -> Any:
         """The "runs shown" boxes after a Compare: one per picked run, all ticked."""
