@@ -148,21 +148,29 @@ def test_browser_hostile_run_names_render_as_text_everywhere(app, trap):
         # run #2: the progress line names it as typed
         wait.until(lambda d: literal in _text(d, "live-progress"))
         clean("Live progress line and panels")
-        for button, verb in (("Cancel run", "Cancel"), ("Resume run", "Resume")):
+        # the finished run #2 is neither cancelled nor resumed: refused before any question
+        for button, verb, refusal in (
+            ("Cancel run", "Cancel", "Refused. run 2: is already finished"),
+            ("Resume run", "Resume", "Refused. run 2: is finished; only a failed or cancelled run resumes"),
+        ):
             driver.find_element(By.XPATH, f"//button[normalize-space()='{button}']").click()
-            wait.until(lambda d, v=verb: _text(d, "live-confirm-question").startswith(f"{v} run #2 "))
-            question = _text(driver, "live-confirm-question")
-            assert literal in question, question
-            clean(f"Live {verb} question")
-            driver.find_element(By.ID, "live-keep").click()
-            wait.until(lambda d: "Nothing done." in _text(d, "live-action-msg"))
-        # the failed run #1: its error shown verbatim
+            wait.until(lambda d, r=refusal: _text(d, "live-confirm-question").startswith(r))
+            assert not [b for b in driver.find_elements(By.ID, "live-confirm") if b.is_displayed()]
+            clean(f"Live {verb} refusal")
+        # the failed run #1: its error shown verbatim, and Resume asks, naming it as typed
         box = driver.find_element(By.CSS_SELECTOR, "#live-run input")
         box.click()
         box.send_keys(Keys.CONTROL, "a")
         box.send_keys("1", Keys.ENTER)
         wait.until(lambda d: "Run #1 " in _text(d, "live-progress") and "failed" in _text(d, "live-progress"))
         clean("Live progress line of a failed run")
+        driver.find_element(By.XPATH, "//button[normalize-space()='Resume run']").click()
+        wait.until(lambda d: _text(d, "live-confirm-question").startswith("Resume run #1 "))
+        question = _text(driver, "live-confirm-question")
+        assert literal in question, question
+        clean("Live Resume question")
+        driver.find_element(By.ID, "live-keep").click()
+        wait.until(lambda d: "Nothing done." in _text(d, "live-action-msg"))
         # a picker that names no run: the typed text echoed in one line
         box = driver.find_element(By.CSS_SELECTOR, "#live-run input")
         box.click()
@@ -206,19 +214,27 @@ def test_browser_hostile_run_names_render_as_text_everywhere(app, trap):
         clean("History search")
         target = driver.find_element(By.CSS_SELECTOR, "#history-target input")
         target.send_keys("2")
-        for button, verb in (("Delete", "Delete"), ("Resume", "Resume")):
+        resume = "Refused. run 2: is finished; only a failed or cancelled run resumes"
+        driver.find_element(By.XPATH, "//button[normalize-space()='Resume']").click()
+        wait.until(lambda d: _text(d, "history-confirm-question").startswith(resume))
+        clean("History Resume refusal")
+        # Delete of the finished #2 and Resume of the failed #1 ask, naming the run as typed
+        for button, number in (("Delete", 2), ("Resume", 1)):
+            target.send_keys(Keys.CONTROL, "a")
+            target.send_keys(str(number))
             driver.find_element(By.XPATH, f"//button[normalize-space()='{button}']").click()
-            wait.until(lambda d, v=verb: _text(d, "history-confirm-question").startswith(f"{v} run #2 "))
+            asked = f"{button} run #{number} "
+            wait.until(lambda d, a=asked: _text(d, "history-confirm-question").startswith(a))
             question = _text(driver, "history-confirm-question")
             assert literal in question, question
-            clean(f"History {verb} question")
+            clean(f"History {button} question")
             driver.find_element(By.ID, "history-keep").click()
             time.sleep(1)
         time.sleep(1)  # an image the page asked for would have reached the counter by now
     finally:
         driver.quit()
     assert _Counter.hits == [], f"requests from the hostile text: {_Counter.hits}"
-    assert len(checked) >= 12, checked
+    assert len(checked) == 14, checked
     with open_store(app.runs_dir) as store:  # Keep deleted nothing
         assert len(store.list_runs()) == 4  # the two hostile runs and the showcase's two
 
