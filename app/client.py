@@ -370,6 +370,9 @@ SCRIPT = r"""<style>.jagg-stale, .jagg-stale * { visibility: hidden !important; 
 SLIDER_JS = """(latest, current) => {
   const J = window.jaggView, before = J.latest;
   if (latest === null || latest === undefined) return current;
+  // the value as the page shows it now: a step typed or dragged that gradio has not taken yet counts
+  const box = document.querySelector("#step-slider input[type=number]");
+  if (box && box.value !== "" && Number.isFinite(Number(box.value))) current = Number(box.value);
   J.latest = latest;
   const follow = before === null || before === undefined || current === null || Number(current) >= before;
   return follow ? latest : current;

@@ -253,6 +253,9 @@ def build_layout(h: Handlers, backbones: tuple[str, ...], showcase_ids: list[int
     )  # fmt: skip
 
 
+STEP_QUEUE = "live-step"  # the Live timer and the step slider's images: answered in the order sent
+
+
 def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
     """Connect the components of :func:`build_layout` to the handlers, each public event by its api_name."""
     new, live, compare, history = page.new, page.live, page.compare, page.history
@@ -312,7 +315,11 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
         api_name="step_images",
     )
     steps = [live.live_run, live.step_kind, live.step_slider]
-    live.step_slider.change(h.live.step_images, steps, step_shown, api_visibility="private")
+    # One queue with the timer's (STEP_QUEUE): a tick sent before the user moved the slider is answered
+    # before the images of the user's step, never after them (its images would replace the user's).
+    live.step_slider.change(
+        h.live.step_images, steps, step_shown, api_visibility="private", concurrency_id=STEP_QUEUE
+    )
     live.step_slider.change(lambda step: step, live.step_slider, live.step_at, api_visibility="private")
     live.step_kind.change(
         h.live.step_images,
@@ -334,6 +341,7 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
         [*refreshed, page.run_seen, live.live_run, page.list_seen],
         api_visibility="private",
         show_progress="hidden",
+        concurrency_id=STEP_QUEUE,
     )
 
     compare_inputs = [compare.compare_runs, new.r_input, compare.view.x, compare.view.pick,
