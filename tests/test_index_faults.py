@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from polling import wait_for
-from toy import ENV, toy
+from toy import ENV, jagg, toy
 
 from app.runs import RunManager
 from jagg_engine import cli
@@ -24,16 +24,6 @@ from jagg_engine.store import DB_NAME, HISTORY_FILE, RUN_FILE, open_store, read_
 from jagg_engine.train.config import load_config
 
 TOY = toy(checkpoint_every=2)
-
-
-def jagg(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "jagg_engine.cli", *args],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=timeout,
-    )
 
 
 def snapshot(runs_dir: Path) -> dict[str, list[dict]]:

@@ -14,22 +14,12 @@ from pathlib import Path
 
 import pytest
 from polling import wait_for
-from toy import ENV, toy
+from toy import ENV, jagg, toy
 
 from app.runs import RunManager
 from jagg_engine.store import DB_NAME, RunLock, StoreError, open_store, pid_alive
 
 TOY = toy()
-
-
-def jagg(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "jagg_engine.cli", *args],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=timeout,
-    )
 
 
 STEPS = 30  # a toy step takes milliseconds: enough of them that the cancel lands before the last

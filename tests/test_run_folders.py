@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from toy import jagg
 
 from jagg_engine import cli
 from jagg_engine.backbones.linear_toy import LinearToy
@@ -61,17 +62,6 @@ def _nan_gradient_reward():
         return images.float().mean(dim=(1, 2, 3)) / 255.0
 
     return score
-
-
-def jagg(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-m", "jagg_engine.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
 
 
 def snapshot(runs_dir: Path) -> dict:
