@@ -3,11 +3,14 @@ default (the windowed JAGG setting) of ``configs/tiny-shapes-cpu.yaml``, same se
 so that the app shows a real comparison in its first second.
 
 ``assets/showcase/`` holds ``showcase.json`` (each run's row, config, every metric and probe, and its eval
-samples) and one PNG grid per run and eval step (the eval images, ``GRID_COLUMNS`` a row). No checkpoint, log
-or training sample is shipped. :func:`pack` writes it from a recorded runs folder
+samples), one PNG grid per run and eval step (the eval images, ``GRID_COLUMNS`` a row) and, for the JAGG run,
+its aligned model as ``jagg export-model`` wrote it (``models/<key>/``: the tiny-shapes model folder with its
+model card), so that the Try it tab can show it beside the base model. No checkpoint (optimizer and RNG
+state), log or training sample is shipped. :func:`pack` writes it from a recorded runs folder
 (``scripts/record_showcase.py`` records and packs); :func:`install` loads it into a runs folder as two
-finished, paired runs whose images live under ``<runs_dir>/showcase/``, once per runs folder (again when
-the showcase changes or its rows were deleted). The app treats the installed ids as read-only.
+finished, paired runs whose images (and model: ``<run folder>/model/``, :func:`shipped_model`) live under
+``<runs_dir>/showcase/``, once per runs folder (again when the showcase changes or its rows were deleted).
+The app treats the installed ids as read-only.
 
 No torch here (PIL cuts and joins the image grids).
 """
@@ -26,6 +29,7 @@ from typing import Any
 
 from PIL import Image
 
+from jagg_engine.export_format import ExportFormatError, read_export
 from jagg_engine.store import RunStore, StoreError
 
 SHOWCASE_DIR = Path(__file__).resolve().parents[1] / "assets" / "showcase"
@@ -35,6 +39,21 @@ GRID_COLUMNS = 18
 INSTALL_DIR = "showcase"  # under the runs folder
 MARKER = "installed.json"
 RECORD_COMMAND = "python scripts/record_showcase.py"
+MODELS = "models"  # under the showcase folder: one export folder per run key that ships its model
+RUN_MODEL = "model"  # under an installed run's folder: its shipped model
+
+
+def shipped_model(run_dir: str | os.PathLike[str] | None) -> tuple[int, Path] | None:
+    """The model an installed showcase run ships (``<run_dir>/model/``, an export of ``jagg export-model``):
+    (its training step, the folder), or None when the run folder holds none (or none that reads as an
+    export)."""
+    if not run_dir:
+        return None
+    folder = Path(run_dir) / RUN_MODEL
+    try:
+        return int(read_export(folder)["step"]), folder
+    except (ExportFormatError, TypeError, ValueError):
+        return None
 
 
 def pack(
@@ -44,6 +63,7 @@ def pack(
     recorded_with: str = RECORD_COMMAND,
     max_step: int | None = None,
     image_every: int | None = None,
+    models: Mapping[str, str | os.PathLike[str]] | None = None,
 ) -> Path:
     """Write the showcase of ``runs`` (key such as "exact" → run id of ``store``) into ``out_dir``: the
     manifest and the eval-image grids. Replaces what ``out_dir`` held. Returns the manifest path.
@@ -52,7 +72,15 @@ def pack(
     stops there: the config's ``steps`` says so, ``finished_at`` is the step's ``time/unix``, and the entry
     keeps ``cut_at_step``). ``image_every`` ships the eval images of every k-th step only (plus the first and
     the last eval), so that a long run fits the Space's size; every eval metric is kept. Each run is named
-    ``showcase-<key>`` (its name when recorded kept as ``recorded_as``)."""
+    ``showcase-<key>`` (its name when recorded kept as ``recorded_as``).
+
+    ``models`` (key → an export folder of that run, ``jagg export-model``) ships the run's aligned model: the
+    folder is copied to ``models/<key>/``; it must be an export of that run at a step the shipped history
+    holds (ValueError otherwise)."""
+    models = dict(models or {})
+    unknown = sorted(set(models) - set(runs))
+    if unknown:
+        raise ValueError(f"models: {', '.join(unknown)} is not a key of runs ({', '.join(runs)})")
     if max_step is not None and max_step < 0:
         raise ValueError(f"max_step: must be >= 0, got {max_step}")
     if image_every is not None and image_every < 1:
@@ -117,6 +145,7 @@ def pack(
                     }
                 )
             grid.save(out / "images" / grid_name, optimize=True)
+        model = _pack_model(run, key, models[key], out, last) if key in models else None
         entries.append(
             {
                 "key": key,
@@ -131,6 +160,7 @@ def pack(
                 "probes": probes,
                 "samples": samples,
                 **({"cut_at_step": max_step} if cut else {}),
+                **({"model": model} if model else {}),
             }
         )
     manifest = {
@@ -142,6 +172,32 @@ def pack(
     path = out / MANIFEST
     path.write_text(json.dumps(manifest, separators=(",", ":")) + "\n", encoding="utf-8")
     return path
+
+
+def _pack_model(
+    run: Mapping[str, Any], key: str, source: str | os.PathLike[str], out: Path, last: float
+) -> dict:
+    """Copy run ``run``'s export ``source`` to ``out/models/<key>/``; the manifest's entry for it (its step, the
+    folder and a sha256 over its files, so that a new model is a new showcase)."""
+    try:
+        info = read_export(source)
+    except ExportFormatError as exc:
+        raise ValueError(f"models: {key}: {exc}") from None
+    uid = (info.get("run") or {}).get("uid")
+    if uid != run.get("uid"):
+        raise ValueError(
+            f"models: {key}: {source} is an export of run {uid}, not of run {run['id']} ({run.get('uid')})"
+        )
+    step = int(info["step"])
+    if step > last:
+        raise ValueError(f"models: {key}: the export is of step {step}, past the shipped steps (0-{last})")
+    target = out / MODELS / key
+    shutil.copytree(source, target)
+    digest = hashlib.sha256()
+    for file in sorted(p for p in target.rglob("*") if p.is_file()):
+        digest.update(file.relative_to(target).as_posix().encode())
+        digest.update(hashlib.sha256(file.read_bytes()).digest())
+    return {"dir": f"{MODELS}/{key}", "step": step, "sha256": digest.hexdigest()}
 
 
 def install(
@@ -222,6 +278,12 @@ def _load_run(store: RunStore, folder: Path, showcase_dir: Path, entry: Mapping[
     for step, probes in sorted(probes_by_step.items()):
         store.log_probes(run_id, step, probes)
     _write_images(run_dir, showcase_dir, entry)
+    model = entry.get("model")
+    if model:  # the shipped aligned model (the Try it tab's)
+        source = showcase_dir / MODELS / Path(str(model["dir"])).name
+        if not source.is_dir():
+            raise ValueError(f"{source}: the shipped model is missing")
+        shutil.copytree(source, run_dir / RUN_MODEL)
     samples_by_step: dict[int, list[dict[str, Any]]] = {}
     for s in entry["samples"]:
         samples_by_step.setdefault(int(s["step"]), []).append({**s, "kind": "eval"})

@@ -6,14 +6,16 @@
   (:func:`sample_command`) in its own session (its own process group), so the app process never imports
   torch; its ``progress:`` lines on stderr are shown while it runs, its JSON on stdout fills the two
   galleries, and a refusal (``jagg sample: error: --prompt: …``) comes back as one line naming the tab's field.
+  A showcase run ships no checkpoint but its aligned model (:func:`app.showcase.shipped_model`): its step is
+  offered too, and the worker is ``jagg sample --model DIR --with-base …``.
   Cancel (:meth:`TryIt.cancel`) kills the worker's process group; so does a page that goes away mid-run.
 * **Export model** (:meth:`TryIt.export_model`): ``jagg export-model RUN --out DIR`` (:func:`export_command`),
-  the folder zipped and offered as a download; a run without a checkpoint is refused in one line before any
-  worker starts.
+  the folder zipped and offered as a download (a showcase run's shipped model folder is zipped as it is); a run
+  without a checkpoint is refused in one line before any worker starts.
 
 One worker at a time per app (:class:`Workers`): a second Try it or export while one runs is refused in one
-line, never queued behind it. In Space mode a visitor may try (and export) any run that has a checkpoint
-within :data:`SPACE_CAPS` (prompts and seeds per try, seconds per worker); only the session that started a
+line, never queued behind it. In Space mode a visitor may try (and export) any run that has a checkpoint,
+the showcase's aligned model among them, within :data:`SPACE_CAPS` (prompts and seeds per try, seconds per worker); only the session that started a
 worker may cancel it. The worker's files go under gradio's cache (:func:`tryit_root`), one folder per
 session, the previous try's removed when the next starts.
 
@@ -39,7 +41,7 @@ from typing import Any
 
 import gradio as gr
 
-from app import data
+from app import data, showcase
 from app.form import match_run
 from app.runs import kill_group
 from app.space import prune_exports, session_export_dir
@@ -74,6 +76,24 @@ def checkpoint_steps(run_dir: str | os.PathLike[str] | None) -> list[int]:
         if match and (entry / CHECKPOINT_MANIFEST).is_file():
             steps.append(int(match.group(1)))
     return sorted(steps)
+
+
+def model_steps(run_dir: str | os.PathLike[str] | None) -> list[int]:
+    """The steps Try it can use: the run folder's complete checkpoints and the step of the model it ships (a
+    showcase run's, :func:`app.showcase.shipped_model`), in order."""
+    steps = set(checkpoint_steps(run_dir))
+    shipped = showcase.shipped_model(run_dir)
+    if shipped is not None:
+        steps.add(shipped[0])
+    return sorted(steps)
+
+
+def shipped_at(run_dir: str | os.PathLike[str] | None, step: int) -> Path | None:
+    """The shipped model folder when ``step`` has no checkpoint but is the shipped model's step; else None."""
+    shipped = showcase.shipped_model(run_dir)
+    if shipped is None or shipped[0] != step or step in checkpoint_steps(run_dir):
+        return None
+    return shipped[1]
 
 
 def parse_prompts(text: Any, limit: int) -> list[str]:
@@ -117,12 +137,19 @@ def parse_step(value: Any, steps: Sequence[int], run_id: int) -> int:
 
 
 def sample_command(
-    run_id: int, step: int, prompts: Sequence[str], seeds: Sequence[int], folder: Path, runs_dir: Path
+    run_id: int,
+    step: int,
+    prompts: Sequence[str],
+    seeds: Sequence[int],
+    folder: Path,
+    runs_dir: Path,
+    model: Path | None = None,
 ) -> list[str]:
-    """The Try it worker: base and run side by side, each image a PNG in ``folder``, the JSON on stdout."""
+    """The Try it worker: base and run side by side, each image a PNG in ``folder``, the JSON on stdout. With
+    ``model`` (a shipped export of the run at ``step``), the worker samples that folder instead."""
+    source = ["--model", str(model)] if model is not None else [str(run_id), "--step", str(step)]
     return [
-        sys.executable, "-m", "jagg_engine.cli", "sample", str(run_id), "--step", str(step), "--with-base",
-        "--prompt", *prompts, "--seeds", ",".join(str(s) for s in seeds), "--out", str(folder / "grid.png"),
+        sys.executable, "-m", "jagg_engine.cli", "sample", *source, "--with-base", "--prompt", *prompts, "--seeds", ",".join(str(s) for s in seeds), "--out", str(folder / "grid.png"),
         "--images", str(folder), "--json", "--progress", "--runs-dir", str(runs_dir),
     ]  # fmt: skip
 
@@ -271,7 +298,7 @@ class TryIt:
     # ------------------------------------------------------------------ pickers
     def runs(self) -> list[dict[str, Any]]:
         """Runs with a complete checkpoint, newest first."""
-        return [r for r in self.store.list_runs() if checkpoint_steps(r.get("run_dir"))]
+        return [r for r in self.store.list_runs() if model_steps(r.get("run_dir"))]
 
     def run_choices(self) -> list[tuple[str, int]]:
         return [(data.run_label(r), r["id"]) for r in self.runs()]
@@ -283,7 +310,7 @@ class TryIt:
     def initial(self) -> tuple[list[tuple[str, int]], int | None, list[int]]:
         """The pickers as the page opens: the choices, the newest run with a checkpoint and its steps."""
         runs = self.runs()
-        steps = checkpoint_steps(runs[0].get("run_dir")) if runs else []
+        steps = model_steps(runs[0].get("run_dir")) if runs else []
         return [(data.run_label(r), r["id"]) for r in runs], (runs[0]["id"] if runs else None), steps
 
     def load_pickers(self) -> tuple[Any, Any]:
@@ -305,7 +332,7 @@ class TryIt:
         except ConfigError:
             return gr.update(choices=[], value=None)
         run = self.store.get_run(number) if number is not None else None
-        steps = checkpoint_steps(run.get("run_dir")) if run else []
+        steps = model_steps(run.get("run_dir")) if run else []
         return gr.update(choices=steps, value=steps[-1] if steps else None)
 
     def refresh_steps(self, run_id: Any, step: Any) -> Any:
@@ -315,20 +342,20 @@ class TryIt:
             update["value"] = step
         return update
 
-    def _checked_run(self, run_id: Any, field: str) -> tuple[int, list[int]]:
+    def _checked_run(self, run_id: Any, field: str) -> tuple[int, list[int], Any]:
         number = match_run(run_id, self.store.list_runs(), field)
         if number is None:
             raise ConfigError(f"{field}: pick a run with a checkpoint")
         run = self.store.get_run(number)
         if run is None:
             raise ConfigError(f"{field}: no run #{number}")
-        steps = checkpoint_steps(run.get("run_dir"))
+        steps = model_steps(run.get("run_dir"))
         if not steps:
             raise TryItError(
-                f"run #{number} has no checkpoint (the showcase ships none; a run has one once it ends or "
-                "at every checkpoint_every steps)"
+                f"run #{number} has no checkpoint (a run has one once it ends or at every checkpoint_every "
+                "steps)"
             )
-        return number, steps
+        return number, steps, run.get("run_dir")
 
     # ------------------------------------------------------------------ Try it
     def generate(
@@ -338,13 +365,13 @@ class TryIt:
         each image captioned with its prompt, seed and reward."""
         sess = getattr(request, "session_hash", None) or None
         try:
-            number, steps = self._checked_run(run_id, "run")
+            number, steps, run_dir = self._checked_run(run_id, "run")
             at = parse_step(step, steps, number)
             typed = parse_prompts(prompts, self.caps["prompts"])
             chosen = parse_seeds(seeds, self.caps["seeds"])
             folder = _session_folder(sess)
             shutil.rmtree(folder, ignore_errors=True)  # the session's previous try
-            argv = sample_command(number, at, typed, chosen, folder, self.root)
+            argv = sample_command(number, at, typed, chosen, folder, self.root, shipped_at(run_dir, at))
             worker = self.workers.start(argv, "try", sess, folder)
         except (ConfigError, TryItError) as exc:
             yield f"**Not started.** {md_message(exc)}", gr.skip(), gr.skip()
@@ -410,14 +437,25 @@ class TryIt:
         sess = getattr(request, "session_hash", None) or None
         out_dir = session_export_dir(sess) if self.space else self.root / "exports"
         try:
-            number, steps = self._checked_run(run_id, "run id")
+            number, steps, run_dir = self._checked_run(run_id, "run id")
             name = f"jagg-model-run{number}-step{steps[-1]}"
+            shipped = shipped_at(run_dir, steps[-1])
             out_dir.mkdir(parents=True, exist_ok=True)
             work = Path(tempfile.mkdtemp(prefix=".export-", dir=out_dir))
         except (ConfigError, TryItError) as exc:
             return f"**Not exported.** {md_message(exc)}", hidden
         except OSError as exc:
             return f"**Error:** cannot write {md_text(out_dir)}: {md_message(exc.strerror or exc)}", hidden
+        if shipped is not None:  # the showcase's model: already the folder export-model writes
+            try:
+                shutil.copytree(shipped, work / name)
+                final = self._zip(work, name, out_dir)
+            except OSError as exc:
+                why = md_message(exc.strerror or exc)
+                return f"**Error:** cannot write {md_text(out_dir)}: {why}", hidden
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+            return self._exported(number, steps[-1], final, out_dir)
         try:
             worker = self.workers.start(
                 export_command(number, steps[-1], work / name, self.root), "export", sess, work
@@ -433,20 +471,29 @@ class TryIt:
             if worker.proc.returncode != 0:
                 why = refusal(worker.stderr(), "export-model") or f"exit code {worker.proc.returncode}"
                 return f"**Not exported.** {md_message(why)}", hidden
-            archive = Path(shutil.make_archive(str(work / name), "zip", root_dir=work, base_dir=name))
-            final = out_dir / archive.name
-            os.replace(archive, final)
+            final = self._zip(work, name, out_dir)
         except OSError as exc:
             return f"**Error:** cannot write {md_text(out_dir)}: {md_message(exc.strerror or exc)}", hidden
         finally:
             if worker.proc.poll() is None:
                 stop(worker)
             shutil.rmtree(work, ignore_errors=True)
+        return self._exported(number, steps[-1], final, out_dir)
+
+    @staticmethod
+    def _zip(work: Path, name: str, out_dir: Path) -> Path:
+        """``work/name`` zipped and moved into ``out_dir`` in one rename; the zip's path."""
+        archive = Path(shutil.make_archive(str(work / name), "zip", root_dir=work, base_dir=name))
+        final = out_dir / archive.name
+        os.replace(archive, final)
+        return final
+
+    def _exported(self, number: int, step: int, final: Path, out_dir: Path) -> tuple[str, Any]:
         if self.space:
             prune_exports(out_dir.parent, keep=[final])
         size = final.stat().st_size / 1024**2
         message = (
-            f"Exported run #{number} at step {steps[-1]}: {final.name} ({size:.1f} MB), the model folder of "
+            f"Exported run #{number} at step {step}: {final.name} ({size:.1f} MB), the model folder of "
             "`jagg export-model` with its model card."
         )
         return message, gr.update(value=self.app.publish(final), visible=True)

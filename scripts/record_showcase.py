@@ -1,6 +1,7 @@
 """Record the app's showcase again: Flow-GRPO's exact backward over the whole SDE range against the shipped
 default (sliding window + JAGG + reuse + shared prefix + DPM-Solver++) of configs/tiny-shapes-cpu.yaml, then
-pack their history (metrics, probes, eval images; no checkpoint or log) into assets/showcase/.
+pack their history (metrics, probes, eval images; no checkpoint or log) and the JAGG run's aligned model (the
+folder `jagg export-model` writes, for the Try it tab) into assets/showcase/.
 
     python scripts/record_showcase.py [--steps N] [--runs-dir DIR] [--out assets/showcase]
     python scripts/record_showcase.py --pack-only DIR [--runs exact=ID,jagg=ID] [--max-step N]
@@ -14,7 +15,9 @@ the machine alike and their times are comparable. ``--steps`` (default: the conf
 or the ids ``--runs`` names (e.g. a race's (a) and (d) runs of one seed); ``--max-step N`` keeps their first N
 steps (a longer run's first N steps are those of an N-step run: the schedule is a function of the step).
 Eval images are shipped every ``--image-every`` steps (default 20, plus the first and last eval) so that the
-showcase stays under the Space's 3 MB; every eval metric is shipped.
+showcase's images stay under 3 MB; every eval metric is shipped. The JAGG run's model is exported from its
+checkpoint at the last packed step (``jagg export-model ID --step N``; the race's runs need
+``checkpoint_every`` to hit that step) and shipped under ``models/jagg/``; ``--no-model`` ships none.
 """
 
 from __future__ import annotations
@@ -84,6 +87,17 @@ def parse_runs(p: argparse.ArgumentParser, spec: str) -> dict[str, int]:
     return ids
 
 
+def export_model(runs_dir: Path, run_id: int, step: int | None, folder: Path) -> Path:
+    """``jagg export-model`` of run ``run_id`` at ``step`` (None: its last checkpoint) into ``folder/model``."""
+    out = folder / "model"
+    argv = [sys.executable, "-m", "jagg_engine.cli", "export-model", str(run_id), "--out", str(out)]
+    argv += [*(["--step", str(step)] if step is not None else []), "--runs-dir", str(runs_dir)]
+    print("+", " ".join(argv[1:]), flush=True)
+    if subprocess.run(argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}).returncode:
+        raise SystemExit(f"record_showcase: could not export run {run_id}'s model (see above)")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=None, help="GRPO steps of both runs (default: the config's)")
@@ -93,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", default=None, metavar="exact=ID,jagg=ID", help="with --pack-only: the run ids")
     p.add_argument("--max-step", type=int, default=None, help="with --pack-only: keep steps 0..N")
     p.add_argument("--image-every", type=int, default=20, help="eval images every k steps (default 20)")
+    p.add_argument("--no-model", action="store_true", help="ship no model (Try it then has none to show)")
     p.add_argument("--recorded-with", default=None, help="with --pack-only: the command that recorded them")
     args = p.parse_args(argv)
     for name in ("steps", "max_step", "image_every"):
@@ -109,10 +124,15 @@ def main(argv: list[str] | None = None) -> int:
         runs_dir = args.runs_dir or Path(tempfile.mkdtemp(prefix="jagg-showcase-"))
         record(runs_dir, args.steps)
     ids = parse_runs(p, args.runs) if args.runs else latest_runs(runs_dir)
-    with open_store(runs_dir) as store:
-        manifest = showcase.pack(
-            store, ids, args.out, recorded_with=command, max_step=args.max_step, image_every=args.image_every
+    with tempfile.TemporaryDirectory(prefix="jagg-showcase-model-") as tmp:
+        models = (
+            {} if args.no_model else {"jagg": export_model(runs_dir, ids["jagg"], args.max_step, Path(tmp))}
         )
+        with open_store(runs_dir) as store:
+            manifest = showcase.pack(
+                store, ids, args.out, recorded_with=command, max_step=args.max_step,
+                image_every=args.image_every, models=models,
+            )  # fmt: skip
     size = sum(f.stat().st_size for f in args.out.rglob("*") if f.is_file())
     print(f"showcase: runs {ids} of {runs_dir} → {manifest.parent} ({size / 1024**2:.2f} MB)")
     return 0

@@ -5,7 +5,9 @@ naming the field; Export model zips the `jagg export-model` folder."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -220,3 +222,74 @@ def test_export_model_zips_the_export_folder_with_its_model_card(runs: Path, tmp
     ):
         message, update = h.export_model(run_id, request("e"))
         assert message.startswith(said) and update["visible"] is False, message
+
+
+def test_the_showcases_shipped_model_is_tried_and_exported_without_a_checkpoint(
+    runs: Path, tmp_path: Path
+) -> None:
+    """A showcase ships its JAGG run's export, not a checkpoint: installed, Try it offers the export's step and
+    samples it (``jagg sample --model``) beside the base, with the rewards the trained run logged; a Space
+    visitor may try it; Export model zips the shipped folder as it is."""
+    from app import showcase
+
+    export = tmp_path / "export"
+    cli = [sys.executable, "-m", "jagg_engine.cli"]
+    proc = subprocess.run(
+        [*cli, "export-model", "1", "--step", "1", "--out", str(export), "--runs-dir", str(runs)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with open_store(runs) as store:
+        store.set_status(1, "finished")  # as `jagg train` ends it (a showcase is of finished runs)
+        # an export of another run is refused
+        alien = tmp_path / "alien"
+        shutil.copytree(export, alien)
+        info = json.loads((alien / "jagg_run.json").read_text())
+        (alien / "jagg_run.json").write_text(json.dumps({**info, "run": {**info["run"], "uid": "f" * 32}}))
+        with pytest.raises(ValueError, match="models: jagg: .* is an export of run f+, not of run 1"):
+            showcase.pack(store, {"exact": 1, "jagg": 1}, tmp_path / "bad", models={"jagg": alien})
+        with pytest.raises(ValueError, match="past the shipped steps"):
+            showcase.pack(
+                store, {"exact": 1, "jagg": 1}, tmp_path / "bad", max_step=0, models={"jagg": export}
+            )
+        packed = tmp_path / "showcase"
+        manifest = json.loads(
+            showcase.pack(store, {"exact": 1, "jagg": 1}, packed, models={"jagg": export}).read_text()
+        )
+    assert [r.get("model", {}).get("step") for r in manifest["runs"]] == [None, 1]
+    assert (packed / "models" / "jagg" / "jagg_run.json").is_file()
+    site = tmp_path / "site"
+    with open_store(site) as store:
+        exact_id, jagg_id = showcase.install(store, site, packed)
+        jagg_dir = Path(store.get_run(jagg_id)["run_dir"])
+    assert showcase.shipped_model(jagg_dir) == (1, jagg_dir / "model")
+    assert not (jagg_dir / "checkpoints").exists()
+    h = make(site, space=True)
+    assert [run_id for _, run_id in h.run_choices()] == [jagg_id]  # the exact one ships no model
+    assert h.steps_of(jagg_id)["choices"] == [1]
+    argv = tryit.sample_command(
+        jagg_id, 1, ["red circle"], [0], tmp_path, site, tryit.shipped_at(jagg_dir, 1)
+    )
+    assert argv[argv.index("sample") + 1 : argv.index("sample") + 3] == ["--model", str(jagg_dir / "model")]
+    prompt = sorted({p for p, _ in eval_samples(runs, 1)})[0]
+    message, base, trained = last(h.generate(jagg_id, 1, prompt, "0, 2", request("visitor")))
+    assert message.startswith("Same prompts and noise: base (mean reward "), message
+    for gallery, step in ((base, 0), (trained, 1)):
+        logged = eval_samples(runs, step)
+        for _, caption in gallery["value"]:
+            p, seed, reward = caption.split(" · ")
+            assert float(reward.removeprefix("reward ")) == pytest.approx(
+                logged[(p, int(seed.removeprefix("seed ")))], abs=1e-3
+            )
+    message, update = h.export_model(jagg_id, request("visitor"))
+    assert message.startswith(f"Exported run #{jagg_id} at step 1: jagg-model-run{jagg_id}-step1.zip ("), (
+        message
+    )
+    with zipfile.ZipFile(update["value"]) as z:
+        names = set(z.namelist())
+    shipped = {
+        f"jagg-model-run{jagg_id}-step1/{p.relative_to(export).as_posix()}"
+        for p in export.rglob("*")
+        if p.is_file()
+    }
+    assert shipped <= names
