@@ -7,6 +7,10 @@ page's script (:data:`SCRIPT`, in the page's head) recomputes a trace from that 
 ``Plotly.update`` when a control moves: no server round trip, the other components untouched. The same
 EMA as :func:`app.metrics.ema` (debiased, TensorBoard's) is computed there.
 
+Compare's reward level is applied in the page too (:data:`REACH_JS`): the time-to-reach sentence and table are
+computed from the eval traces' series (each point's training seconds are in the meta as ``train``), the same
+rules as :func:`app.metrics.reach_frame` and :func:`app.metrics.default_level`.
+
 The view's state (runs, metrics, axis, smoothing, log scale, reward level) is written to the page's query
 string as it changes (``?tab=compare&runs=3,4&x=wall+time&smoothing=0.8``) so that a view can be shared and
 survives a reload; :func:`view_from_query` reads it back on the server when the page loads.
@@ -52,6 +56,17 @@ def axes_of(frame: pd.DataFrame, run: Mapping[str, Any] | None) -> dict[str, lis
     }
 
 
+def training_meta(frame: pd.DataFrame, rows: pd.Index) -> dict[str, Any]:
+    """The training seconds (eval excluded, :func:`app.metrics.training_seconds`) at ``rows`` of ``frame``
+    (``train``) and at the run's last logged row (``train_total``): what the page's time to reach reads."""
+    seconds = metrics.training_seconds(frame)
+    total = seconds.dropna()
+    return {
+        "train": _numbers(seconds.loc[rows]) if len(rows) else [],
+        "train_total": float(total.iloc[-1]) if len(total) and math.isfinite(total.iloc[-1]) else None,
+    }
+
+
 def series_meta(
     frame: pd.DataFrame,
     run: Mapping[str, Any] | None,
@@ -68,7 +83,8 @@ def series_meta(
     rows = frame[keep]
     axes = axes_of(rows, run)
     y = (values if values is not None else frame[key])[keep] if len(rows) else pd.Series([], dtype=float)
-    return {META_KEY: {"run": label, "key": key, "role": role, "y": _numbers(y), **axes}}
+    extra = training_meta(frame, rows.index) if key == metrics.EVAL_KEY else {}
+    return {META_KEY: {"run": label, "key": key, "role": role, "y": _numbers(y), **axes, **extra}}
 
 
 def _split(name: str, labels: list[str]) -> tuple[str, str] | None:
@@ -359,7 +375,61 @@ SCRIPT = r"""<style>.jagg-stale, .jagg-stale * { visibility: hidden !important; 
     if (input && input.closest && input.closest("#live-run") && panelIds && /^\s*#?\d+/.test(input.value || ""))
       watchRun(input.value, panelIds, true);
   }, true);
-  window.jaggView = {apply, url, ema, read, watchRun, last: null};
+  // Compare's reward level (REACH_JS): the time-to-reach sentence and table from the eval traces' series, by
+  // the rules of app.metrics.reach_frame and default_level; a level that is not a number is its one line and
+  // the table stays.
+  const HEADERS = ["run", "reaches at step", "training time to reach (s)", "of its training time", "final eval"];
+  const g4 = (v) => String(parseFloat(Number(v).toPrecision(4)));  // Python's :.4g for these magnitudes
+  const fixed = (v, n) => Number(Number(v).toFixed(n));  // Python's round(v, n)
+  const lastOf = (ys) => { for (let i = ys.length - 1; i >= 0; i--) if (ys[i] !== null) return ys[i]; return null; };
+  const mdMessage = (text) => String(text).replace(/([\\`])/g, "\\$1").replace(/<(?=[A-Za-z\/!?])/g, "\\<")
+    .replace(/\](?=[(\[:])/g, "\\]").split("://").join(":\\/\\/").split("www.").join("www\\.")
+    .split("@").join("\\@");  // app.text.md_message
+  const repr = (v) => (v.includes("'") && !v.includes('"') ? '"' + v + '"'
+    : "'" + v.replace(/\\/g, "\\\\").replace(/'/g, "\\'") + "'");
+  const NUMBER = /^\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*$/;
+  const reach = (plotId, level, message, table) => {
+    const started = performance.now(), gd = graph(plotId), evals = [];
+    for (const t of (gd && gd.data) || []) {
+      const m = (t.meta || {}).jagg;
+      if (m && m.key === "eval/reward/mean" && m.train && !evals.some((e) => e.run === m.run)) evals.push(m);
+    }
+    if (!evals.length) return [message, table];
+    const text = level === null || level === undefined ? "" : String(level);
+    let wanted, whose;
+    if (!text.trim()) {
+      const finals = evals.map((m) => [m.run, lastOf(m.y)]).filter(([, v]) => v !== null);
+      if (!finals.length) return ["", {headers: HEADERS, data: [], metadata: null}];
+      let [label, low] = finals[0];
+      for (const [l, v] of finals) if (v < low) [label, low] = [l, v];
+      wanted = low;
+      whose = finals.length === 1 ? label + "'s final eval" : "the lower of the final evals, " + label + "'s";
+    } else if (NUMBER.test(text) && Number.isFinite(Number(text))) {
+      wanted = Number(text);
+      whose = "the level asked";
+    } else {
+      return ["**Error:** " + mdMessage("reward level: must be a number or empty, got " + repr(text)), table];
+    }
+    const data = evals.map((m) => {
+      const final = lastOf(m.y), total = m.train_total;
+      const finalCell = final === null ? null : fixed(final, 4);
+      const hit = m.y.findIndex((v) => v !== null && v >= wanted);
+      if (hit < 0) {
+        let best = -1;
+        m.y.forEach((v, i) => { if (v !== null && (best < 0 || v > m.y[best])) best = i; });
+        const s = best < 0 ? null : m.train[best];
+        const at = best < 0 ? "" : "step " + m.step[best] + (s !== null && Number.isFinite(s) ? " / " + s.toFixed(1) + " s" : "");
+        const said = best < 0 ? "not reached (no eval logged)" : "not reached (best " + g4(m.y[best]) + " at " + at + ")";
+        return [m.run, said, "not reached", "-", finalCell];
+      }
+      const s = m.train[hit];
+      const share = !total || s === null ? "-" : (100 * s / total).toFixed(0) + " %";
+      return [m.run, m.step[hit], s === null ? null : fixed(s, 2), share, finalCell];
+    });
+    window.jaggView.lastReach = {ms: performance.now() - started, level: wanted};
+    return ["Time to reach eval reward " + g4(wanted) + " (" + whose + ").", {headers: HEADERS, data, metadata: null}];
+  };
+  window.jaggView = {apply, url, ema, read, watchRun, reach, last: null, lastReach: null};
 })();
 </script>"""
 
@@ -377,6 +447,10 @@ SLIDER_JS = """(latest, current) => {
   const follow = before === null || before === undefined || current === null || Number(current) >= before;
   return follow ? latest : current;
 }"""
+
+
+# Compare's reward level, in the page (SCRIPT's reach): (level, message, table) → (message, table).
+REACH_JS = "(level, message, table) => window.jaggView.reach('compare-plot', level, message, table)"
 
 
 def switch_js(panel_ids: list[str]) -> str:
@@ -458,8 +532,9 @@ def wire(demo: Any, page: Any, h: Any) -> None:
 
     - smoothing, log scale and the x axis (Live and Compare) and the runs shown (Compare) act in the page
       (:data:`SCRIPT`), with no server function;
-    - a metric picked redraws the metrics plot alone; Compare's reward level its time-to-reach sentence and
-      table alone; its extra image step the gallery alone (an invalid value: its one line, the rest kept);
+    - Compare's reward level recomputes its time-to-reach sentence and table in the page (:data:`REACH_JS`);
+    - a metric picked redraws the metrics plot alone; Compare's extra image step the gallery alone (an
+      invalid value: its one line, the rest kept);
     - each writes the view to the query string, which :func:`load_view` reads when the page loads.
     """
     live, compare, new = page.live, page.compare, page.new
@@ -493,9 +568,10 @@ def wire(demo: Any, page: Any, h: Any) -> None:
         **private,
     ).then(None, shown_inputs, None, js=compare_js, **private)
     compare.level.change(
-        h.history.compare_reach,
-        [compare.compare_runs, compare.level],
+        None,
+        [compare.level, compare.compare_msg, compare.reach_table],
         [compare.compare_msg, compare.reach_table],
+        js=REACH_JS,
         **private,
     )
     compare.level.change(None, compare.level, None, js=url_js("compare", "level"), **private)

@@ -570,18 +570,6 @@ class HistoryHandlers(_Part):
         fig = metrics.metrics_figure(frames, view, runs=by_label, title="Metrics")
         return gr.skip(), gr.update(value=client.attach(fig, frames, by_label), visible=True)
 
-    def compare_reach(self, run_ids: Any, level: Any) -> tuple[Any, Any]:
-        """The reward level changed: (the time-to-reach sentence, its table) and nothing else redrawn; a level
-        that is not a number is its one line and the table stays."""
-        try:
-            wanted = _optional_number(level, "reward level")
-        except ConfigError as exc:
-            return f"**Error:** {md_message(exc)}", gr.skip()
-        picked = self._picked_frames(run_ids)
-        if picked is None:
-            return gr.skip(), gr.skip()
-        return self._reach(*picked, wanted)
-
     def compare_shown(self, run_ids: Any) -> Any:
         """The "runs shown" boxes after a Compare: one per picked run, all ticked."""
         ids, _ = self._picked(run_ids)
