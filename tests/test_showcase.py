@@ -152,8 +152,12 @@ def test_side_by_side_at_first_and_last_eval(tmp_path):
 
 
 def test_the_shipped_showcase(tmp_path):
-    size = sum(p.stat().st_size for p in showcase.SHOWCASE_DIR.rglob("*") if p.is_file())
-    assert size <= 3 * 1024**2, f"assets/showcase is {size / 1024**2:.2f} MB"
+    files = [p for p in showcase.SHOWCASE_DIR.rglob("*") if p.is_file()]
+    models = showcase.SHOWCASE_DIR / showcase.MODELS
+    history = sum(p.stat().st_size for p in files if not p.is_relative_to(models))
+    assert history <= 3 * 1024**2, f"assets/showcase without its model is {history / 1024**2:.2f} MB"
+    # the aligned model: one tiny-shapes transformer, each file under the Hub's 10 MB for a file outside LFS
+    assert all(p.stat().st_size < 10 * 1024**2 for p in files if p.is_relative_to(models))
     manifest = json.loads((showcase.SHOWCASE_DIR / showcase.MANIFEST).read_text())
     exact, jagg = manifest["runs"]
     assert (exact["config"]["strategy"], jagg["config"]["strategy"]) == ("exact", "jagg")
@@ -161,7 +165,12 @@ def test_the_shipped_showcase(tmp_path):
     # same seed, prompts, eval seeds and everything else.
     windowed = ("sde_window_schedule", "group_noise", "ode_solver", "ode_steps_after")
     differ = {k for k in exact["config"] if exact["config"][k] != jagg["config"][k]}
-    assert differ == {"strategy", "name", *windowed}, differ
+    assert differ == {"strategy", "name", "checkpoint_every", *windowed}, differ  # a checkpoint: its model
+    assert "model" not in exact and jagg["model"]["step"] == jagg["config"]["steps"]
+    info = json.loads((models / "jagg" / "jagg_run.json").read_text())
+    assert info["kind"] == "tiny-shapes" and info["step"] == jagg["config"]["steps"]
+    logged = [v for step, key, v in jagg["metrics"] if key == "eval/reward/mean" and step == info["step"]]
+    assert info["eval_reward"]["after"]["mean"] == pytest.approx(logged[0])  # the model card's is the run's
     default = TrainConfig()
     assert [jagg["config"][k] for k in windowed] == [getattr(default, k) for k in windowed]
     assert [exact["config"][k] for k in windowed] == ["fixed", "independent", "euler", None]
@@ -176,6 +185,8 @@ def test_the_shipped_showcase(tmp_path):
         runs = [store.get_run(i) for i in ids]
         assert [r["status"] for r in runs] == ["finished", "finished"]
         assert all(r["last_step"] == r["config"]["steps"] for r in runs)
+        assert showcase.shipped_model(runs[1]["run_dir"])[0] == jagg["config"]["steps"]
+        assert showcase.shipped_model(runs[0]["run_dir"]) is None
 
 
 def test_reward_svg_draws_each_runs_train_and_eval_curve(tmp_path):
