@@ -71,6 +71,12 @@ def _fill(root: Path, port: int) -> None:
                                                   "path": rel}])  # fmt: skip
             store.set_status(run_id, "failed" if strategy == "exact" else "finished", error=name)
             notes.set_note(root, run_id, name)
+        # run #3 "trains" (its row says so; no trainer): a Cancel of it asks, naming it
+        cfg = {**base, "steps": 2, "strategy": "jagg", "output_dir": str(root.resolve())}
+        run_id = store.create_run(name, cfg, None)
+        store.set_run_dir(run_id, root / f"run-{run_id:04d}")
+        store.set_status(run_id, "running", pid=None)
+        store.log_step(run_id, 0, {"time/unix": time.time(), "eval/reward/mean": 0.2})
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +146,7 @@ def test_browser_hostile_run_names_render_as_text_everywhere(app, trap):
         driver.get(app.url)
         wait.until(lambda d: d.find_elements(By.XPATH, "//button[@role='tab' and normalize-space()='Live']"))
         _tab(driver, "Live")
-        wait.until(lambda d: "Run #" in _text(d, "live-progress"))  # the showcase (#3, #4) opens first
+        wait.until(lambda d: "Run #" in _text(d, "live-progress"))  # the showcase (#4, #5) opens first
         box = driver.find_element(By.CSS_SELECTOR, "#live-run input")
         box.click()
         box.send_keys(Keys.CONTROL, "a")
@@ -169,6 +175,19 @@ def test_browser_hostile_run_names_render_as_text_everywhere(app, trap):
         question = _text(driver, "live-confirm-question")
         assert literal in question, question
         clean("Live Resume question")
+        driver.find_element(By.ID, "live-keep").click()
+        wait.until(lambda d: "Nothing done." in _text(d, "live-action-msg"))
+        # the training run #3: Cancel asks, naming it as typed; Keep leaves it training
+        box = driver.find_element(By.CSS_SELECTOR, "#live-run input")
+        box.click()
+        box.send_keys(Keys.CONTROL, "a")
+        box.send_keys("3", Keys.ENTER)
+        wait.until(lambda d: "Run #3 " in _text(d, "live-progress"))
+        driver.find_element(By.XPATH, "//button[normalize-space()='Cancel run']").click()
+        wait.until(lambda d: _text(d, "live-confirm-question").startswith("Cancel run #3 "))
+        question = _text(driver, "live-confirm-question")
+        assert literal in question, question
+        clean("Live Cancel question")
         driver.find_element(By.ID, "live-keep").click()
         wait.until(lambda d: "Nothing done." in _text(d, "live-action-msg"))
         # a picker that names no run: the typed text echoed in one line
@@ -234,9 +253,10 @@ def test_browser_hostile_run_names_render_as_text_everywhere(app, trap):
     finally:
         driver.quit()
     assert _Counter.hits == [], f"requests from the hostile text: {_Counter.hits}"
-    assert len(checked) == 14, checked
+    assert len(checked) == 15, checked
     with open_store(app.runs_dir) as store:  # Keep deleted nothing
-        assert len(store.list_runs()) == 4  # the two hostile runs and the showcase's two
+        assert len(store.list_runs()) == 5  # the three hostile runs and the showcase's two
+        assert store.get_run(3)["status"] == "running" and not store.get_run(3)["cancel_requested"]
 
 
 def test_browser_report_appears_as_a_download_link(app):
