@@ -343,6 +343,9 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
         show_progress="hidden",
         concurrency_id=STEP_QUEUE,
     )
+    # A run switch cancels a tick still queued or in flight for the run before: its answer never lands (the
+    # panels are also hidden while the progress line names another run, client.switch_js).
+    live.live_run.change(None, None, None, cancels=[page.live_tick], api_visibility="private")
 
     compare_inputs = [compare.compare_runs, new.r_input, compare.view.x, compare.view.pick,
                       compare.view.smoothing, compare.view.log_y, compare.level, compare.image_step]  # fmt: skip

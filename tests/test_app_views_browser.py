@@ -359,7 +359,8 @@ window.jaggSeen = [];
 const shown = (el) => el && getComputedStyle(el).visibility !== 'hidden';
 const look = () => {
   const p = document.querySelector('#live-progress'), log = document.querySelector('#live-log textarea');
-  window.jaggSeen.push([performance.now(), shown(p) ? p.innerText : '', shown(log) ? log.value : '']);
+  window.jaggSeen.push([performance.now(), shown(p) ? p.innerText : '', shown(log) ? log.value : '',
+                        p ? p.textContent : '']);
   if (window.jaggSeen.length < 100000) requestAnimationFrame(look);
 };
 requestAnimationFrame(look);
@@ -415,10 +416,17 @@ def test_a_run_switch_beside_a_training_run_never_shows_the_previous_runs_panels
                 # old run's progress line or log: not while the new run is read, nor after a refresh
                 again = [
                     (round(t - switched), p[:40], log[-30:])
-                    for t, p, log in seen
+                    for t, p, log, _ in seen
                     if t > switched + SWITCH_GRACE_MS and (f"Run #{old} " in p or old_log in log)
                 ]
                 assert not again, (old, new, again[:5])
+                # nor does the page receive it, hidden or not: once the progress line names the new run, no
+                # answer for the old one lands (a tick in flight for it at the switch is cancelled)
+                arrived = next(t for t, _, _, raw in seen if t > switched and f"Run #{new} " in raw)
+                landed = [
+                    round(t - arrived) for t, _, _, raw in seen if t > arrived and f"Run #{old} " in raw
+                ]
+                assert not landed, (old, new, landed[:5])
                 assert f"Run #{new} " in seen[-1][1] and new_log in seen[-1][2], seen[-1]
             # An answer for the previous run landing now (a refresh sent before the switch) is never shown:
             # the panels hide while the progress line names another run than the one picked.
