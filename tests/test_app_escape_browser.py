@@ -141,6 +141,15 @@ def test_browser_hostile_run_names_render_as_text_everywhere(app, trap):
         assert not made, f"{where}: {made}"
         checked.append(where)
 
+    def asks_and_keep(button: str, asked: str, prefix: str, where: str) -> None:
+        """``button`` asks a question that starts with ``asked`` and names the run as typed; Keep answers."""
+        driver.find_element(By.XPATH, f"//button[normalize-space()='{button}']").click()
+        wait.until(lambda d: _text(d, f"{prefix}-confirm-question").startswith(asked))
+        question = _text(driver, f"{prefix}-confirm-question")
+        assert literal in question, question
+        clean(where)
+        driver.find_element(By.ID, f"{prefix}-keep").click()
+
     try:
         wait = WebDriverWait(driver, 60, poll_frequency=0.2)
         driver.get(app.url)
@@ -163,33 +172,19 @@ def test_browser_hostile_run_names_render_as_text_everywhere(app, trap):
             wait.until(lambda d, r=refusal: _text(d, "live-confirm-question").startswith(r))
             assert not [b for b in driver.find_elements(By.ID, "live-confirm") if b.is_displayed()]
             clean(f"Live {verb} refusal")
-        # the failed run #1: its error shown verbatim, and Resume asks, naming it as typed
-        box = driver.find_element(By.CSS_SELECTOR, "#live-run input")
-        box.click()
-        box.send_keys(Keys.CONTROL, "a")
-        box.send_keys("1", Keys.ENTER)
-        wait.until(lambda d: "Run #1 " in _text(d, "live-progress") and "failed" in _text(d, "live-progress"))
-        clean("Live progress line of a failed run")
-        driver.find_element(By.XPATH, "//button[normalize-space()='Resume run']").click()
-        wait.until(lambda d: _text(d, "live-confirm-question").startswith("Resume run #1 "))
-        question = _text(driver, "live-confirm-question")
-        assert literal in question, question
-        clean("Live Resume question")
-        driver.find_element(By.ID, "live-keep").click()
-        wait.until(lambda d: "Nothing done." in _text(d, "live-action-msg"))
-        # the training run #3: Cancel asks, naming it as typed; Keep leaves it training
-        box = driver.find_element(By.CSS_SELECTOR, "#live-run input")
-        box.click()
-        box.send_keys(Keys.CONTROL, "a")
-        box.send_keys("3", Keys.ENTER)
-        wait.until(lambda d: "Run #3 " in _text(d, "live-progress"))
-        driver.find_element(By.XPATH, "//button[normalize-space()='Cancel run']").click()
-        wait.until(lambda d: _text(d, "live-confirm-question").startswith("Cancel run #3 "))
-        question = _text(driver, "live-confirm-question")
-        assert literal in question, question
-        clean("Live Cancel question")
-        driver.find_element(By.ID, "live-keep").click()
-        wait.until(lambda d: "Nothing done." in _text(d, "live-action-msg"))
+        # the failed run #1 (its error shown verbatim) and the training run #3: Resume and Cancel ask, naming
+        # the run as typed; Keep does nothing
+        for number, status, verb in ((1, "failed", "Resume"), (3, "", "Cancel")):
+            box = driver.find_element(By.CSS_SELECTOR, "#live-run input")
+            box.click()
+            box.send_keys(Keys.CONTROL, "a")
+            box.send_keys(str(number), Keys.ENTER)
+            wait.until(lambda d, n=number, s=status: f"Run #{n} " in _text(d, "live-progress")
+                       and s in _text(d, "live-progress"))  # fmt: skip
+            if status:
+                clean(f"Live progress line of a {status} run")
+            asks_and_keep(f"{verb} run", f"{verb} run #{number} ", "live", f"Live {verb} question")
+            wait.until(lambda d: "Nothing done." in _text(d, "live-action-msg"))
         # a picker that names no run: the typed text echoed in one line
         box = driver.find_element(By.CSS_SELECTOR, "#live-run input")
         box.click()
@@ -241,13 +236,7 @@ def test_browser_hostile_run_names_render_as_text_everywhere(app, trap):
         for button, number in (("Delete", 2), ("Resume", 1)):
             target.send_keys(Keys.CONTROL, "a")
             target.send_keys(str(number))
-            driver.find_element(By.XPATH, f"//button[normalize-space()='{button}']").click()
-            asked = f"{button} run #{number} "
-            wait.until(lambda d, a=asked: _text(d, "history-confirm-question").startswith(a))
-            question = _text(driver, "history-confirm-question")
-            assert literal in question, question
-            clean(f"History {button} question")
-            driver.find_element(By.ID, "history-keep").click()
+            asks_and_keep(button, f"{button} run #{number} ", "history", f"History {button} question")
             time.sleep(1)
         time.sleep(1)  # an image the page asked for would have reached the counter by now
     finally:
