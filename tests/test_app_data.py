@@ -332,7 +332,7 @@ def test_the_app_timer_work_does_not_grow_with_open_tabs(tmp_path, monkeypatch):
         manager, shared = demo.jagg_manager, demo.jagg_shared
         run_id = manager.store.create_run("r", _config(), tmp_path / "runs" / "run-0001")
         manager.store.set_status(run_id, "cancelled")
-        on_tick = next(f.fn for f in demo.fns.values() if f.fn.__name__ == "on_tick")
+        on_tick = next(f.fn for f in demo.fns.values() if getattr(f.fn, "__name__", None) == "on_tick")
         reads = _count_calls(monkeypatch, manager.store, "list_runs")
         clock = [0.0]
         shared.clock = lambda: clock[0]

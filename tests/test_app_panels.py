@@ -173,7 +173,9 @@ def test_the_step_slider_shows_one_step_of_images_in_a_fixed_prompt_and_seed_ord
     assert step_images(run_id, "video", 1)[1] == "**Error:** images: must be one of eval, train, got 'video'"
     assert step_images(None, "eval", 1) == ([], "No run selected.")
     # picking the run puts the slider on its last step with images
-    refreshed = next(f.fn for f in demo.fns.values() if f.fn.__name__ == "live_refresh")(run_id, 1.8)
+    refreshed = next(f.fn for f in demo.fns.values() if getattr(f.fn, "__name__", None) == "live_refresh")(
+        run_id, 1.8
+    )
     assert refreshed[-3]["maximum"] == 3 and refreshed[-3]["value"] == 3 and refreshed[-2] == 3
     assert samples.nearest_step([], 3) is None and samples.nearest_step([0, 4], None) == 4
 

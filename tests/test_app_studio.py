@@ -23,7 +23,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _handler(demo, name: str):
-    return next(f.fn for f in demo.fns.values() if f.api_name == name or f.fn.__name__ == name)
+    return next(
+        f.fn for f in demo.fns.values() if f.api_name == name or getattr(f.fn, "__name__", None) == name
+    )
 
 
 def _png(path: Path, color) -> None:
