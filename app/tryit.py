@@ -297,8 +297,11 @@ class TryIt:
 
     # ------------------------------------------------------------------ pickers
     def runs(self) -> list[dict[str, Any]]:
-        """Runs with a complete checkpoint, newest first."""
-        return [r for r in self.store.list_runs() if model_steps(r.get("run_dir"))]
+        """Runs with a complete checkpoint (or a shipped model), newest first, the showcase's after the user's
+        own (the picker opens on the user's newest run once there is one)."""
+        shipped = set(getattr(self.app, "showcase_ids", None) or [])
+        found = [r for r in self.store.list_runs() if model_steps(r.get("run_dir"))]
+        return sorted(found, key=lambda r: r["id"] in shipped)
 
     def run_choices(self) -> list[tuple[str, int]]:
         return [(data.run_label(r), r["id"]) for r in self.runs()]

@@ -1,5 +1,6 @@
 """Try it and Export model in headless Chromium: `python launch.py` over a runs folder holding one real
-tiny-shapes run with a checkpoint (one training step), beside the shipped showcase (which has none).
+tiny-shapes run with a checkpoint (one training step), beside the shipped showcase (whose JAGG run ships its
+model: the picker lists it after the user's run).
 
 Try it: a typed prompt and seed through the base model and the run's weights, side by side, each image
 captioned with its reward, the worker's phases shown meanwhile; Cancel stops a second try. Export model: the
@@ -74,7 +75,9 @@ def test_browser_try_it_base_and_run_side_by_side_then_cancel_then_export_model(
         wait.until(lambda d: d.find_elements(By.XPATH, tab))
         driver.find_element(By.XPATH, tab).click()
         picked = driver.find_element(By.CSS_SELECTOR, "#tryit-run input").get_attribute("value")
-        assert picked.startswith(f"#{app.run_id} tried (jagg, "), picked  # the one run with a checkpoint
+        assert picked.startswith(f"#{app.run_id} tried (jagg, "), (
+            picked
+        )  # the user's run before the showcase's
         assert driver.find_element(By.CSS_SELECTOR, "#tryit-step input").get_attribute("value") == "1"
         prompts = driver.find_element(By.CSS_SELECTOR, "#tryit-prompts textarea")
         prompts.send_keys("red circle left")
