@@ -15,8 +15,8 @@
 
 One worker at a time per app (:class:`Workers`): a second Try it or export while one runs is refused in one
 line, never queued behind it. In Space mode a visitor may try (and export) any run that has a checkpoint,
-the showcase's aligned model among them, within :data:`SPACE_CAPS` (prompts and seeds per try, seconds per worker); only the session that started a
-worker may cancel it. The worker's files go under gradio's cache (:func:`tryit_root`), one folder per
+the showcase's aligned model among them, within :data:`SPACE_CAPS` (prompts and seeds per try, seconds per
+worker); only the session that started a worker may cancel it. The worker's files go under gradio's cache (:func:`tryit_root`), one folder per
 session, the previous try's removed when the next starts.
 
 No torch here: this module only starts and watches processes and reads their files.
@@ -149,7 +149,8 @@ def sample_command(
     ``model`` (a shipped export of the run at ``step``), the worker samples that folder instead."""
     source = ["--model", str(model)] if model is not None else [str(run_id), "--step", str(step)]
     return [
-        sys.executable, "-m", "jagg_engine.cli", "sample", *source, "--with-base", "--prompt", *prompts, "--seeds", ",".join(str(s) for s in seeds), "--out", str(folder / "grid.png"),
+        sys.executable, "-m", "jagg_engine.cli", "sample", *source, "--with-base", "--prompt", *prompts,
+        "--seeds", ",".join(str(s) for s in seeds), "--out", str(folder / "grid.png"),
         "--images", str(folder), "--json", "--progress", "--runs-dir", str(runs_dir),
     ]  # fmt: skip
 
