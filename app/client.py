@@ -429,7 +429,66 @@ SCRIPT = r"""<style>.jagg-stale, .jagg-stale * { visibility: hidden !important; 
     window.jaggView.lastReach = {ms: performance.now() - started, level: wanted};
     return ["Time to reach eval reward " + g4(wanted) + " (" + whose + ").", {headers: HEADERS, data, metadata: null}];
   };
-  window.jaggView = {apply, url, ema, read, watchRun, reach, last: null, lastReach: null};
+  // Live's plots after their first draw (app.stream): a tick's new points appended to the figure the page
+  // holds, then the view controls applied to them; a page that holds another figure than the one a delta
+  // extends (an answer overtaken by another) presses the hidden redraw button: the panels come whole.
+  const getPath = (obj, path) => path.split(".").reduce((o, k) => (o === null || o === undefined ? o : o[k]), obj);
+  const setPath = (obj, path, value) => {
+    const keys = path.split(".");
+    let o = obj;
+    for (const k of keys.slice(0, -1)) {
+      if (o[k] === null || typeof o[k] !== "object") o[k] = {};
+      o = o[k];
+    }
+    o[keys[keys.length - 1]] = value;
+  };
+  // plotly's binary arrays ({dtype, bdata}: how a figure's numpy arrays arrive), which gd.data keeps as sent
+  const TYPED = {f8: Float64Array, f4: Float32Array, i1: Int8Array, u1: Uint8Array, i2: Int16Array,
+                 u2: Uint16Array, i4: Int32Array, u4: Uint32Array};
+  const values = (v) => {
+    if (v && typeof v === "object" && typeof v.bdata === "string" && TYPED[v.dtype]) {
+      const text = atob(v.bdata), bytes = new Uint8Array(text.length);
+      for (let i = 0; i < text.length; i++) bytes[i] = text.charCodeAt(i);
+      return Array.from(new TYPED[v.dtype](bytes.buffer));
+    }
+    return Array.from(v || []);
+  };
+  const extend = (delta) => {
+    if (!delta || !delta.plots || !window.Plotly) return Promise.resolve();
+    if (watched !== null && delta.run !== null && String(delta.run) !== watched) return Promise.resolve();
+    const started = performance.now(), done = [], ids = [];
+    let stale = false;
+    for (const [id, d] of Object.entries(delta.plots)) {
+      const gd = graph(id);
+      const held = gd && gd.layout && gd.layout.meta && gd.layout.meta.jagg ? gd.layout.meta.jagg.rev : null;
+      if (!gd || !gd.data || held !== d.from || gd.data.length !== d.n) { stale = true; continue; }
+      const data = gd.data.map((t) => Object.assign({}, t));
+      for (const t of d.traces) {
+        const trace = data[t.i];
+        if (trace.meta) trace.meta = JSON.parse(JSON.stringify(trace.meta));
+        for (const [path, tail] of Object.entries(t.append))
+          setPath(trace, path, values(getPath(trace, path)).concat(tail));
+        for (const [path, value] of Object.entries(t.set)) setPath(trace, path, value);
+      }
+      data.forEach((t) => { delete t._jaggView; });  // the view is applied again to the longer series
+      const layout = JSON.parse(JSON.stringify(gd.layout));
+      for (const [path, value] of Object.entries(d.layout)) setPath(layout, path, value);
+      layout.datarevision = d.to;
+      done.push(window.Plotly.react(gd, data, layout));
+      ids.push(id);
+    }
+    window.jaggView.extended += ids.length;
+    if (stale) {
+      window.jaggView.resyncs += 1;
+      const button = document.getElementById("live-resync");
+      if (button) button.click();
+    }
+    return Promise.all(done).then(() => apply(ids, read("live"))).then(() => {
+      window.jaggView.lastExtend = {ms: performance.now() - started, ids};
+    });
+  };
+  window.jaggView = {apply, url, ema, read, watchRun, reach, extend, values, last: null, lastReach: null,
+                     extended: 0, resyncs: 0, lastExtend: null};
 })();
 </script>"""
 
@@ -450,6 +509,7 @@ SLIDER_JS = """(latest, current) => {
 
 
 # Compare's reward level, in the page (SCRIPT's reach): (level, message, table) → (message, table).
+EXTEND_JS = "(delta) => { window.jaggView.extend(delta); }"
 REACH_JS = "(level, message, table) => window.jaggView.reach('compare-plot', level, message, table)"
 
 
@@ -545,9 +605,18 @@ def wire(demo: Any, page: Any, h: Any) -> None:
         None, live.view.inputs, None, js=control_js(LIVE_PLOTS, "live", fields, draw=False), **private
     )
     live.view.pick.change(
-        lambda *a: h.live.panel_view("metrics", *a),
+        lambda *a: h.live.panel_drawn("metrics", *a),
+        [live.live_run, new.r_input, *live.view.inputs, page.live_drawn],
+        [live.shown["metrics"], page.live_drawn],
+        **private,
+    )
+    # Live's plots after the first draw: a tick's new points appended in the page (app.stream); a page that
+    # holds another figure than the one a delta extends presses the hidden redraw button: every panel whole.
+    live.delta.change(None, live.delta, None, js=EXTEND_JS, **private)
+    live.resync_btn.click(
+        h.live.streamed_view,
         [live.live_run, new.r_input, *live.view.inputs],
-        live.shown["metrics"],
+        [*live.outputs, live.delta, page.live_drawn],
         **private,
     )
     live.live_run.change(None, live.live_run, None, js=url_js("live", "run"), **private)

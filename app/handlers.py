@@ -15,8 +15,9 @@ from typing import Any
 
 import gradio as gr
 import pandas as pd
+import plotly.graph_objects as go
 
-from app import client, data, metrics, notes, panels, samples
+from app import client, data, metrics, notes, panels, samples, stream
 from app.form import (
     FORM_FIELDS,
     config_form_values,
@@ -302,6 +303,54 @@ class LiveHandlers(_Part):
         ctx = panels.live_context(self.store, run, ratio, self.root, self.publish.items, view)
         return client.attach_panel(name, panels.render(panel, ctx), ctx)
 
+    def streamed_view(
+        self, run_id: Any, r: float, metric_keys: Any = metrics.DEFAULT_METRICS,
+        smoothing: Any = metrics.MetricView.smoothing, log_y: Any = False, x: Any = "step", drawn: Any = None,
+    ) -> tuple[Any, ...]:  # fmt: skip
+        """:meth:`live_view` as the page gets it: (progress line, one value per panel, the new points of the
+        plots the page holds, what the plots hold now). ``drawn``: the session's plots as last sent
+        (:func:`app.stream.drawn_state`) for a tick of the same run, whose plots then get only their new
+        points (the panel's value skipped, the change in the delta); None draws every panel whole."""
+        progress, *shown = self.live_view(run_id, r, metric_keys, smoothing, log_y, x)
+        try:
+            number = self.app.resolve(run_id)
+        except ConfigError:
+            number = None
+        values, plots, held = [], {}, {}
+        for panel, value in zip(self.panels, shown, strict=True):
+            sent, change, entry = stream.send(panel.name, value, number, drawn, drawn is not None)
+            values.append(gr.skip() if sent is None else sent)
+            if change is not None:
+                plots[f"live-{panel.name}"] = change
+            if entry is not None:
+                held[panel.name] = entry
+        delta = {"run": number, "plots": plots} if plots else gr.skip()
+        return (progress, *values, delta, {"run": number, "panels": held})
+
+    def panel_drawn(
+        self,
+        name: str,
+        run_id: Any,
+        r: float,
+        metric_keys: Any,
+        smoothing: Any,
+        log_y: Any,
+        x: Any,
+        drawn: Any,
+    ) -> tuple[Any, Any]:
+        """:meth:`panel_view` with the session's record of what its plots hold updated (the panel sent whole)."""
+        value = self.panel_view(name, run_id, r, metric_keys, smoothing, log_y, x)
+        if not isinstance(value, go.Figure) or not isinstance(drawn, dict):
+            return value, drawn
+        try:
+            number = self.app.resolve(run_id)
+        except ConfigError:
+            return value, drawn
+        fig, _, entry = stream.send(name, value, number, None, False)
+        if drawn.get("run") != number:
+            return fig, drawn
+        return fig, {**drawn, "panels": {**drawn.get("panels", {}), name: entry}}
+
     def metric_choices(self, number: int | None, picked: Any) -> Any:
         """The metric picker's choices: every key the run logged (and what is picked, so it stays)."""
         frame = self.store.metrics_frame(number) if number is not None else pd.DataFrame()
@@ -320,7 +369,7 @@ class LiveHandlers(_Part):
         bounds = samples.slider_range(self.store, number)
         gallery, note = self.step_images(run_id, kind, bounds["maximum"])
         return (
-            *self.live_view(run_id, r, metric_keys, smoothing, log_y, x),
+            *self.streamed_view(run_id, r, metric_keys, smoothing, log_y, x),
             self.metric_choices(number, metric_keys),
             gallery,
             note,
@@ -341,9 +390,12 @@ class LiveHandlers(_Part):
     def on_tick(
         self, run_id: Any, r: float, seen: Any, list_seen: Any, step: float | None = None, kind: str = "eval",
         metric_keys: Any = metrics.DEFAULT_METRICS, smoothing: Any = 0.6, log_y: Any = False, x: Any = "step",
+        drawn: Any = None,
     ) -> tuple:  # fmt: skip
         """Every open tab's timer lands here; ``shared`` does the queue pass and the reads once per tick. The
-        live view is redrawn only when the watched run's signature changed; the step slider follows the last
+        live view is redrawn only when the watched run's signature changed, and then a plot the page holds
+        gets only its new points (:mod:`app.stream`; ``drawn``: what the session's plots hold); the step
+        slider follows the last
         step while it sits on it, and then its images are redrawn too (a new eval at the step the slider
         already shows changes the images, not the slider's value)."""
         self.app.shared.tick()
@@ -358,6 +410,8 @@ class LiveHandlers(_Part):
         if list(sig) == list(seen or []):
             return (
                 *(gr.skip() for _ in range(1 + len(self.panels))),
+                gr.skip(),  # no new points
+                drawn,
                 *(gr.skip() for _ in range(5)),  # metric picker, step gallery, step note, slider, newest
                 seen,
                 choices_update,
@@ -373,7 +427,7 @@ class LiveHandlers(_Part):
         images = follow and (not same_run or same_step)
         shown = self.step_images(run_id, kind, bounds["maximum"]) if images else (gr.skip(), gr.skip())
         return (
-            *self.live_view(run_id, r, metric_keys, smoothing, log_y, x),
+            *self.streamed_view(run_id, r, metric_keys, smoothing, log_y, x, drawn if same_run else None),
             self.metric_choices(number, metric_keys),
             *shown,
             gr.update(**bounds),

@@ -194,6 +194,10 @@ def live_tab(
         # The newest step, from each refresh: the page moves the slider to it while the slider sits on the last
         # step (app.client.SLIDER_JS), never after the user moved it away.
         step_latest = gr.Number(visible="hidden", elem_id="step-latest")
+        # A tick's new points of the plots the page holds (app.stream), which the page appends; and the button
+        # the page presses when it holds another figure than the one a delta extends (the panels sent whole).
+        delta = gr.JSON(visible="hidden", elem_id="live-delta")
+        resync_btn = gr.Button("redraw", visible="hidden", elem_id="live-resync")
         # The API's step (any number: the images of the logged step nearest to it are shown).
         step_asked = gr.Number(label="step", visible=False)
         step_note = gr.Markdown(elem_id="step-note")

@@ -250,6 +250,7 @@ def build_layout(h: Handlers, backbones: tuple[str, ...], showcase_ids: list[int
     return SimpleNamespace(
         tabs=tabs, new=new, live=live, compare=compare, history=history, history_tab=history_tab,
         run_seen=gr.State(None), list_seen=gr.State(None), tryit=try_tab, tryit_handlers=tried,
+        live_drawn=gr.State(None),  # what the session's Live plots hold (app.stream)
     )  # fmt: skip
 
 
@@ -280,7 +281,9 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
     # (and its images), and the metric picker's choices follow the run's logged keys.
     view = [live.live_run, new.r_input, *live.view.inputs]
     step_shown = [live.step_gallery, live.step_note]
-    refreshed = [*live.outputs, live.view.pick, *step_shown, live.step_slider, live.step_latest]
+    # the panels, then the new points of the plots the page holds (app.stream) and what they hold now
+    streamed = [*live.outputs, live.delta, page.live_drawn]
+    refreshed = [*streamed, live.view.pick, *step_shown, live.step_slider, live.step_latest]
     gr.Button(visible=False).click(h.live.live_view, view, live.outputs, api_name="live_view")
     for trigger in (live.live_run.change, live.refresh_btn.click):
         trigger(
@@ -337,6 +340,7 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
             live.step_at,
             live.step_kind,
             *live.view.inputs,
+            page.live_drawn,
         ],  # fmt: skip
         [*refreshed, page.run_seen, live.live_run, page.list_seen],
         api_visibility="private",

@@ -1,7 +1,8 @@
 """The metrics views' controls in headless Chromium (`python launch.py` over a runs folder the test writes):
 each control of a 4-run Compare timed from the input to the redrawn plot, the view kept in the address, a
 bad reward level that keeps the view, a run switch beside a training run that never shows the previous run's
-panels, and a step slider that no refresh moves back once the user moved it.
+panels, a training run's plots that get only their new points and then equal a whole redraw, and a step
+slider that no refresh moves back once the user moved it.
 
 Runs #3–#6: 40 steps each (eval every 5), two exact and two JAGG, with clock times; run #7 "trains" (a
 thread of the test logs a step every 0.6 s, an eval image every second step, while the Live tests run).
@@ -337,9 +338,10 @@ class Trainer:
                 self.step += 1
                 if self.step % 2 == 0:
                     _image(store, self.root, self.run_id, self.step, 10 * self.step)
-                store.log_step(
-                    self.run_id, self.step, {"reward/mean": 0.01 * self.step, "time/unix": time.time()}
-                )
+                row = {"reward/mean": 0.01 * self.step, "time/unix": time.time(), "time/step": 0.6}
+                if self.step % 3 == 0:  # an eval now and then: the reward plot's eval line grows too
+                    row |= {"eval/reward/mean": 0.02 * self.step, "time/train_elapsed": 0.6 * self.step}
+                store.log_step(self.run_id, self.step, row)
                 with (self.root / f"run-{self.run_id:04d}" / "train.log").open("a") as log:
                     log.write(f"log of run7 step {self.step}\n")
 
@@ -506,3 +508,89 @@ def test_the_first_screen_is_the_showcase_on_a_time_axis_with_its_headline_and_w
         driver.save_screenshot(str(ARTIFACTS / "app-showcase-first-screen.png"))
     finally:
         driver.quit()
+
+
+# Every Live plot as the page holds it: per trace its name, mode, x, y and the series of its meta; the revision
+# the page holds, and whether the last draw was a delta appended in the page (layout.datarevision) or whole.
+HELD = """
+const out = {};
+for (const el of document.querySelectorAll('[id^="live-"] .js-plotly-plot')) {
+  const id = el.closest('[id^="live-"]').id;
+  out[id] = {rev: ((el.layout.meta || {}).jagg || {}).rev || null, appended: el.layout.datarevision !== undefined,
+             traces: el.data.map(t => ({name: t.name, mode: t.mode || null, x: window.jaggView.values(t.x),
+                                        y: window.jaggView.values(t.y), meta: (t.meta || {}).jagg || null}))};
+}
+return out;
+"""
+
+
+def _differs(a, b, path: str = "") -> str | None:
+    """Where two JSON values first differ (numbers to 1e-9: the page's EMA and the server's are two float
+    computations), or None."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        if a.keys() != b.keys():
+            return f"{path}: keys {sorted(a)} vs {sorted(b)}"
+        return next((d for k in a if (d := _differs(a[k], b[k], f"{path}.{k}"))), None)
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return f"{path}: {len(a)} vs {len(b)} items ({a[-3:]} vs {b[-3:]})"
+        return next(
+            (d for i, (x, y) in enumerate(zip(a, b, strict=True)) if (d := _differs(x, y, f"{path}[{i}]"))),
+            None,
+        )
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return None if abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b)) else f"{path}: {a} vs {b}"
+    return None if a == b else f"{path}: {a!r} vs {b!r}"
+
+
+def test_a_training_runs_plots_get_only_their_new_points_and_then_equal_a_whole_redraw(app):
+    """A tick of the run the page shows sends each plot's new points (app.stream), appended in the page: the
+    reward plot's curves and eval line grow, and once the run stops, what the page built from deltas equals,
+    trace by trace and point by point, what a Refresh draws whole."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    trainer, driver = Trainer(app.runs_dir), None
+    try:
+        with trainer:
+            live = trainer.run_id
+            driver = _driver(app.url + f"?tab=live&run={live}")
+            wait = WebDriverWait(driver, 90, poll_frequency=0.2)
+            wait.until(lambda d: f"Run #{live} run7" in d.find_element("id", "live-progress").text)
+            # the page loads with two whole draws (the load's and the picker's change), which a first tick may
+            # cross (its delta then extends the other one: the page asks for the panels whole, once); from
+            # the first delta appended on, every tick appends to what the page holds
+            count = "return [window.jaggView.extended, window.jaggView.resyncs]"
+            wait.until(lambda d: d.execute_script(count)[0] >= 1)
+            start, resyncs = driver.execute_script(count)
+            first = driver.execute_script(HELD)["live-reward"]
+            # three ticks that appended to the reward plot
+            wait.until(lambda d: d.execute_script(count)[0] >= start + 3)
+            grown = driver.execute_script(HELD)["live-reward"]
+            assert grown["appended"], "the reward plot was drawn whole, not appended to"
+            assert len(grown["traces"][0]["x"]) > len(first["traces"][0]["x"]), (first, grown)
+        # the run stopped: once a tick finds nothing new, the page's plots are final
+        time.sleep(3 * 2.0)
+        assert driver.execute_script(count)[1] == resyncs
+        built = driver.execute_script(HELD)
+        assert built["live-reward"]["appended"] and any(
+            t["meta"] and t["meta"]["key"] == "eval/reward/mean" and len(t["meta"]["y"]) >= 2
+            for t in built["live-reward"]["traces"]
+        ), built["live-reward"]
+        driver.find_element(By.XPATH, "//button[normalize-space()='Refresh']").click()
+        wait.until(lambda d: not d.execute_script(HELD)["live-reward"]["appended"])
+        time.sleep(0.5)
+        # the page's own view applied to the whole draw too (it leaves out the points without a value, e.g. the
+        # trailing mean's first steps, which the server's figure carries as gaps): the same curves either way
+        driver.execute_script(
+            "return window.jaggView.apply(['live-reward', 'live-metrics'], window.jaggView.read('live'))"
+        )
+        whole = driver.execute_script(HELD)
+        assert set(built) == set(whole)
+        for plot in whole:
+            assert built[plot]["rev"] == whole[plot]["rev"], plot
+            differs = _differs(built[plot]["traces"], whole[plot]["traces"])
+            assert differs is None, (plot, differs)
+    finally:
+        if driver is not None:
+            driver.quit()
