@@ -1,5 +1,5 @@
 """Record the app's showcase again: Flow-GRPO's exact backward over the whole SDE range against the shipped
-default (sliding window + JAGG + reuse + shared prefix + DPM-Solver++) of configs/tiny-shapes-cpu.yaml, then
+default (the first W = 4 steps by JAGG + reuse, DPM-Solver++ after them) of configs/tiny-shapes-cpu.yaml, then
 pack their history (metrics, probes, eval images; no checkpoint or log) and the JAGG run's aligned model (the
 folder `jagg export-model` writes, for the Try it tab) into assets/showcase/.
 
@@ -12,7 +12,7 @@ eval seeds. They are started together with one intra-op thread each (OMP_NUM_THR
 the machine alike and their times are comparable. ``--steps`` (default: the config's 40) shortens both.
 
 ``--pack-only DIR`` packs runs already recorded in DIR: the newest finished showcase-exact and showcase-jagg,
-or the ids ``--runs`` names (e.g. a race's (a) and (d) runs of one seed); ``--max-step N`` keeps their first N
+or the ids ``--runs`` names (e.g. a race's (a) and default runs of one seed); ``--max-step N`` keeps their first N
 steps (a longer run's first N steps are those of an N-step run: the schedule is a function of the step).
 Eval images are shipped every ``--image-every`` steps (default 20, plus the first and last eval) so that the
 showcase's images stay under 3 MB; every eval metric is shipped. The JAGG run's model is exported from its
@@ -37,9 +37,10 @@ from jagg_engine.store import open_store  # noqa: E402
 
 CONFIG = "configs/tiny-shapes-cpu.yaml"
 STRATEGIES = ("exact", "jagg")
-# Variant (a): exact over the whole SDE range, every sample its own noise, Euler outside it (Flow-GRPO).
-EXACT = ["strategy=exact", "sde_window_schedule=fixed", "group_noise=independent", "ode_solver=euler"]
-EXACT += ["ode_steps_after=null"]
+# Variant (a): exact over the whole SDE range (steps 0-7), every sample its own noise, Euler outside it
+# (Flow-GRPO).
+EXACT = ["strategy=exact", "sde_window_end=8", "sde_window_schedule=fixed", "group_noise=independent"]
+EXACT += ["ode_solver=euler", "ode_steps_after=null"]
 
 
 def record(runs_dir: Path, steps: int | None) -> None:

@@ -41,7 +41,7 @@ BACKBONE, REWARDS = (
 )
 # A run of a few seconds a step on 2 CPU cores: 2 prompts × 4 samples, 6 sampling steps (all trained, one
 # window of 4 plus a partial one), eval of 4 prompts × 1 seed at step 0 and every `eval_every` steps.
-SHORT = "prompts_per_step=2\nsampling_steps=6\nsde_window_end=null\neval_num_prompts=4\neval_seeds=[0]\nsample_every=0"
+SHORT = "prompts_per_step=2\nsampling_steps=6\neval_num_prompts=4\neval_seeds=[0]\nsample_every=0"
 
 
 def _free_port() -> int:
@@ -269,7 +269,7 @@ def test_launch_restart_finish_and_cancel_through_the_api(app):
     assert [t["name"] for t in json.loads(times["plot"])["data"]] == [
         "sampling", "reward", "probe", "update forward", "update backward",
     ]  # fmt: skip
-    # predicted for the default sliding window (W = 4 trained steps a step, inside the 6), r = 1.8, with the
+    # predicted for the default window (the first W = 4 of the 6 steps, trained every step), r = 1.8, with the
     # rollout's velocities (reuse_rollout_velocity auto, one update a rollout): one group of 4 → 4r / 2r
     predicted = cost_model_speedup(4, 1.8, 1.0, "jagg+reuse", trained_steps=4)
     shown = dict(zip(speedup["headers"], speedup["data"][0]))

@@ -100,7 +100,7 @@ def test_tiny_shapes_config_is_the_setting_that_learned() -> None:
     assert (cfg.sampling_steps, cfg.eta, cfg.sde_window(), cfg.group_size, cfg.prompts_per_step) == (
         12,
         0.7,
-        (0, 8),
+        (0, 4),
         8,
         18,
     )
@@ -112,14 +112,13 @@ def test_tiny_shapes_config_is_the_setting_that_learned() -> None:
         1e-4,
         1.0,
     )
-    # The windowed default (README "Time to quality"): a sliding window of W = 4 over steps 0-8, one JAGG
-    # group a step, the group's prefix once, DPM-Solver++ for at most 4 steps after the window.
-    windowed = (cfg.sde_window_schedule, cfg.window, cfg.window_shift_every, cfg.window_stride)
-    assert windowed == ("sliding", 4, 5, 1) and cfg.window_last_start is None
-    assert (cfg.strategy, cfg.reuse_rollout_velocity, cfg.group_noise) == ("jagg", "auto", "shared")
+    # The default (README "Time to quality", (f)): the first W = 4 steps trained every step, one JAGG group a
+    # step, every sample its own noise, DPM-Solver++ for at most 4 steps after the window.
+    assert (cfg.sde_window_schedule, cfg.window, cfg.window_last_start) == ("fixed", 4, None)
+    assert (cfg.strategy, cfg.reuse_rollout_velocity, cfg.group_noise) == ("jagg", "auto", "independent")
     assert (cfg.ode_solver, cfg.ode_steps_before, cfg.ode_steps_after) == ("dpmpp-2m", None, 4)
     assert cfg.num_trained_steps == 4 and cfg.num_windows == 1
-    assert [cfg.sde_window_at(step) for step in (1, 6, 21, 26)] == [(0, 4), (1, 5), (4, 8), (0, 4)]
+    assert [cfg.sde_window_at(step) for step in (1, 6, 21, 26)] == [(0, 4)] * 4
     # The form's defaults (schedule null = the backbone's default, shifted-linear for tiny-shapes).
     assert cfg.to_dict() == {
         **TrainConfig().to_dict(),
@@ -163,7 +162,7 @@ def test_tiny_shapes_config_is_the_setting_that_learned() -> None:
         (["sde_window_start=8"], "sde_window_end: must be in 9..12"),
         (["sde_window_start=12", "sde_window_end=null"], "sde_window_start: must be in 0..11"),
         (["algorithm=cps", "sde_window_end=12"], "sde_window_end: must be in 1..11"),
-        (["window=9"], "window: must be at most the number of trained steps (8 = sde_window_end"),
+        (["window=9"], "window: must be at most the number of trained steps (4 = sde_window_end"),
         (["processes=4"], "prompts_per_step: must be a multiple of processes (4), got 18"),
         (["lora_targets=[to_q]"], "lora_targets: only used with LoRA"),
         (["lora_rank=4", "lora_alpha=0"], "lora_alpha: must be a number in (0, 100000], got 0.0"),
@@ -397,8 +396,10 @@ def test_engine_configs_are_built() -> None:
     )
     assert (sampler.ode_solver, sampler.ode_steps_before, sampler.ode_steps_after) == ("dpmpp-2m", None, 4)
     assert len(sampler.sde_steps()) == cfg.num_trained_steps == 4
-    fixed = cfg.apply_overrides(["sde_window_schedule=fixed"])
+    fixed = cfg.apply_overrides(["sde_window_end=8"])  # Flow-GRPO's range: every step of 0..7 trained
     assert fixed.sampler_config(step=26).sde_window == (0, 8) and fixed.num_trained_steps == 8
+    sliding = cfg.apply_overrides(["sde_window_end=8", "sde_window_schedule=sliding"])  # MixGRPO's window
+    assert [sliding.sde_window_at(step) for step in (1, 6, 21, 26)] == [(0, 4), (1, 5), (4, 8), (0, 4)]
     every = fixed.apply_overrides(["algorithm=cps", "sde_window_start=null", "sde_window_end=null"])
     assert every.sampler_config().sde_window is None
     assert len(every.sampler_config().sde_steps()) == every.num_trained_steps == 11

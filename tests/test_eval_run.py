@@ -31,7 +31,7 @@ SMALL = [
     "sample_every=0",
     "checkpoint_every=1",
     "keep_checkpoints=3",
-    "lr=1e-3",  # the eval reward moves within two steps
+    "lr=3e-4",  # the eval reward moves within two steps (1e-3 drives it to the floor at once)
 ]
 
 

@@ -94,13 +94,13 @@ def test_two_runs_report_holds_config_diff_curves_speedup_time_and_images(two_ru
     assert two_run_report.stat().st_size <= MAX_REPORT_BYTES, two_run_report.stat().st_size
     assert not re.search(r"<(script|img|link|iframe)[^>]+(src|href)=\"(?!data:)", page)
 
-    # Config: the fields that differ (Flow-GRPO's exact run against the windowed default, which kept a checkpoint
+    # Config: the fields that differ (Flow-GRPO's exact run against the default, which kept a checkpoint
     # at its step 40 for the showcase's model) and both full configs.
     diff = page.split("<h3>Fields that differ</h3>", 1)[1].split("</table>", 1)[0]
     assert re.findall(r"<td>([^<]+)</td>", diff) == [
-        "checkpoint_every", "0", "40", "group_noise", "independent", "shared", "name", "showcase-exact", "showcase-jagg",
+        "checkpoint_every", "0", "40", "name", "showcase-exact", "showcase-jagg",
         "ode_solver", "euler", "dpmpp-2m", "ode_steps_after", "null", "4",
-        "sde_window_schedule", "fixed", "sliding", "strategy", "exact", "jagg",
+        "sde_window_end", "8", "4", "strategy", "exact", "jagg",
     ]  # fmt: skip
     assert "<summary>Full configs</summary>" in page and "<td>sampling_steps</td>" in page
 

@@ -163,7 +163,7 @@ def test_the_shipped_showcase(tmp_path):
     assert (exact["config"]["strategy"], jagg["config"]["strategy"]) == ("exact", "jagg")
     # Flow-GRPO's exact run (variant (a)) against the shipped default, the config's 40 steps, eval every 5;
     # same seed, prompts, eval seeds and everything else.
-    windowed = ("sde_window_schedule", "group_noise", "ode_solver", "ode_steps_after")
+    windowed = ("sde_window_end", "ode_solver", "ode_steps_after")  # the default's window and solver
     differ = {k for k in exact["config"] if exact["config"][k] != jagg["config"][k]}
     assert differ == {"strategy", "name", "checkpoint_every", *windowed}, differ  # a checkpoint: its model
     assert "model" not in exact and jagg["model"]["step"] == jagg["config"]["steps"]
@@ -172,8 +172,10 @@ def test_the_shipped_showcase(tmp_path):
     logged = [v for step, key, v in jagg["metrics"] if key == "eval/reward/mean" and step == info["step"]]
     assert info["eval_reward"]["after"]["mean"] == pytest.approx(logged[0])  # the model card's is the run's
     default = TrainConfig()
-    assert [jagg["config"][k] for k in windowed] == [getattr(default, k) for k in windowed]
-    assert [exact["config"][k] for k in windowed] == ["fixed", "independent", "euler", None]
+    same = ("sde_window_schedule", "group_noise", "window")  # both a fixed window, every sample its own noise
+    keys = (*windowed, *same)
+    assert [jagg["config"][k] for k in keys] == [getattr(default, k) for k in keys]
+    assert [exact["config"][k] for k in windowed] == [8, "euler", None]  # Flow-GRPO: all of steps 0-7
     for run in (exact, jagg):
         assert run["config"]["steps"] == default.steps and run["config"]["eval_every"] == 5
         evals = [step for step, key, _ in run["metrics"] if key == "eval/reward/mean"]

@@ -180,10 +180,10 @@ class TrainConfig:
     )
     sde_window_start: int | None = _f(0, "First SDE (trained) step; null = 0.")
     sde_window_end: int | None = _f(
-        8, "End (exclusive) of the SDE (trained) steps; null = sampling_steps. Steps outside run as ODE."
+        4, "End (exclusive) of the SDE (trained) steps; null = sampling_steps. Steps outside run as ODE."
     )
     sde_window_schedule: str = _f(
-        "sliding",
+        "fixed",
         "fixed: the SDE window is sde_window_start..sde_window_end every step. sliding (MixGRPO): the window is"
         " `window` consecutive steps inside that range, starting at sde_window_start and moving window_stride"
         " steps toward low noise every window_shift_every training steps; after window_last_start it rolls back."
@@ -197,7 +197,7 @@ class TrainConfig:
         "sliding, random: the last window start; null = the last start that fits (sde_window_end - window).",
     )
     group_noise: str = _f(
-        "shared",
+        "independent",
         "independent: every sample draws its initial noise; shared: the samples of a group share it (DanceGRPO),"
         " and the ODE steps before the SDE window are computed once per group (1/group_size of their forwards).",
     )
