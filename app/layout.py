@@ -223,8 +223,8 @@ def compare_tab(
         if shown:
             gr.Markdown(
                 f"**Showcase** (read-only): run #{showcase_ids[0]} is Flow-GRPO's exact backward over the "
-                f"whole SDE range, run #{showcase_ids[1]} the default (a sliding window of 4 steps trained by "
-                "one JAGG backward, a shared group prefix, DPM-Solver++ after it), 40 steps each of "
+                f"whole SDE range, run #{showcase_ids[1]} the default (the first 4 of 12 steps trained by one "
+                "JAGG backward, DPM-Solver++ after them), 40 steps each of "
                 "`configs/tiny-shapes-cpu.yaml`, same seed, prompts and eval seeds (seed 0 of the README's "
                 f"time-to-quality race; `{showcase.RECORD_COMMAND}` records them again). Pick other runs and "
                 "press Compare."
