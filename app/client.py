@@ -344,8 +344,10 @@ SCRIPT = r"""<style>.jagg-stale, .jagg-stale * { visibility: hidden !important; 
     if (byUser) picked = {run: id, at: performance.now()};
     else if (picked && performance.now() - picked.at < 10000 && id !== picked.run) return;  // gradio lags
     else picked = null;
+    // the step slider: a new run's newest step (the same run again, e.g. its picker's choices updated when
+    // another run's status changed, keeps where the user put the slider)
+    if (id !== watched) window.jaggView.latest = null;
     watched = id;
-    window.jaggView.latest = null;  // the step slider: a new run's newest step
     check = () => {
       const p = document.getElementById("live-progress");
       const ok = watched === null || !!(p && p.textContent.includes("Run #" + watched + " "));
