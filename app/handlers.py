@@ -360,20 +360,24 @@ class LiveHandlers(_Part):
 
     def live_refresh(
         self, run_id: Any, r: float, metric_keys: Any = metrics.DEFAULT_METRICS, smoothing: Any = 0.6,
-        log_y: Any = False, x: Any = "step", kind: str = "eval",
+        log_y: Any = False, x: Any = "step", kind: str = "eval", seen: Any = None, step: float | None = None,
     ) -> tuple[Any, ...]:  # fmt: skip
         """The live view, the step slider on the run's last step with that step's images, the metric
         picker's choices, and the run's signature as drawn (so that the next tick neither redraws it nor
-        moves a slider the user moved since)."""
+        moves a slider the user moved since). ``seen`` (the signature the page drew last) and ``step`` (the
+        slider's step): the run drawn again (Refresh) with the slider moved off its newest step keeps the
+        slider and its images where the user put them."""
         number, sig = self._watched(run_id)
         bounds = samples.slider_range(self.store, number)
-        gallery, note = self.step_images(run_id, kind, bounds["maximum"])
+        newest = seen[4] if isinstance(seen, (list, tuple)) and len(seen) > 4 and seen[0] == number else None
+        kept = newest is not None and step is not None and float(step) < float(newest)
+        gallery, note = (gr.skip(), gr.skip()) if kept else self.step_images(run_id, kind, bounds["maximum"])
         return (
             *self.streamed_view(run_id, r, metric_keys, smoothing, log_y, x),
             self.metric_choices(number, metric_keys),
             gallery,
             note,
-            gr.update(**bounds, value=bounds["maximum"]),
+            gr.update(**bounds) if kept else gr.update(**bounds, value=bounds["maximum"]),
             bounds["maximum"],  # the newest step, for the page's slider (client.SLIDER_JS)
             sig,
         )

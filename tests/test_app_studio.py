@@ -362,6 +362,31 @@ def test_the_slider_on_the_newest_step_shows_a_new_evals_images(studio):
     assert "step **4**" in third[-6] and all(c.startswith("step 4 · ") for _, c in third[-7])
 
 
+def test_refresh_keeps_a_slider_the_user_moved_and_moves_it_on_a_run_switch(studio):
+    demo, root = studio
+    store = demo.jagg_manager.store
+    refresh = _handler(demo, "live_refresh")
+    live = store.create_run("live", TrainConfig().to_dict(), root / "run-0013")
+    other = store.create_run("other", TrainConfig().to_dict(), root / "run-0014")
+    store.set_status(live, "running", pid=None)
+    for step in (2, 4, 6):
+        _log_eval(store, root, live, step, "red")
+    _log_eval(store, root, other, 3, "blue")
+    view = (1.8, ["reward/mean"], 0.6, False, "step", "eval")
+    # outputs from the end: the signature drawn, the newest step, the slider, the step note, the step gallery
+    first = refresh(live, *view)
+    seen = first[-1]
+    assert first[-3]["value"] == 6 and "step **6**" in first[-4]
+    # the user put the slider on step 2; Refresh of the same run keeps it there and its images
+    kept = refresh(live, *view, seen, 2)
+    assert "value" not in kept[-3] and kept[-3]["maximum"] == 6 and kept[-2] == 6
+    assert kept[-4] == {"__type__": "update"} and kept[-5] == {"__type__": "update"}
+    # on the newest step it follows; another run picked starts on that run's newest step
+    assert refresh(live, *view, seen, 6)[-3]["value"] == 6
+    switched = refresh(other, *view, seen, 2)
+    assert switched[-3]["value"] == 3 and "step **3**" in switched[-4]
+
+
 # ---------------------------------------------------------------------------------------------- pairs and failures
 
 

@@ -319,8 +319,8 @@ def test_each_control_of_a_four_run_compare_redraws_in_the_page_within_200_ms_an
 
 
 class Trainer:
-    """Run #7 "training": a thread logs a step every 0.6 s (an eval image every second step) and appends to
-    its train.log, so that every timer tick of the page has something new to draw."""
+    """Run #7 "training": a thread logs a step every 0.6 s (an eval image every second step, an eval reward
+    every third) and appends to its train.log, so that every timer tick of the page has something new to draw."""
 
     def __init__(self, root: Path):
         self.root, self.stop, self.step = root, threading.Event(), 0
@@ -338,9 +338,10 @@ class Trainer:
                 self.step += 1
                 if self.step % 2 == 0:
                     _image(store, self.root, self.run_id, self.step, 10 * self.step)
-                store.log_step(
-                    self.run_id, self.step, {"reward/mean": 0.01 * self.step, "time/unix": time.time()}
-                )
+                row = {"reward/mean": 0.01 * self.step, "time/unix": time.time(), "time/step": 0.6}
+                if self.step % 3 == 0:  # an eval now and then: the reward plot's eval line grows too
+                    row |= {"eval/reward/mean": 0.02 * self.step, "time/train_elapsed": 0.6 * self.step}
+                store.log_step(self.run_id, self.step, row)
                 with (self.root / f"run-{self.run_id:04d}" / "train.log").open("a") as log:
                     log.write(f"log of run7 step {self.step}\n")
 
@@ -458,17 +459,27 @@ def test_the_step_slider_is_never_moved_by_a_refresh_once_the_user_moved_it(app)
             number = driver.find_element(By.CSS_SELECTOR, "#step-slider input[type='number']")
             # select and type in one command: a tick's new slider bounds re-render the box, which drops a selection
             # made by an earlier command (the "2" then lands after the old value)
-            number.send_keys(Keys.CONTROL, "a", Keys.NULL, "2", Keys.ENTER)
-            wait.until(lambda d: "at step 2 " in d.find_element(By.ID, "step-note").text)
+            # every change of the slider's box, the run picked and the step note, from here on (for the asserts)
             driver.execute_script(
-                "window.jaggSlider = []; const look = () => { window.jaggSlider.push(document.querySelector("
-                "'#step-slider input[type=number]').value); requestAnimationFrame(look); }; look();"
+                "window.jaggSlider = []; const look = () => { const v = [document.querySelector("
+                "'#step-slider input[type=number]').value, document.querySelector('#live-run input').value,"
+                " (document.querySelector('#step-note') || {}).innerText, Math.round(performance.now())];"
+                " const l = window.jaggSlider[window.jaggSlider.length - 1];"
+                " if (!l || l[0] !== v[0] || l[1] !== v[1] || l[2] !== v[2]) window.jaggSlider.push(v);"
+                " requestAnimationFrame(look); }; look();"
             )
+            number.send_keys(Keys.CONTROL, "a", Keys.NULL, "2", Keys.ENTER)
+            try:
+                wait.until(lambda d: "at step 2 " in d.find_element(By.ID, "step-note").text)
+            except TimeoutException:
+                raise AssertionError(driver.execute_script("return window.jaggSlider")) from None
+            typed = len(driver.execute_script("return window.jaggSlider"))
             start = trainer.step
             time.sleep(8.0)  # four timer ticks, each with new steps and images
             assert trainer.step >= start + 8
-            values = set(driver.execute_script("return window.jaggSlider"))
-            assert values == {"2"}, values
+            seen = driver.execute_script("return window.jaggSlider")
+            values = {v[0] for v in seen[typed - 1 :]}
+            assert values == {"2"}, seen
             assert "at step 2 " in driver.find_element(By.ID, "step-note").text
             # back on the newest step, the slider follows the next eval again (the newest step as read: a tick
             # that lands between the read and Enter makes it the one before, where the slider rightly stays, so
@@ -584,7 +595,10 @@ def test_a_training_runs_plots_get_only_their_new_points_and_then_equal_a_whole_
         # one delta stale: the page then asks for the panels whole; what it ends with is checked below
         assert driver.execute_script(count)[1] <= resyncs + 2
         built = driver.execute_script(HELD)
-        assert built["live-reward"]["appended"], built["live-reward"]
+        assert built["live-reward"]["appended"] and any(
+            t["meta"] and t["meta"]["key"] == "eval/reward/mean" and len(t["meta"]["y"]) >= 2
+            for t in built["live-reward"]["traces"]
+        ), built["live-reward"]
         driver.find_element(By.XPATH, "//button[normalize-space()='Refresh']").click()
         wait.until(lambda d: not d.execute_script(HELD)["live-reward"]["appended"])
         time.sleep(0.5)

@@ -88,15 +88,19 @@ def _split(outputs, panels):
     return outputs[0], values, outputs[1 + len(panels)], outputs[2 + len(panels)]
 
 
+def _first_tick(demo, run_id):
+    """The tick handler, the handlers, the Live panels and the outputs of a first tick (a tab's first draw)."""
+    on_tick, handlers = _fn(demo, "on_tick"), demo.jagg_handlers
+    return on_tick, handlers, handlers.panels, on_tick(run_id, 1.8, None, None)
+
+
 def _skipped(value) -> bool:
     return type(value).__name__ == "skip" or value == {"__type__": "update"}
 
 
 def test_a_tick_sends_each_plot_only_its_new_points_which_rebuild_the_whole_redraw(app):
     demo, run_id, log = app
-    on_tick, handlers = _fn(demo, "on_tick"), demo.jagg_handlers
-    panels = handlers.panels
-    first = on_tick(run_id, 1.8, None, None)
+    on_tick, handlers, panels, first = _first_tick(demo, run_id)
     _, values, delta, drawn = _split(first, panels)
     assert _skipped(delta)  # the first draw is whole
     figures = {name: v for name, v in values.items() if isinstance(v, go.Figure)}
@@ -174,9 +178,7 @@ def test_a_change_that_is_not_an_append_sends_the_figure_whole():
 
 def test_a_metric_picked_moves_what_the_session_holds_so_the_next_tick_extends_it(app):
     demo, run_id, log = app
-    on_tick, handlers = _fn(demo, "on_tick"), demo.jagg_handlers
-    panels = handlers.panels
-    first = on_tick(run_id, 1.8, None, None)
+    on_tick, handlers, panels, first = _first_tick(demo, run_id)
     _, _, _, drawn = _split(first, panels)
     picked = ["loss/policy", "grad/norm"]
     fig, held = handlers.live.panel_drawn("metrics", run_id, 1.8, picked, 0.6, False, "step", drawn)
