@@ -27,19 +27,32 @@ from jagg_engine.errors import UsageError
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="study", required=True)
     c = sub.add_parser("cosine", help="gradient cosine per group over several rollout batches")
-    c.add_argument("--backbone", default="tiny-shapes")
-    c.add_argument("--window", type=int, default=4)
-    c.add_argument("--steps", type=int, default=12, help="sampling steps")
-    c.add_argument("--sde-window", default="0:12", help="START:END of the trained steps")
+    c.add_argument("--backbone", default=None, help="default tiny-shapes (with --run: the run's)")
+    c.add_argument("--window", type=int, default=None, help="W (default 4; with --run: the run's)")
+    c.add_argument("--steps", type=int, default=None, help="sampling steps (default 12)")
+    c.add_argument("--sde-window", default=None, help="START:END of the trained steps (default 0:12)")
     c.add_argument("--batches", type=int, default=5)
     c.add_argument("--batch", type=int, default=16, help="samples per rollout batch")
     c.add_argument(
         "--reward",
         default=None,
         help="score the rollout with this reward and use GRPO advantages (groups of --group-size, batch std);"
-        " default: seeded N(0, 1) advantages",
+        " default: seeded N(0, 1) advantages (with --run: the run's rewards)",
     )
-    c.add_argument("--group-size", type=int, default=8, help="samples per prompt with --reward")
+    c.add_argument(
+        "--group-size", type=int, default=None, help="samples per prompt with --reward (default 8)"
+    )
+    c.add_argument(
+        "--run",
+        type=int,
+        default=None,
+        help="measure this run's model at --step, with its own sampler (SDE window, ODE steps), W, rewards"
+        " and group size",
+    )
+    c.add_argument(
+        "--step", type=int, default=None, help="with --run: checkpoint step (0: the base; default the last)"
+    )
+    c.add_argument("--runs-dir", default="runs", help="with --run: the runs folder")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--out", default=None, help="folder for cosine.md and cosine.json")
     q = sub.add_parser("parity", help="train exact / jagg / endpoint over seeds and compare rewards")
@@ -60,35 +73,67 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
 # ------------------------------------------------------------------------------------------------ cosine
 
 
+def _cosine_subject(args: argparse.Namespace) -> tuple[str, str, Any, Any, Any, dict[str, float] | None, int]:
+    """What ``jagg study cosine`` measures: (its label, the backbone's name, the model, the sampler, the update,
+    the rewards or None for N(0, 1) advantages, the group size). With ``--run``: the run's model at ``--step``
+    on the sampler its training step ``--step`` used (the trainer's own builder) with its W, rewards and
+    group size; the flags that would contradict them are refused."""
+    from jagg_engine.backbones import BackboneConfigError, build_backbone
+    from jagg_engine.jagg import UpdateConfig
+    from jagg_engine.sde import SamplerConfig
+
+    if args.run is None:
+        if args.step is not None:
+            raise UsageError("--step: only with --run")
+        try:
+            start, end = (int(x) for x in (args.sde_window or "0:12").split(":"))
+            sampler = SamplerConfig(num_steps=args.steps or 12, sde_window=(start, end))
+            update = UpdateConfig(window=args.window or 4)
+            name = args.backbone or "tiny-shapes"
+            backbone = build_backbone(name)
+        except (ValueError, BackboneConfigError) as exc:
+            raise UsageError(str(exc).splitlines()[0]) from None
+        rewards = {args.reward: 1.0} if args.reward else None
+        return name, name, backbone, sampler, update, rewards, args.group_size or 8
+    from jagg_engine.export import load_run_model, open_run, pick_checkpoint
+    from jagg_engine.train.trainer import pipeline_schedule, sampler_config
+
+    given = {"--backbone": args.backbone, "--window": args.window, "--steps": args.steps}
+    given |= {"--sde-window": args.sde_window, "--group-size": args.group_size}
+    for flag, value in given.items():
+        if value is not None:
+            raise UsageError(f"{flag}: with --run the run's own is measured; leave it out")
+    run = open_run(args.runs_dir, args.run)
+    step = args.step if args.step is not None else pick_checkpoint(run, None)[0]
+    if step < 0:
+        raise UsageError(f"--step: must be a whole number >= 0, got {step}")
+    backbone = load_run_model(run, step)
+    rewards = {args.reward: 1.0} if args.reward else dict(run.cfg.rewards)
+    update = UpdateConfig(window=run.cfg.window)
+    sampler = sampler_config(run.cfg, pipeline_schedule(run.cfg, backbone), step or 1)
+    label = f"run {run.id} step {step}"
+    return label, run.cfg.backbone, backbone, sampler, update, rewards, run.cfg.group_size
+
+
 def run_cosine(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from jagg_engine.backbones import BackboneConfigError, build_backbone
     from jagg_engine.backbones.base import default_prompts
-    from jagg_engine.jagg import UpdateConfig
     from jagg_engine.probe import probe_groups
-    from jagg_engine.sde import SamplerConfig, rollout
+    from jagg_engine.sde import rollout
 
-    try:
-        start, end = (int(x) for x in args.sde_window.split(":"))
-        sampler = SamplerConfig(num_steps=args.steps, sde_window=(start, end))
-        update = UpdateConfig(window=args.window)
-        backbone = build_backbone(args.backbone)
-    except (ValueError, BackboneConfigError) as exc:
-        raise UsageError(str(exc).splitlines()[0]) from None
+    label, name, backbone, sampler, update, rewards, group_size = _cosine_subject(args)
     if args.batches < 1:
         raise UsageError(f"batches: must be a positive integer, got {args.batches}")
     reward = None
-    if args.reward:
+    if rewards:
         from jagg_engine.grpo import group_advantages
         from jagg_engine.rewards.registry import RewardConfigError, WeightedReward
 
-        if args.group_size < 2 or args.batch % args.group_size:
-            raise UsageError(
-                f"group-size: must be >= 2 and divide --batch {args.batch}, got {args.group_size}"
-            )
+        if group_size < 2 or args.batch % group_size:
+            raise UsageError(f"group-size: must be >= 2 and divide --batch {args.batch}, got {group_size}")
         try:
-            reward = WeightedReward({args.reward: 1.0})
+            reward = WeightedReward(rewards)
         except RewardConfigError as exc:
             raise UsageError(str(exc)) from None
     params = backbone.trainable_parameters()
@@ -101,8 +146,8 @@ def run_cosine(args: argparse.Namespace) -> dict[str, Any]:
         if reward is None:
             prompts = default_prompts(backbone, args.batch, seed)
         else:  # whole prompt groups, as in training
-            unique = default_prompts(backbone, args.batch // args.group_size, seed)
-            prompts = [p for p in unique for _ in range(args.group_size)]
+            unique = default_prompts(backbone, args.batch // group_size, seed)
+            prompts = [p for p in unique for _ in range(group_size)]
         cond = backbone.encode_prompts(prompts)
         noise = torch.randn(len(prompts), *backbone.latent_shape, generator=gen, dtype=params[0].dtype)
         traj = rollout(backbone, cond, noise, sampler, generator=gen)
@@ -110,7 +155,7 @@ def run_cosine(args: argparse.Namespace) -> dict[str, Any]:
             adv = torch.randn(len(prompts), generator=gen, dtype=torch.float64)
         else:
             scores, _ = reward(backbone.decode(traj.latents[-1]), prompts)
-            groups = torch.arange(len(prompts)) // args.group_size
+            groups = torch.arange(len(prompts)) // group_size
             adv = group_advantages(scores, groups, std="centered").double()
         rows, w = probe_groups(backbone, params, traj, adv, update, sampler, with_endpoint=True)
         for r in rows:
@@ -122,9 +167,13 @@ def run_cosine(args: argparse.Namespace) -> dict[str, Any]:
         for k, v in w.items():
             whole.setdefault(k, []).append(v)
         print(f"batch {b + 1}/{args.batches} done", file=sys.stderr)
+    trained = sampler.sde_steps()
     result = {
-        "backbone": args.backbone,
-        "window": args.window,
+        "subject": label,
+        "backbone": name,
+        "run": args.run,
+        "window": update.window,
+        "trained_steps": [trained[0], trained[-1] + 1],
         "batches": args.batches,
         "groups": [
             {
@@ -139,9 +188,9 @@ def run_cosine(args: argparse.Namespace) -> dict[str, Any]:
         "whole_update": {k: {"mean": _mean_std(v)[0], "std": _mean_std(v)[1]} for k, v in whole.items()},
     }
     lines = [
-        f"Gradient cosine by group: {args.backbone}, W = {args.window}, trained steps {args.sde_window} of "
-        f"{args.steps}, {args.batches} rollout batches of {args.batch}, advantages "
-        + (f"from {args.reward} (groups of {args.group_size})" if args.reward else "N(0, 1)")
+        f"Gradient cosine by group: {label}, W = {update.window}, trained steps {trained[0]}:{trained[-1] + 1} of "
+        f"{sampler.num_steps}, {args.batches} rollout batches of {args.batch}, advantages "
+        + (f"from {', '.join(rewards)} (groups of {group_size})" if rewards else "N(0, 1)")
         + " (mean ± std)",
         "",
         "| group | t | cosine(JAGG, exact) | cosine(endpoint, exact) | rel. error JAGG |",
@@ -162,7 +211,11 @@ def run_cosine(args: argparse.Namespace) -> dict[str, Any]:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        stem = f"cosine-{args.backbone}" + (f"-{args.reward}" if args.reward else "")
+        stem = (
+            "cosine-"
+            + label.replace(" step ", "-step").replace(" ", "")
+            + (f"-{args.reward}" if args.reward else "")
+        )
         (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
         (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     return result

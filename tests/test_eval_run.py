@@ -201,3 +201,46 @@ def test_sample_draws_the_eval_noise_and_captions_each_reward(runs: Path, tmp_pa
         and "--prompt: tiny-shapes: unknown word 'purple'" in err
         and len(err.strip().splitlines()) == 1
     )
+
+
+def test_study_cosine_measures_a_runs_model_at_a_checkpoint_on_the_runs_own_sampler(runs, tmp_path, capsys):
+    from jagg_engine.train.trainer import sampler_config
+
+    out = tmp_path / "cosine"
+    common = ["study", "cosine", "--runs-dir", str(runs), "--batches", "1", "--batch", "8", "--out", str(out)]
+    results = {}
+    for step in (0, 2):
+        code, text, _ = jagg(capsys, *common, "--run", "1", "--step", str(step))
+        assert code == 0, text
+        assert f"Gradient cosine by group: run 1 step {step}, W = 4, trained steps 0:4 of 6" in text
+        assert "advantages from shapes-dense (groups of 4)" in text
+        results[step] = json.loads((out / f"cosine-run1-step{step}.json").read_text())
+    cfg = load_config(None, SMALL)
+    grid = sampler_config(cfg, None, 2).grid()  # the trainer's own builder: 4 SDE steps, then 2 ODE steps
+    for step, result in results.items():
+        assert result["subject"] == f"run 1 step {step}" and result["trained_steps"] == [0, 4]
+        (group,) = result["groups"]
+        assert group["t_start"] == pytest.approx(float(grid.sigmas[0]))
+        assert group["t_end"] == pytest.approx(float(grid.sigmas[3]))
+        assert -1.0 <= group["cosine_mean"] <= 1.0 and group["rel_error_mean"] >= 0.0
+    # the same rollout seeds, another model: the trained weights give other gradients than the base's
+    assert results[0]["groups"][0]["rel_error_mean"] != results[2]["groups"][0]["rel_error_mean"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["--run", "1", "--window", "4"], "--window: with --run the run's own is measured; leave it out"),
+        (
+            ["--run", "1", "--sde-window", "0:4"],
+            "--sde-window: with --run the run's own is measured; leave it out",
+        ),
+        (["--step", "1"], "--step: only with --run"),
+        (["--run", "1", "--step", "7"], "--step: run 1 has no checkpoint at step 7; its checkpoints: 1, 2"),
+    ],
+)
+def test_study_cosine_of_a_run_refuses_flags_that_contradict_it(runs, tmp_path, capsys, argv, line):
+    out = tmp_path / "cosine"
+    code, _, err = jagg(capsys, "study", "cosine", "--runs-dir", str(runs), "--out", str(out), *argv)
+    assert code == 2 and err.strip() == f"jagg study: error: {line}"
+    assert not out.exists()
