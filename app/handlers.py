@@ -31,7 +31,7 @@ from app.form import (
 from app.report import report_for_app
 from app.runs import RunManager
 from app.space import FilePublisher, SpaceError, SpaceGuard, prune_exports, session_export_dir
-from app.text import md_message, md_text
+from app.text import cannot_write, md_message, md_text
 from jagg_engine.safe_yaml import brief
 from jagg_engine.store import DB_NAME, StoreError
 from jagg_engine.train.config import ConfigError, TrainConfig
@@ -768,7 +768,7 @@ class HistoryHandlers(_Part):
         except (ConfigError, StoreError) as exc:
             return f"**Error:** {md_message(exc)}", None
         except OSError as exc:  # a read-only or full folder
-            return f"**Error:** cannot write {out_dir}: {md_message(exc.strerror or exc)}", None
+            return cannot_write(out_dir, exc), None
         if self.space:
             prune_exports(out_dir.parent, keep=[csv_path, json_path])
         return f"Exported run #{number}.", [self.publish(csv_path), self.publish(json_path)]

@@ -60,3 +60,8 @@ def md_code_block(text: str) -> str:
         longest = max(longest, run)
     fence = "`" * max(3, longest + 1)
     return f"{fence}\n{text}\n{fence}"
+
+
+def cannot_write(folder: Any, exc: OSError) -> str:
+    """The one-line Markdown message of a folder that could not be written (read-only, full, …)."""
+    return f"**Error:** cannot write {md_text(folder)}: {md_message(exc.strerror or exc)}"

@@ -45,7 +45,7 @@ from app import data, showcase
 from app.form import match_run
 from app.runs import kill_group
 from app.space import prune_exports, session_export_dir
-from app.text import md_message, md_text
+from app.text import cannot_write, md_message
 from jagg_engine.safe_yaml import brief
 from jagg_engine.train.config import ConfigError
 
@@ -449,14 +449,13 @@ class TryIt:
         except (ConfigError, TryItError) as exc:
             return f"**Not exported.** {md_message(exc)}", hidden
         except OSError as exc:
-            return f"**Error:** cannot write {md_text(out_dir)}: {md_message(exc.strerror or exc)}", hidden
+            return cannot_write(out_dir, exc), hidden
         if shipped is not None:  # the showcase's model: already the folder export-model writes
             try:
                 shutil.copytree(shipped, work / name)
                 final = self._zip(work, name, out_dir)
             except OSError as exc:
-                why = md_message(exc.strerror or exc)
-                return f"**Error:** cannot write {md_text(out_dir)}: {why}", hidden
+                return cannot_write(out_dir, exc), hidden
             finally:
                 shutil.rmtree(work, ignore_errors=True)
             return self._exported(number, steps[-1], final, out_dir)
@@ -477,7 +476,7 @@ class TryIt:
                 return f"**Not exported.** {md_message(why)}", hidden
             final = self._zip(work, name, out_dir)
         except OSError as exc:
-            return f"**Error:** cannot write {md_text(out_dir)}: {md_message(exc.strerror or exc)}", hidden
+            return cannot_write(out_dir, exc), hidden
         finally:
             if worker.proc.poll() is None:
                 stop(worker)

@@ -239,7 +239,9 @@ def test_the_apps_history_and_compare_work_on_a_read_only_runs_folder(history, m
             "read-only" in _handler(demo, "launch_run")(*ui_form().values(), None)[0]
         )  # None: no gr.Request
         assert "read-only" in _handler(demo, "delete_run")(1, False)[0]
-        assert "cannot write" in _handler(demo, "export_run")(1)[0]
+        message, files = _handler(demo, "export_run")(1)
+        assert message.startswith("**Error:** cannot write ") and message.endswith(": Read-only file system")
+        assert files is None
         assert demo.jagg_manager.tick() == []
     finally:
         demo.jagg_manager.shutdown()
