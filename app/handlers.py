@@ -360,17 +360,18 @@ class LiveHandlers(_Part):
 
     def live_refresh(
         self, run_id: Any, r: float, metric_keys: Any = metrics.DEFAULT_METRICS, smoothing: Any = 0.6,
-        log_y: Any = False, x: Any = "step", kind: str = "eval", seen: Any = None, step: float | None = None,
+        log_y: Any = False, x: Any = "step", kind: str = "eval", seen: Any = None,
     ) -> tuple[Any, ...]:  # fmt: skip
         """The live view, the step slider on the run's last step with that step's images, the metric
         picker's choices, and the run's signature as drawn (so that the next tick neither redraws it nor
-        moves a slider the user moved since). ``seen`` (the signature the page drew last) and ``step`` (the
-        slider's step): the run drawn again (Refresh) with the slider moved off its newest step keeps the
-        slider and its images where the user put them."""
+        moves a slider the user moved since). ``seen``: the signature the page drew last. The run it names drawn
+        again (Refresh, or the picker's change event for the run already shown) leaves the slider's value and
+        its images to the page: the slider follows the newest step only while it sits on the last one
+        (client.SLIDER_JS), so a slider the user moved stays where it is, whatever ``step`` the server last
+        heard of (the user's step reaches the server by a later event)."""
         number, sig = self._watched(run_id)
         bounds = samples.slider_range(self.store, number)
-        newest = seen[4] if isinstance(seen, (list, tuple)) and len(seen) > 4 and seen[0] == number else None
-        kept = newest is not None and step is not None and float(step) < float(newest)
+        kept = isinstance(seen, (list, tuple)) and len(seen) > 4 and number is not None and seen[0] == number
         gallery, note = (gr.skip(), gr.skip()) if kept else self.step_images(run_id, kind, bounds["maximum"])
         return (
             *self.streamed_view(run_id, r, metric_keys, smoothing, log_y, x),

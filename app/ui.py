@@ -288,7 +288,7 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
     for trigger in (live.live_run.change, live.refresh_btn.click):
         trigger(
             h.live.live_refresh,
-            [*view, live.step_kind, page.run_seen, live.step_at],
+            [*view, live.step_kind, page.run_seen],
             [*refreshed, page.run_seen],
             api_visibility="private",
         )

@@ -11,6 +11,7 @@ The shipped showcase is runs #1–#2 (the first screen).
 
 from __future__ import annotations
 
+import json
 import statistics
 import threading
 import time
@@ -479,16 +480,16 @@ def test_the_step_slider_is_never_moved_by_a_refresh_once_the_user_moved_it(app)
                 except TimeoutException:
                     trace = driver.execute_script("return window.jaggSlider")
                     # the box read 2 and then moved: that is the fault this test is about
-                    assert not any(v[0] == "2" for v in trace[before:]), trace
+                    assert not any(v[0] == "2" for v in trace[before:]), json.dumps(trace)
                     # else the keys did not make a 2 (a re-render between them): the user types it again
-                    assert attempt < 2, trace
+                    assert attempt < 2, json.dumps(trace)
             typed = len(driver.execute_script("return window.jaggSlider"))
             start = trainer.step
             time.sleep(8.0)  # four timer ticks, each with new steps and images
             assert trainer.step >= start + 8
             seen = driver.execute_script("return window.jaggSlider")
             values = {v[0] for v in seen[typed - 1 :]}
-            assert values == {"2"}, seen
+            assert values == {"2"}, json.dumps(seen)
             assert "at step 2 " in driver.find_element(By.ID, "step-note").text
             # back on the newest step, the slider follows the next eval again (the newest step as read: a tick
             # that lands between the read and Enter makes it the one before, where the slider rightly stays, so
