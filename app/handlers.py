@@ -436,7 +436,9 @@ class LiveHandlers(_Part):
             self.metric_choices(number, metric_keys),
             *shown,
             gr.update(**bounds),
-            bounds["maximum"],
+            # the newest step for the page to follow, or None where the slider the server heard of is off it (the
+            # page follows only while both agree: a page that has not yet seen a newest step would follow)
+            bounds["maximum"] if follow else None,
             sig,
             choices_update,
             runs_sig,
