@@ -413,7 +413,7 @@ def resolve_model(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
     """The config, model and description of ``--run RUN [--step N]`` or ``--model DIR`` (UsageError, one line,
     on bad input). The description names the run, the step and the eval reward the run logged there."""
     from .errors import UsageError
-    from .export import load_run_model, model_config, open_run, pick_checkpoint
+    from .export import asked_step, load_run_model, model_config, open_run
 
     device = resolve_device(args.device)
     if args.run is not None and args.model is not None:
@@ -433,11 +433,7 @@ def resolve_model(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
     if args.run < 1:
         raise UsageError(f"--run: must be a run id >= 1, got {args.run}")
     run = open_run(args.runs_dir, args.run)
-    step = args.step
-    if step is None:
-        step = pick_checkpoint(run, None)[0]
-    elif step < 0:
-        raise UsageError(f"--step: must be a whole number >= 0, got {step}")
+    step = asked_step(run, args.step)
     model = load_run_model(run, step, device)
     from .store import open_store
 

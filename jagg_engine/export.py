@@ -116,6 +116,16 @@ def pick_checkpoint(run: RunRef, step: int | None) -> tuple[int, Path]:
     return step, found[step]
 
 
+def asked_step(run: RunRef, step: int | None) -> int:
+    """The step a command asked for with ``--step`` (None: the run's last checkpoint); UsageError for a
+    negative one. Step 0 is the base model, which needs no checkpoint (:func:`load_run_model`)."""
+    if step is None:
+        return pick_checkpoint(run, None)[0]
+    if step < 0:
+        raise UsageError(f"--step: must be a whole number >= 0, got {step}")
+    return step
+
+
 # ------------------------------------------------------------------------------------------------ the model
 
 

@@ -87,7 +87,7 @@ def _seeds(text: str) -> list[int]:
 
 def resolve_models(args: argparse.Namespace, device: Any) -> tuple[Any, list[tuple[str, Any]]]:
     """The config of the sampling settings and the models to sample, each with its label."""
-    from .export import build_model, load_run_model, model_config, open_run, pick_checkpoint
+    from .export import asked_step, build_model, load_run_model, model_config, open_run
     from .train.config import ConfigError, TrainConfig
 
     given = [args.run_id is not None, args.model is not None]
@@ -112,9 +112,7 @@ def resolve_models(args: argparse.Namespace, device: Any) -> tuple[Any, list[tup
         run = open_run(args.runs_dir, args.run_id)
         if args.base:
             return run.cfg, [("base", load_run_model(run, 0, device))]
-        step = args.step if args.step is not None else pick_checkpoint(run, None)[0]
-        if step < 0:
-            raise UsageError(f"--step: must be a whole number >= 0, got {step}")
+        step = asked_step(run, args.step)
         models = [(f"run {run.id} step {step}", load_run_model(run, step, device))]
         if args.with_base:
             models.insert(0, ("base", load_run_model(run, 0, device)))

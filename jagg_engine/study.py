@@ -95,7 +95,7 @@ def _cosine_subject(args: argparse.Namespace) -> tuple[str, str, Any, Any, Any, 
             raise UsageError(str(exc).splitlines()[0]) from None
         rewards = {args.reward: 1.0} if args.reward else None
         return name, name, backbone, sampler, update, rewards, args.group_size or 8
-    from jagg_engine.export import load_run_model, open_run, pick_checkpoint
+    from jagg_engine.export import asked_step, load_run_model, open_run
     from jagg_engine.train.trainer import pipeline_schedule, sampler_config
 
     given = {"--backbone": args.backbone, "--window": args.window, "--steps": args.steps}
@@ -104,9 +104,7 @@ def _cosine_subject(args: argparse.Namespace) -> tuple[str, str, Any, Any, Any, 
         if value is not None:
             raise UsageError(f"{flag}: with --run the run's own is measured; leave it out")
     run = open_run(args.runs_dir, args.run)
-    step = args.step if args.step is not None else pick_checkpoint(run, None)[0]
-    if step < 0:
-        raise UsageError(f"--step: must be a whole number >= 0, got {step}")
+    step = asked_step(run, args.step)
     backbone = load_run_model(run, step)
     rewards = {args.reward: 1.0} if args.reward else dict(run.cfg.rewards)
     update = UpdateConfig(window=run.cfg.window)
