@@ -9,6 +9,12 @@ plus its backward costs r units. Per group of n trained steps:
     paper-code                  n + 2r            all n steps without grad, then each endpoint again with grad
     jagg+reuse                  2r                inner velocities taken from the rollout (on-policy update)
 
+With the control variate (cv_frac = p, jagg only: :mod:`jagg_engine.jagg`), the drawn fraction p of the samples
+also forwards and backwards its n − 2 inner steps with grad, and needs no no-grad forward of them:
+
+    jagg, jagg-sequential       (1 − p)·(n − 2) + 2r + p·(n − 2)·r
+    jagg+reuse                  2r + p·(n − 2)·r
+
 A group of one step is exact under every strategy. Routing (jagg_frac = f) sends the first ceil(f·G) groups
 (high noise first) to the strategy and the rest to exact: :func:`route_groups`, the plan the engine trains
 with (:func:`jagg_engine.jagg.group_plan`), so the predicted speedup of the update phase is
@@ -26,6 +32,7 @@ import math
 # The strategies `jagg bench` times, and the engine's (jagg_engine.jagg.STRATEGIES), which routing knows.
 BENCH_STRATEGIES = ("exact", "jagg", "jagg-sequential", "endpoint", "paper-code", "jagg+reuse")
 ROUTED_STRATEGIES = ("exact", "jagg", "endpoint")
+CV_STRATEGIES = ("jagg", "jagg-sequential", "jagg+reuse")  # the kinds a control variate (cv_frac) corrects
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -71,13 +78,25 @@ def route_groups(
 # Cost model
 
 
-def group_cost(n: int, r: float, kind: str) -> float:
-    """Units of one group of ``n`` trained steps computed as ``kind`` (module docstring table)."""
+def check_cv_frac(cv_frac: float, kind: str) -> None:
+    """cv_frac must lie in [0, 1] and be 0 unless ``kind`` is a JAGG kind; raises ValueError naming the field."""
+    if not 0.0 <= cv_frac <= 1.0:
+        raise ValueError(f"cv_frac: must be in [0, 1], got {cv_frac}")
+    if cv_frac > 0 and kind not in CV_STRATEGIES:
+        raise ValueError(f"cv_frac: only with strategy {' | '.join(CV_STRATEGIES)}, got {kind}")
+
+
+def group_cost(n: int, r: float, kind: str, cv_frac: float = 0.0) -> float:
+    """Units of one group of ``n`` trained steps computed as ``kind`` with the control variate's fraction
+    ``cv_frac`` (module docstring tables)."""
+    check_cv_frac(cv_frac, kind if n > 2 else "jagg")
     if n == 1 or kind == "exact":
         return n * r
     if kind in ("jagg", "jagg-sequential"):
-        return (n - 2) + 2 * r
-    if kind in ("endpoint", "jagg+reuse"):
+        return (1 - cv_frac) * (n - 2) + 2 * r + cv_frac * (n - 2) * r
+    if kind == "jagg+reuse":
+        return 2 * r + cv_frac * (n - 2) * r
+    if kind == "endpoint":
         return 2 * r
     if kind == "paper-code":
         return n + 2 * r
@@ -91,6 +110,7 @@ def cost_model_speedup(
     strategy: str = "jagg",
     trained_steps: int | None = None,
     reuse_fraction: float = 1.0,
+    cv_frac: float = 0.0,
 ) -> float:
     """Predicted speedup of the update phase over exact: Σ n·r / Σ cost(group) (PAPER.md, "Cost model").
 
@@ -99,7 +119,8 @@ def cost_model_speedup(
     W·r / (f·c(W) + (1 − f)·W·r) with c(W) the strategy's per-group cost.
     ``reuse_fraction`` (jagg+reuse only): the fraction ρ of the update's samples whose policy is still the
     sampling one — 1 / updates_per_rollout, since only the first mini-batch reuses — so a routed group costs
-    ρ·2r + (1 − ρ)·((n − 2) + 2r).
+    ρ·2r + (1 − ρ)·((n − 2) + 2r). ``cv_frac`` p: the control variate's drawn fraction (jagg kinds only),
+    costed as in the module docstring.
     Example: W = 4, r = 1.8, f = 1, jagg → 7.2 / 5.6; jagg+reuse → 7.2 / 3.6, with ρ = 1/2 → 7.2 / 4.6.
     """
     if strategy not in BENCH_STRATEGIES:
@@ -109,11 +130,15 @@ def cost_model_speedup(
     if not 0 <= reuse_fraction <= 1:
         raise ValueError(f"reuse_fraction: must be in [0, 1], got {reuse_fraction}")
     check_routing(window, jagg_frac, strategy)
+    check_cv_frac(cv_frac, strategy)
 
     def cost(n: int, kind: str) -> float:
+        p = cv_frac if kind in CV_STRATEGIES else 0.0
         if kind == "jagg+reuse":
-            return reuse_fraction * group_cost(n, r, kind) + (1 - reuse_fraction) * group_cost(n, r, "jagg")
-        return group_cost(n, r, kind)
+            return reuse_fraction * group_cost(n, r, kind, p) + (1 - reuse_fraction) * group_cost(
+                n, r, "jagg", p
+            )
+        return group_cost(n, r, kind, p)
 
     if strategy == "exact":
         return 1.0
@@ -136,12 +161,20 @@ def predicted_speedup(
     trained_steps: int | None = None,
     reuse: bool = False,
     updates_per_rollout: int = 1,
+    cv_frac: float = 0.0,
 ) -> float:
     """The prediction for a training run's settings: :func:`cost_model_speedup` of its engine ``strategy``
     (exact | jagg | endpoint). With velocity reuse (``reuse``, strategy jagg) a JAGG group costs 2r on the
     first of the ``updates_per_rollout`` mini-batches (the only one still on the sampling policy) and
-    (W − 2) + 2r on the others. The app and `jagg bench` print the same number."""
+    (W − 2) + 2r on the others; the control variate (``cv_frac``) adds its drawn samples' inner steps. The app
+    and `jagg bench` print the same number."""
     if reuse and strategy == "jagg":
         reuse_fraction = 1 / max(int(updates_per_rollout), 1)
-        return float(cost_model_speedup(window, r, jagg_frac, "jagg+reuse", trained_steps, reuse_fraction))
-    return float(cost_model_speedup(window, r, jagg_frac, strategy=strategy, trained_steps=trained_steps))
+        return float(
+            cost_model_speedup(window, r, jagg_frac, "jagg+reuse", trained_steps, reuse_fraction, cv_frac)
+        )
+    return float(
+        cost_model_speedup(
+            window, r, jagg_frac, strategy=strategy, trained_steps=trained_steps, cv_frac=cv_frac
+        )
+    )

@@ -23,24 +23,40 @@ Strategies of one group (all accumulate into ``.grad`` of the model's parameters
               → 1 forward with grad (2B), 1 backward
 A group of one step is always exact; a group of two is the same gradient under every strategy.
 
-Routing (jagg_frac = f): with G groups in denoising order (high noise first), the first ceil(f·G) groups use
-the chosen strategy (jagg or endpoint) and the rest use exact.
+Control variate (``cv_frac`` = p > 0, strategy jagg): JAGG's estimate is biased wherever the inner Jacobians
+are not the interpolation of the endpoints' (its EXPECTED gradient differs from the exact one by
+Σ_j E[((1 − α_j)·J_0 + α_j·J_{W−1} − J_j)ᵀ s_j]), and an optimiser, which averages the batch noise away,
+settles where that bias balances the remaining signal. It is made unbiased as in "Linear Gradient
+Prediction with Control Variates" (arXiv 2511.05187): the cheap prediction (JAGG) everywhere, plus the
+correction (exact − JAGG) of a random part of it. JAGG's error is a sum over (sample i, inner step j) of
+e_ij = (J_j − (1 − α_j)·J_0 − α_j·J_{W−1})ᵀ s_ij; for each inner step j, m = ceil(p·B) of the B samples are drawn
+uniformly without replacement from the update's own random stream (a draw per step, as RLR draws the
+sub-chain it backpropagates exactly, arXiv 2502.00639) and their e_ij added with weight w = B / m (each
+pair is drawn with probability m / B):
 
-Micro-batches (``micro_batch`` = b): the update walks the B samples in slices of b (the last may be shorter)
-and accumulates into ``.grad``. L_j is a mean over the B samples, so a slice of b_m samples contributes
-(b_m / B)·mean over its samples, and Σ_m (b_m / B)·mean_m = mean over B: the accumulated gradient is the
-whole-batch one. Every model call holds b samples (the joint endpoint forward 2b).
+    g_cv = g_jagg + w · Σ_j Σ_{i ∈ D_j} e_ij,      E_draw[g_cv] = g_jagg + Σ_ij e_ij = g_exact
+
+Drawing pairs rather than whole samples costs the same and adds less variance where a sample's errors at
+neighbouring steps point the same way (w·(e_i1 + e_i2) for a drawn sample against w·e_i1 and w·e_i2 drawn
+apart). In one joint backward: both endpoints of every sample, and inner step j of its drawn samples D_j,
+forwarded with grad; upstreams s_base − w·Σ_j 1[i ∈ D_j]·(1 − α_j)·s_ij at the first endpoint,
+s_corr − w·Σ_j 1[i ∈ D_j]·α_j·s_ij at the last, and w·s_ij at (i ∈ D_j, j) (:func:`control_variate_upstream`).
+At p = 1 every pair is drawn, w = 1, and the gradient is the exact one. Cost of a group: 2r + p·(W − 2)·r with
+velocity reuse (the inner velocities of the pairs not drawn are the rollout's), (1 − p)·(W − 2) + 2r +
+p·(W − 2)·r without.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
 
-from .backbones.base import VelocityFn, cat_cond
+from .backbones.base import VelocityFn, cat_cond, index_cond
 from .cost import ROUTED_STRATEGIES, check_routing, route_groups
 from .grpo import KL_FORMS, PPOStats, ppo_clip_loss, step_kl
 from .sde import SamplerConfig, Trajectory, compute_dtype, same_policy
@@ -64,6 +80,9 @@ class UpdateConfig:
                        (default) is Flow-GRPO's, so its β carries over
     micro_batch:       samples per model call in the update (None = the whole batch); the gradient is the
                        whole batch's, accumulated over micro-batches
+    cv_frac:           control variate (strategy jagg): the fraction p of the samples of each JAGG group whose
+                       exact − JAGG correction is added, weighted B / m (module docstring); 0 = plain JAGG,
+                       1 = the exact gradient; the draw comes from ``policy_update``'s ``generator``
     reuse_rollout_velocity: auto | off. With auto, the inner steps of a JAGG group take v̂_j stored by the
                        rollout instead of a no-grad forward, when and only when (1) the caller says the
                        policy has not been written since the rollout (``policy_update``'s ``rollout_policy``;
@@ -83,6 +102,7 @@ class UpdateConfig:
     reuse_rollout_velocity: str = "off"
     kl_form: str = "flow-grpo"
     micro_batch: int | None = None
+    cv_frac: float = 0.0
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -108,6 +128,12 @@ class UpdateConfig:
             or self.micro_batch < 1
         ):
             raise ValueError(f"micro_batch: must be an integer >= 1 or None, got {self.micro_batch}")
+        if not 0.0 <= self.cv_frac <= 1.0:
+            raise ValueError(f"cv_frac: must be in [0, 1], got {self.cv_frac}")
+        if self.cv_frac > 0 and self.strategy != "jagg":
+            raise ValueError(
+                f"cv_frac: only with strategy jagg (got strategy {self.strategy}); use cv_frac=0"
+            )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -132,6 +158,39 @@ def aggregate_upstream(s: torch.Tensor, alpha: torch.Tensor) -> tuple[torch.Tens
     """
     a = alpha.to(s.dtype).reshape(-1, *([1] * (s.dim() - 1)))  # (W, 1, …, 1)
     return ((1 - a) * s).sum(dim=0), (a * s).sum(dim=0)
+
+
+def control_variate_count(batch: int, cv_frac: float) -> int:
+    """m = ceil(p·B): how many of a group's B samples get the exact − JAGG correction (0 when p = 0, B at 1)."""
+    return min(batch, math.ceil(round(cv_frac * batch, 9)))
+
+
+def control_variate_draw(batch: int, cv_frac: float, generator: torch.Generator) -> torch.Tensor:
+    """The samples of one inner step drawn for the correction: m = ceil(p·B) of range(B), uniformly without
+    replacement from ``generator``, sorted. Shape: (m,) int64. Each sample is drawn with probability m / B."""
+    m = control_variate_count(batch, cv_frac)
+    return torch.randperm(batch, generator=generator)[:m].sort().values
+
+
+def control_variate_upstream(
+    s: torch.Tensor, alpha: torch.Tensor, drawn: list[torch.Tensor], weight: float
+) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """Phase 3 with the control variate (module docstring): the upstreams of one joint backward whose outputs
+    are v̂_0 and v̂_{W−1} of every sample and v̂_j of the samples ``drawn[j − 1]`` at each inner step j.
+
+    Every sample starts from (s_base, s_corr) of :func:`aggregate_upstream`; a drawn pair (i, j), weighted
+    w = ``weight``, adds w·e_ij, JAGG's error on it: −w·(1 − α_j)·s_ij at the first endpoint, −w·α_j·s_ij at the
+    last, and w·s_ij at step j itself.
+    Shapes: s (W, B, *S), alpha (W,), drawn W − 2 × (m_j,) → s_first, s_last (B, *S), W − 2 × (m_j, *S).
+    """
+    s_first, s_last = aggregate_upstream(s, alpha)
+    s_inner = []
+    for k, rows in enumerate(drawn, start=1):
+        a = alpha[k].to(s.dtype)
+        s_first = s_first.index_add(0, rows, s[k, rows], alpha=-weight * float(1 - a))
+        s_last = s_last.index_add(0, rows, s[k, rows], alpha=-weight * float(a))
+        s_inner.append(weight * s[k, rows])
+    return s_first, s_last, s_inner
 
 
 def auto_jagg_frac(cosines: list[float], threshold: float = 0.7) -> float:
@@ -161,6 +220,7 @@ class UpdateCounts:
     backward: int = 0  # torch.autograd.backward calls through the model
     ref_forward: int = 0  # reference-policy calls (β > 0)
     reused: int = 0  # inner-step velocities taken from the rollout instead of a forward
+    cv_pairs: int = 0  # (sample, inner step) pairs given the control variate's exact − JAGG correction
 
 
 @dataclass
@@ -195,6 +255,7 @@ class UpdateResult:
             "count/backward": float(self.counts.backward),
             "count/ref_forward": float(self.counts.ref_forward),
             "count/reused": float(self.counts.reused),
+            "count/cv_pairs": float(self.counts.cv_pairs),
         }
 
 
@@ -209,6 +270,8 @@ class UpdateState:
     A group routine (:data:`GroupRoutine`) composes its calls: ``forward`` (model calls, counted and timed),
     ``upstream`` (s_j of phase 2), ``step_loss`` (L_j / K), ``backward`` (counted and timed) and
     ``inner_velocity``; the engine's own routines are ``exact_group``, ``jagg_group`` and ``endpoint_group``.
+    ``generator`` feeds the control variate's draws (``update.cv_frac`` > 0): one draw per inner step of each
+    JAGG group, over the whole batch, in the order the groups are first computed.
     """
 
     def __init__(
@@ -220,8 +283,16 @@ class UpdateState:
         sampler: SamplerConfig,
         ref_model: VelocityFn | None,
         rollout_policy: bool = True,
+        generator: torch.Generator | None = None,
     ):
-        self.rollout_policy = rollout_policy
+        if update.cv_frac > 0 and generator is None:
+            raise ValueError(
+                "cv_frac: a control variate needs a generator for its draws (policy_update's generator)"
+            )
+        self.rollout_policy, self.generator = rollout_policy, generator
+        self._draws: dict[
+            int, torch.Tensor
+        ] = {}  # group's first step → per inner step, the drawn samples of the whole batch (m,)
         self.model, self.traj, self.update, self.sampler, self.ref_model = (
             model,
             traj,
@@ -243,6 +314,7 @@ class UpdateState:
         """Compute on the samples ``index`` of the rollout from now on (one micro-batch); their losses are
         weighted by b_m / B so that the micro-batches' gradients sum to the whole batch's."""
         whole = index == slice(0, self.full_traj.batch_size)
+        self.index = index
         self.traj = self.full_traj if whole else self.full_traj.select(index)
         self.advantages = self.full_advantages if whole else self.full_advantages[index]
         self.B = self.traj.batch_size
@@ -258,11 +330,18 @@ class UpdateState:
     def t(self, j: int) -> torch.Tensor:
         return self.traj.sigmas[j].expand(self.B)  # (B,)
 
-    def forward(self, steps: list[int], grad: bool) -> torch.Tensor:
-        """One model call on the latents of ``steps`` batched together. Returns (len(steps)·B, *S)."""
-        z = torch.cat([self.traj.latents[j] for j in steps])  # (n·B, *S)
-        t = torch.cat([self.t(j) for j in steps])  # (n·B,)
-        cond = self.traj.cond if len(steps) == 1 else cat_cond([self.traj.cond] * len(steps))
+    def forward(
+        self, steps: list[int], grad: bool, rows: list[torch.Tensor | None] | None = None
+    ) -> torch.Tensor:
+        """One model call on the latents of ``steps`` batched together, each step on all B samples or, where
+        ``rows`` gives an index tensor for it, on those samples only. Returns (Σ_steps rows, *S)."""
+        rows = rows or [None] * len(steps)
+        z = torch.cat(
+            [self.traj.latents[j] if r is None else self.traj.latents[j][r] for j, r in zip(steps, rows)]
+        )
+        t = torch.cat([self.t(j) if r is None else self.t(j)[r] for j, r in zip(steps, rows)])  # (n,)
+        conds = [self.traj.cond if r is None else index_cond(self.traj.cond, r) for r in rows]
+        cond = conds[0] if len(steps) == 1 else cat_cond(conds)
         _sync(z)
         t0 = time.perf_counter()
         with torch.set_grad_enabled(grad):
@@ -293,11 +372,31 @@ class UpdateState:
             )
         return self._reuse
 
-    def inner_velocity(self, j: int) -> torch.Tensor:
+    def inner_velocity(self, j: int, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """v̂_j of the samples ``rows`` (None: all B): the rollout's when reuse holds, else a no-grad forward."""
         if self.reuse and j in self.traj.velocity_steps:
             self.result.counts.reused += 1
-            return self.traj.velocity(j)
-        return self.forward([j], grad=False)
+            v = self.traj.velocity(j)
+            return v if rows is None else v[rows]
+        return self.forward([j], grad=False, rows=[rows])
+
+    def drawn(self, steps: list[int]) -> list[torch.Tensor] | None:
+        """The control variate's drawn samples of each inner step of group ``steps`` in the current micro-batch
+        (indices into it), or None without a control variate. Drawn once per group over the whole batch."""
+        if self.update.cv_frac <= 0 or len(steps) < 3:
+            return None
+        if steps[0] not in self._draws:
+            B, p = self.full_traj.batch_size, self.update.cv_frac
+            self._draws[steps[0]] = [control_variate_draw(B, p, self.generator) for _ in steps[1:-1]]
+        lo, hi = self.index.start, self.index.stop
+        device = self.traj.latents.device
+        return [(rows[(rows >= lo) & (rows < hi)] - lo).to(device) for rows in self._draws[steps[0]]]
+
+    @property
+    def cv_weight(self) -> float:
+        """w = B / m: the inverse of a pair's probability of being drawn."""
+        B = self.full_traj.batch_size
+        return B / control_variate_count(B, self.update.cv_frac)
 
     # -- the objective
     def step_loss(self, v: torch.Tensor, j: int) -> torch.Tensor:
@@ -349,6 +448,10 @@ class UpdateState:
     def jagg_group(self, steps: list[int], sequential: bool) -> None:
         first, last, inner = steps[0], steps[-1], steps[1:-1]
         alpha = interpolation_weights(self.traj.sigmas[steps])  # (W,)
+        drawn = self.drawn(steps)
+        if drawn is not None and any(len(rows) for rows in drawn):
+            self.control_variate_group(steps, alpha, drawn, sequential)
+            return
         # Phases 1–2 for the inner steps: no-grad forwards (or the rollout's own v̂_j), upstream gradients.
         s_inner = [self.upstream(self.inner_velocity(j), j) for j in inner]  # W−2 × (B, *S)
         a_inner = alpha[1:-1]
@@ -368,6 +471,60 @@ class UpdateState:
         )  # (W, B, *S)
         s_base, s_corr = aggregate_upstream(s_all, alpha)  # phase 3
         self.backward([v_first, v_last], [s_base, s_corr])  # phase 4: ONE joint backward
+
+    def control_variate_group(
+        self, steps: list[int], alpha: torch.Tensor, drawn: list[torch.Tensor], sequential: bool
+    ) -> None:
+        """A JAGG group with the control variate's correction on the ``drawn`` samples of each inner step
+        (module docstring): one grad forward of both endpoints (every sample) and of each inner step on its
+        drawn samples, one backward."""
+        first, last, inner = steps[0], steps[-1], steps[1:-1]
+        B, w = self.B, self.cv_weight
+        self.result.counts.cv_pairs += sum(len(rows) for rows in drawn)
+        # Phase 1: the drawn pairs with grad (and the endpoints, unless sequential)
+        ends = [] if sequential else [first, last]
+        pairs = [(j, rows) for j, rows in zip(inner, drawn) if len(rows)]
+        v = self.forward(
+            [*ends, *(j for j, _ in pairs)], grad=True, rows=[None] * len(ends) + [r for _, r in pairs]
+        )
+        v_drawn, at = {}, len(ends) * B
+        for j, rows in pairs:
+            v_drawn[j], at = v[at : at + len(rows)], at + len(rows)  # (m_j, *S)
+        # Phase 2: s_j of every sample; the inner v̂_j of the samples not drawn reused or forwarded without grad
+        s_inner = []
+        for j, rows in zip(inner, drawn):
+            rest = torch.ones(B, dtype=torch.bool, device=rows.device)
+            rest[rows] = False
+            rest = rest.nonzero().squeeze(1)  # (B − m_j,)
+            v_rest = self.inner_velocity(j, rest) if len(rest) else None
+            if not len(rows):
+                v_j = v_rest
+            else:
+                v_j = v_drawn[j].detach()
+                v_j = v_j.new_empty((B, *v_j.shape[1:])).index_copy(0, rows, v_j)
+                if v_rest is not None:
+                    v_j = v_j.index_copy(0, rest, v_rest.to(v_j.dtype))
+            s_inner.append(self.upstream(v_j, j))
+        outs_in = [v_drawn[j] for j, _ in pairs]  # the inner outputs of the backward, with their upstreams:
+        drawn_only = lambda s_in: [g for g, rows in zip(s_in, drawn) if len(rows)]  # noqa: E731
+        if sequential:  # endpoint 0, then endpoint W − 1 with the drawn inner steps: two backwards
+            v_first = self.forward([first], grad=True)
+            s_all = torch.stack([self.upstream(v_first, first), *s_inner, torch.zeros_like(s_inner[0])])
+            s_first, _, _ = control_variate_upstream(s_all, alpha, drawn, w)  # s_first does not read s_{W−1}
+            self.backward([v_first], [s_first])
+            v_last = self.forward([last], grad=True)
+            s_all[-1] = self.upstream(v_last, last)
+            _, s_last, s_in = control_variate_upstream(s_all, alpha, drawn, w)
+            self.backward([v_last, *outs_in], [s_last, *drawn_only(s_in)])
+            return
+        v_first, v_last = v[:B], v[B : 2 * B]
+        s_all = torch.stack(
+            [self.upstream(v_first, first), *s_inner, self.upstream(v_last, last)]
+        )  # (W, B, *S)
+        s_first, s_last, s_in = control_variate_upstream(s_all, alpha, drawn, w)  # phase 3
+        self.backward(
+            [v_first, v_last, *outs_in], [s_first, s_last, *drawn_only(s_in)]
+        )  # phase 4: ONE backward
 
     def endpoint_group(self, steps: list[int]) -> None:
         first, last = steps[0], steps[-1]
@@ -425,6 +582,7 @@ def policy_update(
     ref_model: VelocityFn | None = None,
     routines: Mapping[str, GroupRoutine] | None = None,
     rollout_policy: bool = True,
+    generator: torch.Generator | None = None,
 ) -> UpdateResult:
     """Accumulate the policy gradient of one rollout batch into ``.grad`` (the caller zeroes and steps).
 
@@ -437,11 +595,13 @@ def policy_update(
     ``rollout_policy``: the caller's word that no optimizer step, weight load or other parameter write
     happened since ``traj`` was sampled; False forbids velocity reuse whatever the guard says (the trainer
     passes True only for the first mini-batch of a rollout, before any such write).
+    ``generator``: the control variate's draws (needed when ``update.cv_frac`` > 0; the trainer passes the
+    "control_variate" stream of its step and rank).
     """
     if update.beta > 0 and ref_model is None:
         raise ValueError("beta: a reference model is needed when beta > 0")
     t0 = time.perf_counter()
-    state = UpdateState(model, traj, advantages, update, sampler, ref_model, rollout_policy)
+    state = UpdateState(model, traj, advantages, update, sampler, ref_model, rollout_policy, generator)
     plan = group_plan(traj.sde_steps, update)
     for index in state.micro_batches():  # (b_m samples each; the loss of each is weighted b_m / B)
         state.use_samples(index)
@@ -469,8 +629,10 @@ def run_single_group(
 ) -> UpdateResult:
     """Accumulate the gradient of ONE group under strategy ``kind`` — the same routine the update uses.
 
-    Used by the gradient-fidelity probe to compare strategies group by group (on micro-batches as the update).
+    Used by the gradient-fidelity probe to compare strategies group by group (on micro-batches as the update):
+    ``jagg`` is JAGG's own estimate here, without the control variate (cv_frac is set to 0).
     """
+    update = dataclasses.replace(update, cv_frac=0.0)
     state = UpdateState(model, traj, advantages, update, sampler, ref_model)
     for index in state.micro_batches():
         state.use_samples(index)

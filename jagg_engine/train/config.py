@@ -79,6 +79,7 @@ FLOAT_BOUNDS: dict[str, tuple[float, float, bool]] = {
     "cfg_scale": (0.0, 100.0, False),
     "lora_alpha": (0.0, 1e5, False),
     "jagg_frac": (0.0, 1.0, True),
+    "cv_frac": (0.0, 1.0, True),
     "auto_route_threshold": (-1.0, 1.0, True),
 }
 REWARD_WEIGHT_MAX = 1e3  # |weight| of each reward
@@ -242,6 +243,12 @@ class TrainConfig:
     )
     jagg_frac: float = _f(
         1.0, "Fraction of the windows (high-noise first) that use the strategy; the rest use exact backward."
+    )
+    cv_frac: float = _f(
+        0.0,
+        "Control variate (strategy jagg): the fraction of each JAGG window's samples, drawn every step, that also"
+        " get the exact - JAGG correction, weighted so that the expected gradient is the exact one (0 = plain"
+        " JAGG, biased where the Jacobian is not linear in t; 1 = exact).",
     )
     endpoint_backward: str = _f("joint", "JAGG endpoint backward: joint (one autograd call) or sequential.")
     auto_route: bool = _f(
@@ -436,6 +443,7 @@ class TrainConfig:
             strategy=self.strategy,
             window=self.window,
             jagg_frac=self.jagg_frac,
+            cv_frac=self.cv_frac,
             endpoint_backward=self.endpoint_backward,
             reuse_rollout_velocity=self.reuse_rollout_velocity,
             micro_batch=self.train_micro_batch,
@@ -676,6 +684,11 @@ class TrainConfig:
                 f"({end - start} = sde_window_end - sde_window_start), got {self.window}"
             )
         _bounded("jagg_frac", self.jagg_frac)
+        _bounded("cv_frac", self.cv_frac)
+        if self.cv_frac > 0 and self.strategy != "jagg":
+            raise ConfigError(
+                f"cv_frac: corrects JAGG's estimate; needs strategy jagg, got strategy {self.strategy!r} (use cv_frac=0)"
+            )
         _one_of("endpoint_backward", self.endpoint_backward, ENDPOINT_BACKWARDS)
         _one_of("reuse_rollout_velocity", self.reuse_rollout_velocity, ("off", "auto"))
         _bounded("auto_route_threshold", self.auto_route_threshold)

@@ -420,6 +420,11 @@ class Trainer:
         the engine's guard (:func:`jagg_engine.jagg.can_reuse_velocities`) is the second check.
         """
         results, norms = [], []
+        # the control variate's draws (cv_frac > 0): their own stream of (seed, step, rank), one draw per JAGG
+        # group and mini-batch, so a resumed run draws the same samples
+        cv_gen = (
+            step_generator(self.cfg, step, self.rank, "control_variate") if self.update.cv_frac > 0 else None
+        )
         for m, index in enumerate(minibatch_indices(self.cfg, step, self.rank, traj.batch_size)):
             part = traj if index is None else traj.select(index)
             part_adv = adv if index is None else adv[index]
@@ -432,6 +437,7 @@ class Trainer:
                 self.sampler,
                 self.ref_model(),
                 rollout_policy=fresh,
+                generator=cv_gen,
             )
             if not math.isfinite(result.loss):
                 raise TrainingError(f"loss: non-finite policy loss at step {step}; the step was not applied")
