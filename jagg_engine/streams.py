@@ -23,11 +23,14 @@ _CODES = {p: zlib.crc32(p.encode()) for p in PURPOSES}
 
 
 def stream_seed(seed: int, index: int, rank: int, purpose: str) -> int:
-    """The 64-bit seed of stream (seed, index, rank, purpose), from ``np.random.SeedSequence``."""
-    if purpose not in _CODES:
+    """The 64-bit seed of stream (seed, index, rank, purpose), from ``np.random.SeedSequence``. Refuses, naming
+    the field, a purpose not in :data:`PURPOSES` and a seed, index or rank that is not an integer >= 0 (a float
+    is not rounded into another stream's)."""
+    if not isinstance(purpose, str) or purpose not in _CODES:
         raise ValueError(f"purpose: must be one of {', '.join(PURPOSES)}, got {purpose!r}")
-    if min(seed, index, rank) < 0:
-        raise ValueError(f"stream: seed, index and rank must be >= 0, got {(seed, index, rank)}")
+    for name, value in (("seed", seed), ("index", index), ("rank", rank)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise ValueError(f"{name}: must be an integer >= 0, got {value!r}")
     entropy = [int(seed), int(index), int(rank), _CODES[purpose]]
     return int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0])
 

@@ -8,10 +8,14 @@ on a tiny FLUX (FLUX.1's dynamic shift) and a tiny SD3, builds a Trainer, runs i
 - the rollout walks the configured σ grid (the schedule's own σ inside the SDE window, its first and last σ,
   the configured count of ODE steps on either side) and the eval walks the schedule's σ, at every eval;
 - the SDE noise, recovered from the stored latents as (z_{j+1} − μ_j)/std_j, is independent of z_0 and across
-  SDE steps and training steps (|correlation| below 6/√n), and the recomputed log-probs equal the rollout's;
+  SDE steps and training steps (|correlation| below 6/√n, on n ≥ 1600 values so that the bound is at most
+  0.15; a copied stream fails it), and the recomputed log-probs equal the rollout's;
 - on the first mini-batch the update's PPO ratio is 1 to 1e-6 and nothing is clipped;
 - the model calls counted in sampling and in the update equal what the window and the routing plan say;
 - the logged ``sampler/window_*`` and ``sampler/sigma_window_*`` equal the schedule.
+
+Under ``schedule: pipeline`` with a sliding window a whole 4-step run checks, at every step where the window
+has moved, that the rollout, the probe, the update and the eval see the grid ``sampler_config`` gives.
 
 A distribution test on ``gauss-toy`` (Gaussian data, its flow velocity in closed form) checks the rollout's
 latents at every grid step against the mean and std the sampler's own affine steps give from N(0, I) noise
@@ -40,7 +44,7 @@ from jagg_engine.cost import route_groups
 from jagg_engine.sde import make_sigmas, ode_step
 from jagg_engine.store import open_store
 from jagg_engine.train.config import load_config
-from jagg_engine.train.trainer import Trainer
+from jagg_engine.train.trainer import Trainer, sampler_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -88,20 +92,28 @@ def base_sigmas(trainer: Trainer) -> torch.Tensor:
 
 
 class Spy:
-    """Records every model call's σ and what the trainer's phases returned."""
+    """Records every model call's σ and what the trainer's phases returned; ``phases`` holds the (σ, grad
+    enabled) of the model calls of each (phase, step): "rollout", "probe", "update" and "eval" (the noise
+    recovery's own calls are in none). ``noise=False``: no noise recovered (``checked`` stays empty)."""
 
-    def __init__(self, trainer: Trainer):
+    def __init__(self, trainer: Trainer, noise: bool = True):
         self.calls: list[tuple[tuple[float, ...], bool]] = []
         self.trajs, self.results, self.checked, self.sampled = [], [], [], []
+        self.phase: tuple[str, int] | None = None
+        self.phases: dict[tuple[str, int], set[tuple[float, bool]]] = {}
         trainer.model.register_forward_pre_hook(self.hook)
-        sample, update_phase = trainer.sample, trainer.update_phase
+        sample = self.tagged("rollout", trainer.sample)
+        update_phase = self.tagged("update", trainer.update_phase)
+        trainer.probe = self.tagged("probe", trainer.probe)
+        trainer.evaluate = self.tagged("eval", trainer.evaluate)
 
         def spy_sample(step, prompts):
             self.take()
             traj = sample(step, prompts)
             self.sampled.append({c[0][0] for c in self.take()})  # the σ of the rollout's model calls
             self.trajs.append(traj)
-            self.checked.append(recover_noise(trainer, traj))  # at the policy that sampled
+            if noise:
+                self.checked.append(recover_noise(trainer, traj))  # at the policy that sampled
             return traj
 
         def spy_update(step, traj, adv):
@@ -111,11 +123,27 @@ class Spy:
 
         trainer.sample, trainer.update_phase = spy_sample, spy_update
 
+    def tagged(self, name: str, method):
+        def call(step, *args, **kwargs):
+            outer, self.phase = self.phase, (name, step)
+            self.phases.setdefault(self.phase, set())
+            try:
+                return method(step, *args, **kwargs)
+            finally:
+                self.phase = outer
+
+        return call
+
     def hook(self, module, args):
         t = args[1]
-        self.calls.append(
-            (tuple(sorted({round(float(x), 6) for x in t}, reverse=True)), torch.is_grad_enabled())
-        )
+        sigmas, grad = {round(float(x), 6) for x in t}, torch.is_grad_enabled()
+        self.calls.append((tuple(sorted(sigmas, reverse=True)), grad))
+        if self.phase is not None:
+            self.phases[self.phase] |= {(s, grad) for s in sigmas}
+
+    def sigmas(self, phase: str, step: int, grad: bool | None = None) -> set[float]:
+        """The σ of the model calls of ``phase`` at ``step``: all, or those with grad enabled or not."""
+        return {s for s, g in self.phases[phase, step] if grad is None or g == grad}
 
     def take(self) -> list[tuple[tuple[float, ...], bool]]:
         calls, self.calls = self.calls, []
@@ -140,6 +168,33 @@ def corr(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double().flatten(), b.double().flatten()
     a, b = a - a.mean(), b - b.mean()
     return float((a @ b) / (a.norm() * b.norm()))
+
+
+# The noise checks: the correlation of n pairs of independent N(0, 1) values has standard error 1/√n, so they
+# bound |correlation| by 6/√n (no independent pair fails: the seeds are fixed, and a 6-SE excursion has odds of
+# 2e-9 each) and require n ≥ 1600 samples, so that the bound is at most NOISE_BOUND: a dependence of 0.15
+# between two streams fails. (At n = 256, what FLUX and SD3 had at 8 px, 6/√n was 0.375.)
+NOISE_BOUND = 0.15
+
+
+def noise_bound(n: int) -> float:
+    bound = 6 / math.sqrt(n)
+    assert bound <= NOISE_BOUND, f"{n} noise samples: too few for a bound of {NOISE_BOUND} (need 1600)"
+    return bound
+
+
+def noise_correlations(eps, z0, eps_next=None, z0_next=None) -> dict[str, float]:
+    """Every correlation the SDE noise of a rollout must show none of: ε_k (n_sde, n) with z_0, ε_k with ε_m
+    (k ≠ m), and, given the next step's ε and z_0, those with this step's."""
+    out = {}
+    for k in range(len(eps)):
+        out[f"eps[{k}] vs z0"] = corr(eps[k], z0)
+        for m in range(k):
+            out[f"eps[{k}] vs eps[{m}]"] = corr(eps[k], eps[m])
+    if eps_next is not None:
+        out["next step's eps[0] vs eps[0]"] = corr(eps_next[0], eps[0])
+        out["next step's z0 vs z0"] = corr(z0_next, z0)
+    return out
 
 
 def check_step(trainer: Trainer, spy: Spy) -> dict:
@@ -176,17 +231,19 @@ def check_step(trainer: Trainer, spy: Spy) -> dict:
     eps, logp_err = spy.checked[0]
     assert logp_err < 1e-5
     n = eps.shape[1]
-    bound = 6 / math.sqrt(n)
+    bound = noise_bound(n)
     z0 = traj.latents[0].flatten()
     for k in range(len(eps)):
-        assert abs(corr(eps[k], z0)) < bound, ("eps vs z0", k, corr(eps[k], z0))
         assert float(eps[k].std()) == pytest.approx(1.0, abs=8 / math.sqrt(n))
-        for m in range(k):
-            assert abs(corr(eps[k], eps[m])) < bound, ("eps across SDE steps", k, m)
     prompts, _ = trainer.step_prompts(2)
     traj2 = trainer.sample(2, prompts)
     eps2, _ = spy.checked[1]
-    assert abs(corr(eps2[0], eps[0])) < bound and abs(corr(traj2.latents[0], traj.latents[0])) < bound
+    dependent = {
+        pair: c
+        for pair, c in noise_correlations(eps, z0, eps2, traj2.latents[0].flatten()).items()
+        if abs(c) >= bound
+    }
+    assert not dependent, (f"|correlation| >= {bound:.3f} at n = {n}", dependent)
 
     # --- the update: on-policy first mini-batch, counts as planned
     (results,) = spy.results
@@ -264,27 +321,148 @@ def pipelines(tmp_path_factory):
     return {"flux": str(flux), "sd3": str(sd3), "prompts": str(prompts)}
 
 
+def pipeline_overrides(pipelines: dict, backbone: str) -> list[str]:
+    """TINY on a tiny FLUX or SD3 pipeline: 16 px (256 latent values a sample) and groups of 4, so a rollout's
+    8 samples give the noise checks 2048 values (6/√n = 0.13)."""
+    return [
+        *TINY,
+        f"backbone={backbone}",
+        f"model_path={pipelines[backbone]}",
+        f"prompts_file={pipelines['prompts']}",
+        "lora_rank=4",
+        "backbone_options={resolution: 16, max_sequence_length: 6}",
+        "group_size=4",
+    ]
+
+
 @pytest.mark.parametrize("backbone", ["flux", "sd3"])
 @pytest.mark.parametrize("strategy", ["exact", "jagg", "endpoint"])
 @pytest.mark.parametrize("batches", ["whole", "split"])
 def test_trainer_step_invariants_pipeline_schedule(tmp_path, pipelines, backbone, strategy, batches):
     trainer = make_trainer(
-        tmp_path,
-        [
-            *TINY,
-            f"backbone={backbone}",
-            f"model_path={pipelines[backbone]}",
-            f"prompts_file={pipelines['prompts']}",
-            "lora_rank=4",
-            "backbone_options={resolution: 8, max_sequence_length: 6}",
-            f"strategy={strategy}",
-            *BATCHES[batches],
-        ],
+        tmp_path, [*pipeline_overrides(pipelines, backbone), f"strategy={strategy}", *BATCHES[batches]]
     )
     assert trainer.cfg.resolved_schedule() == "pipeline"
     base = base_sigmas(trainer)
     assert (base - make_sigmas(6)).abs().max() > 1e-3  # not the uniform grid: a schedule lost would show
     check_step(trainer, Spy(trainer))
+
+
+def assert_sigmas(got: set[float], want) -> None:
+    """The σ of a phase's model calls (``Spy.sigmas``) are exactly ``want``'s values (to float32's rounding)."""
+    want = sorted({round(float(s), 6) for s in want})
+    assert len(got) == len(want), (sorted(got), want)
+    torch.testing.assert_close(torch.tensor(sorted(got)), torch.tensor(want), atol=2e-6, rtol=0)
+
+
+# A window of 3 sliding over steps 1..5 of 8, one step per training step, with a re-spaced ODE step on either
+# side: at training steps 1, 2, 3 the SDE window is [1, 4), [2, 5), [3, 6), and step 4 rolls back to [1, 4).
+SLIDING = [
+    "sampling_steps=8",
+    "sde_window_start=1",
+    "sde_window_end=6",
+    "window=3",
+    "ode_steps_before=1",
+    "ode_steps_after=1",
+    "sde_window_schedule=sliding",
+    "window_shift_every=1",
+    "strategy=jagg",
+    "probe_every=1",
+    "updates_per_rollout=2",
+    "steps=4",
+    "group_size=2",  # 4 samples, 8 px: no noise statistics here
+    "backbone_options={resolution: 8, max_sequence_length: 6}",
+]
+
+
+def test_pipeline_grid_follows_the_sliding_window_at_every_step(tmp_path, pipelines, monkeypatch):
+    """schedule: pipeline (FLUX.1's dynamic shift) with a sliding window, through a whole run (Trainer.run: the
+    step-0 eval, 4 training steps, an eval after each). At every step the rollout walks, and the probe and both
+    update mini-batches are handed, the grid ``sampler_config(cfg, schedule, step)`` gives for the pipeline's σ
+    (built here from the model); the probe's and the update's model calls are at the σ of that step's SDE
+    window, the eval's at the schedule's; the logged window is that step's. The window takes three positions
+    and rolls back, so a grid kept from an earlier step fails."""
+    import inspect
+
+    import jagg_engine.train.trainer as trainer_module
+
+    handed = []  # (function, step of the rollout it was called after, the sampler it was handed)
+    for name in ("probe_groups", "policy_update"):
+        real = getattr(trainer_module, name)
+
+        def spy(*args, real=real, name=name, **kwargs):
+            sampler = inspect.signature(real).bind(*args, **kwargs).arguments["sampler"]
+            handed.append((name, len(recorder.trajs), sampler))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(trainer_module, name, spy)
+    trainer = make_trainer(tmp_path, [*pipeline_overrides(pipelines, "flux"), *SLIDING])
+    recorder = Spy(trainer, noise=False)
+    assert trainer.run() == "finished"
+
+    cfg = trainer.cfg
+    schedule = tuple(float(s) for s in base_sigmas(trainer))  # the pipeline's σ, not the trainer's state
+    steps = range(1, cfg.steps + 1)
+    windows = [cfg.sde_window_at(step) for step in steps]
+    assert len(set(windows[:3])) == 3 and windows[3] == windows[0]  # the window moved, then rolled back
+    assert_sigmas(recorder.sigmas("eval", 0), schedule[:-1])
+    logged = trainer.store.metrics_frame(trainer.run_id).set_index("step")
+    want_handed, grids = [], []
+    for step, window in zip(steps, windows):
+        sampler = sampler_config(cfg, schedule, step)
+        grid = sampler.grid()
+        traj = recorder.trajs[step - 1]
+        torch.testing.assert_close(traj.sigmas.double().cpu(), grid.sigmas, atol=1e-6, rtol=0)
+        assert traj.sde_steps == grid.sde_steps and grid.window == window
+        assert_sigmas(recorder.sigmas("rollout", step), grid.sigmas[:-1])
+        # the probe's and the update's calls: the SDE window's σ, and the reuse guard's check (no grad) at the
+        # rollout's first σ; the probe's exact gradient differentiates every SDE step, the update's JAGG group
+        # its two ends, and mini-batch 2 (no reuse) recomputes the inner step
+        sde = [grid.sigmas[j] for j in grid.sde_steps]
+        guard = round(float(grid.sigmas[0]), 6)
+        assert_sigmas(recorder.sigmas("probe", step, grad=True), sde)
+        assert_sigmas(recorder.sigmas("update", step, grad=True), [sde[0], sde[-1]])
+        for phase in ("probe", "update"):
+            allowed = torch.tensor([*sde, guard], dtype=torch.float64)
+            for s in recorder.sigmas(phase, step, grad=False):
+                assert float((allowed - s).abs().min()) < 2e-6, (phase, step, s)
+        assert_sigmas(recorder.sigmas("update", step) - {guard}, sde)
+        assert_sigmas(recorder.sigmas("eval", step), sampler.sigmas()[:-1])
+        row = logged.loc[step]
+        assert (row["sampler/window_start"], row["sampler/window_end"]) == window
+        assert row["sampler/sigma_window_start"] == pytest.approx(schedule[window[0]])
+        assert row["sampler/sigma_window_end"] == pytest.approx(schedule[window[1]])
+        want_handed += [(name, step, sampler) for name in ("probe_groups", "policy_update", "policy_update")]
+        grids.append(grid.sigmas)
+    assert handed == want_handed
+    assert all((grids[i] - grids[k]).abs().max() > 1e-3 for i in range(3) for k in range(i))
+
+
+@pytest.mark.parametrize("backbone", ["flux", "sd3"])
+def test_noise_checks_fail_on_dependent_streams(tmp_path, pipelines, monkeypatch, backbone):
+    """The noise checks at the pipelines' sample count catch dependent noise. With the SDE noise drawn from
+    the initial noise's stream (what two generators seeded alike give) the first SDE step's ε, recovered from
+    the latents, is z_0: that pair, and only it, is over the bound. A stream correlated 0.25 with z_0 (under
+    the old bound of 0.375 at 8 px) is over it too."""
+    import jagg_engine.train.trainer as trainer_module
+
+    real = trainer_module.torch_stream
+
+    def copied(seed, index, rank, purpose, device="cpu"):
+        return real(seed, index, rank, "init_noise" if purpose == "sde_noise" else purpose, device)
+
+    monkeypatch.setattr(trainer_module, "torch_stream", copied)
+    trainer = make_trainer(tmp_path, pipeline_overrides(pipelines, backbone))
+    prompts, _ = trainer.step_prompts(1)
+    traj = trainer.sample(1, prompts)
+    eps, _ = recover_noise(trainer, traj)
+    z0 = traj.latents[0].flatten()
+    bound = noise_bound(eps.shape[1])
+    correlations = noise_correlations(eps, z0)
+    assert correlations["eps[0] vs z0"] > 0.99
+    assert [pair for pair, c in correlations.items() if abs(c) >= bound] == ["eps[0] vs z0"]
+    mixed = 0.25 * z0 + math.sqrt(1 - 0.25**2) * eps[1]
+    assert corr(mixed, z0) >= bound
 
 
 # ------------------------------------------------------------------------------------------------ distribution
