@@ -210,6 +210,57 @@ def minibatch_indices(cfg: TrainConfig, step: int, rank: int, n: int) -> list[to
     return list(perm.reshape(m, n // m))  # (M, n / M)
 
 
+def rank_prompts(
+    cfg: TrainConfig, prompts: list[str], step: int, rank: int = 0, world: int = 1
+) -> tuple[list[str], torch.Tensor]:
+    """Rank ``rank``'s prompts of step ``step`` (of ``world`` ranks), each repeated group_size times, and their
+    global group ids: (B,), B = P·G with P = prompts_per_step / world."""
+    idx = epoch_prompt_indices(cfg.seed, step, len(prompts), cfg.prompts_per_step)
+    per_rank = cfg.prompts_per_step // world
+    mine = range(rank * per_rank, (rank + 1) * per_rank)
+    return (
+        [prompts[idx[i]] for i in mine for _ in range(cfg.group_size)],
+        torch.tensor([i for i in mine for _ in range(cfg.group_size)]),
+    )
+
+
+def sample_rollout(
+    cfg: TrainConfig,
+    model: Any,
+    sampler: SamplerConfig,
+    update: Any,
+    step: int,
+    rank: int,
+    prompts: list[str],
+    device: torch.device,
+    dtype: torch.dtype,
+) -> Trajectory:
+    """Rank ``rank``'s rollout of training step ``step``: its initial and SDE noise from the step's streams,
+    the prompts encoded, the velocities the ``update`` can reuse kept. With group_noise shared the G samples
+    of a prompt start from one noise and their steps before the window are computed once."""
+    gen = step_generator(cfg, step, rank, "init_noise")
+    sde_gen = step_generator(cfg, step, rank, "sde_noise", device)
+    G, shared = cfg.group_size, cfg.group_noise == "shared"
+    n = len(prompts) // G if shared else len(prompts)
+    noise = torch.randn(n, *model.latent_shape, generator=gen, dtype=torch.float32)
+    if shared:
+        noise = noise.repeat_interleave(G, 0)  # (B, *S): one noise per group
+    with torch.no_grad():
+        cond = model.encode_prompts(prompts)
+    # only the velocities the update can read: the inner steps of its JAGG groups (none: no policy state)
+    keep = reuse_steps(sampler.grid().sde_steps, update)
+    return rollout(
+        model,
+        cond,
+        noise.to(device, dtype),
+        sampler,
+        sde_gen,
+        store_velocities=keep,
+        micro_batch=cfg.rollout_micro_batch,
+        prefix_group=G if shared else None,
+    )
+
+
 def memory_metrics(device: torch.device) -> dict[str, float]:
     """This process's memory: resident set size (from /proc; the peak RSS where there is none) and, on a CUDA
     device, the peak allocated since the step's start (train_step resets it)."""
@@ -320,39 +371,15 @@ class Trainer:
     # -------------------------------------------------------------------------------- one step, in phases
     def step_prompts(self, step: int) -> tuple[list[str], torch.Tensor]:
         """This rank's prompts, each repeated group_size times, and their global group ids. (B,), B = P·G."""
-        idx = epoch_prompt_indices(self.cfg.seed, step, len(self.prompts), self.cfg.prompts_per_step)
-        per_rank = self.cfg.prompts_per_step // self.world
-        mine = range(self.rank * per_rank, (self.rank + 1) * per_rank)
-        prompts = [self.prompts[idx[i]] for i in mine for _ in range(self.cfg.group_size)]
-        groups = torch.tensor([i for i in mine for _ in range(self.cfg.group_size)])
-        return prompts, groups
+        return rank_prompts(self.cfg, self.prompts, step, self.rank, self.world)
 
     def sample(self, step: int, prompts: list[str]) -> Trajectory:
-        """This rank's rollout of step ``step`` with the step's sampler (its SDE window). With group_noise shared
-        the G samples of a prompt start from one noise and their steps before the window are computed once."""
-        gen = step_generator(self.cfg, step, self.rank, "init_noise")
-        sde_gen = step_generator(self.cfg, step, self.rank, "sde_noise", self.acc.device)
-        G, shared = self.cfg.group_size, self.cfg.group_noise == "shared"
-        n = len(prompts) // G if shared else len(prompts)
-        noise = torch.randn(n, *self.model.latent_shape, generator=gen, dtype=torch.float32)
-        if shared:
-            noise = noise.repeat_interleave(G, 0)  # (B, *S): one noise per group
-        with torch.no_grad():
-            cond = self.model.encode_prompts(prompts)
-        # only the velocities the update can read: the inner steps of its JAGG groups (none: no policy state)
-        keep = reuse_steps(self.sampler.grid().sde_steps, self.update)
-        noise = noise.to(self.acc.device, self.params[0].dtype)
+        """This rank's rollout of step ``step`` with the step's sampler (its SDE window): :func:`sample_rollout`."""
         self.rollout_writes = self.policy_writes  # the policy this rollout samples
-        return rollout(
-            self.model,
-            cond,
-            noise,
-            self.sampler,
-            sde_gen,
-            store_velocities=keep,
-            micro_batch=self.cfg.rollout_micro_batch,
-            prefix_group=G if shared else None,
-        )
+        return sample_rollout(
+            self.cfg, self.model, self.sampler, self.update, step, self.rank, prompts, self.acc.device,
+            self.params[0].dtype,
+        )  # fmt: skip
 
     def score(
         self, traj: Trajectory, prompts: list[str]

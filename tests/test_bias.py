@@ -1,0 +1,228 @@
+"""`jagg study bias`: JAGG's EXPECTED-gradient bias — its pieces against the engine's update, its estimators
+on vectors whose expectation is known, and the command on a tiny-shapes run and a tiny FLUX checkpoint."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from test_backbones_diffusers import save_tiny_flux  # noqa: E402
+from test_eval_run import SMALL, jagg  # noqa: E402
+
+from jagg_engine.backbones.flux_core import TinyFlux  # noqa: E402
+from jagg_engine.bias import BiasAccumulator, InnerStep, RolloutGradients, rollout_gradients  # noqa: E402
+from jagg_engine.jagg import UpdateConfig, policy_update  # noqa: E402
+from jagg_engine.sde import SamplerConfig, rollout  # noqa: E402
+from jagg_engine.store import open_store  # noqa: E402
+from jagg_engine.train.config import load_config  # noqa: E402
+from jagg_engine.train.trainer import Trainer  # noqa: E402
+
+F64 = torch.float64
+
+
+def flat_grad(params):
+    return torch.cat(
+        [p.grad.flatten() if p.grad is not None else torch.zeros_like(p).flatten() for p in params]
+    )
+
+
+# ---------------------------------------------------------------------------------------------- the pieces
+
+
+@pytest.mark.parametrize(
+    "update", [{"window": 4}, {"window": 3, "micro_batch": 2}, {"window": 4, "jagg_frac": 0.5}]
+)
+def test_rollout_gradients_are_the_updates_exact_and_jagg_gradients(update):
+    model = TinyFlux(dtype=F64)
+    params = model.trainable_parameters()
+    g = torch.Generator().manual_seed(0)
+    sampler = SamplerConfig(num_steps=8, shift=3.0)
+    cond = model.encode_prompts(["a", "b", "c"])
+    traj = rollout(model, cond, torch.randn(3, *model.latent_shape, generator=g, dtype=F64), sampler, g)
+    adv = torch.randn(3, generator=g, dtype=F64)
+    cfg = UpdateConfig(clip_range=1e-2, **update)
+    grads = {}
+    for strategy in ("exact", "jagg"):
+        for p in params:
+            p.grad = None
+        policy_update(
+            model, traj, adv, UpdateConfig(clip_range=1e-2, **{**update, "strategy": strategy}), sampler
+        )
+        grads[strategy] = flat_grad(params).double()
+    for p in params:
+        p.grad = None
+    r = rollout_gradients(model, params, traj, adv, cfg, sampler)
+    rel = lambda x, y: float((x - y).norm() / y.norm())  # noqa: E731
+    assert rel(r.exact, grads["exact"]) <= 1e-10 and rel(r.jagg, grads["jagg"]) <= 1e-8  # batched vs one by one
+    assert not torch.allclose(r.jagg, r.exact)
+    # the inner steps' pieces rebuild the difference: g_jagg − g_exact = Σ_j (α_j·u_j − w_j)
+    err = sum(s.alpha * (s.b - s.a) - (s.c - s.a) for s in r.inner)
+    assert rel(err, r.jagg - r.exact) <= 1e-9
+    assert all(p.grad is None for p in params)  # the study's products leave .grad alone
+
+
+# ---------------------------------------------------------------------------------------------- the estimators
+
+
+def synthetic(K: int, seed: int, mu, delta, noise: float, inner_alpha: float, best: float):
+    """K rollouts whose expectations are known: E g_exact = mu, E d = delta; one inner step with
+    E c = (1 − best)·E a + best·E b, so the α minimising its credit error is ``best``."""
+    g = torch.Generator().manual_seed(seed)
+    P = mu.numel()
+    ea, eb = torch.randn(P, generator=g, dtype=F64), torch.randn(P, generator=g, dtype=F64)
+    out = []
+    for _ in range(K):
+        n = lambda: noise * torch.randn(P, generator=g, dtype=F64)  # noqa: E731
+        exact = mu + n()
+        a, b = ea + n(), eb + n()
+        c = (1 - best) * ea + best * eb + n()
+        out.append(
+            RolloutGradients(exact, exact + delta + 0.3 * n(), [InnerStep(0, 1, 0.9, inner_alpha, c, a, b)])
+        )
+    return out
+
+
+def test_the_unbiased_figures_find_a_known_bias_the_means_figures_misstate():
+    P = 200
+    g = torch.Generator().manual_seed(1)
+    mu = torch.randn(P, generator=g, dtype=F64)
+    mu /= mu.norm()
+    delta = torch.randn(P, generator=g, dtype=F64)
+    delta = 0.3 * delta / delta.norm() - 0.1 * mu  # ‖δ‖ ≈ 0.32‖μ‖, along μ: −0.1
+    acc = BiasAccumulator()
+    for r in synthetic(K=160, seed=2, mu=mu, delta=delta, noise=0.2, inner_alpha=0.5, best=0.8):
+        acc.add(r)
+    s = acc.summary()
+    true_rel = float(delta.norm())
+    true_cos = float((mu + delta) @ mu / ((mu + delta).norm() * mu.norm()))
+    # per-rollout noise ‖n‖ = 0.2·√200 ≈ 2.8 × ‖μ‖: a mean of 160 still carries ~0.22‖μ‖ of it
+    assert abs(s["rel_bias_u"] - true_rel) <= 4 * s["rel_bias_u_se"]
+    assert abs(s["cos_expected_u"] - true_cos) <= 4 * s["cos_expected_u_se"]
+    assert abs(s["bias_along_u"] - (-0.1)) <= 4 * s["bias_along_u_se"]
+    assert s["rel_bias_u_se"] < 0.1 and s["cos_expected_u_se"] < 0.05  # resolved at this K
+    assert s["noise_floor"]["cos"] < 0.95  # the halves' means differ: the means' figures carry noise
+    (step,) = s["inner_steps"]
+    assert abs(step["alpha_best_u"] - 0.8) <= 4 * step["alpha_best_u_se"]
+    # credit error at α = 0.5 where the best is 0.8: ‖0.3·(E b − E a)‖ / ‖μ‖
+    assert step["credit_error_u"] > step["credit_error_best_u"]
+
+
+def test_no_bias_reads_as_none_within_its_standard_error():
+    P = 200
+    mu = torch.ones(P, dtype=F64) / math.sqrt(P)
+    acc = BiasAccumulator()
+    for r in synthetic(
+        K=64, seed=3, mu=mu, delta=torch.zeros(P, dtype=F64), noise=0.2, inner_alpha=0.3, best=0.3
+    ):
+        acc.add(r)
+    s = acc.summary()
+    assert s["rel_bias_u"] <= 3 * s["rel_bias_u_se"] + 0.05
+    assert s["rel_bias"] > 2 * s["rel_bias_u"] or s["rel_bias"] > 0.1  # the means' figure is the noise's size
+    assert abs(s["bias_along_u"]) <= 4 * s["bias_along_u_se"]
+
+
+def test_fewer_than_two_rollouts_is_refused():
+    acc = BiasAccumulator()
+    with pytest.raises(ValueError, match="^rollouts: the bias needs at least 2 rollouts"):
+        acc.summary()
+
+
+# ---------------------------------------------------------------------------------------------- the command
+
+
+@pytest.fixture(scope="module")
+def shapes_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("bias-runs")
+    cfg = load_config(None, [*SMALL, "eval_every=0"])
+    store = open_store(root)
+    run_id = store.create_run(cfg.name, cfg.to_dict(), root / "run-0001")
+    assert Trainer(cfg, run_id, str(root)).run() == "finished"
+    exact = load_config(None, [*SMALL, "eval_every=0", "strategy=exact", "steps=1"])
+    store.create_run("exact", exact.to_dict(), root / "run-0002")
+    return root
+
+
+def test_study_bias_json_on_a_tiny_shapes_run(shapes_run: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "bias"
+    code, text, _ = jagg(
+        capsys, "study", "bias", "--runs-dir", str(shapes_run), "--run", "1", "--step", "2", "--rollouts", "3",
+        "--json", "--out", str(out),
+    )  # fmt: skip
+    assert code == 0, text
+    result = json.loads(text)  # one JSON object on stdout
+    for key in ("cos_expected", "rel_bias", "noise_floor", "inner_steps", "cos_expected_u", "rel_bias_u"):
+        assert key in result
+    assert result["subject"] == "run 1 step 2" and result["rollouts"] == 3 and result["batch"] == 8
+    assert result["trained_steps"] == [0, 4] and result["streams"] == [3, 5]
+    assert [s["step"] for s in result["inner_steps"]] == [1, 2]
+    for s in result["inner_steps"]:
+        assert 0 < s["alpha"] < 1 and s["credit_error"] >= 0 and math.isfinite(s["alpha_best"])
+    assert -1 <= result["cos_expected"] <= 1 and result["rel_bias"] > 0
+    assert set(result["noise_floor"]) == {"cos", "rel"}
+    assert json.loads((out / "bias-run1-step2.json").read_text())["rel_bias"] == result["rel_bias"]
+    assert "| cos_expected |" in (out / "bias-run1-step2.md").read_text()
+    # the base model (step 0) on the same streams is another model: other figures
+    code, text0, _ = jagg(
+        capsys, "study", "bias", "--runs-dir", str(shapes_run), "--run", "1", "--step", "0", "--rollouts", "3",
+        "--json",
+    )  # fmt: skip
+    assert code == 0 and json.loads(text0)["rel_bias"] != result["rel_bias"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["--run", "1", "--rollouts", "1"], "--rollouts: must be an integer >= 2"),
+        (["--run", "2"], "--run: run 2 trains strategy exact with W = 4; the bias is JAGG's"),
+        (["--run", "1", "--step", "7"], "--step: run 1 has no checkpoint at step 7; its checkpoints: 1, 2"),
+        (["--run", "9"], "RUN: no run 9 in"),
+    ],
+)
+def test_study_bias_refusals_are_one_line(shapes_run, tmp_path, capsys, argv, line):
+    out = tmp_path / "bias"
+    code, _, err = jagg(capsys, "study", "bias", "--runs-dir", str(shapes_run), "--out", str(out), *argv)
+    assert (
+        code == 2
+        and err.strip().startswith(f"jagg study: error: {line}")
+        and len(err.strip().splitlines()) == 1
+    )
+    assert not out.exists()
+
+
+def test_study_bias_on_a_tiny_flux_checkpoint(tmp_path: Path, capsys) -> None:
+    """A diffusers FLUX pipeline built from a small config, trained one step with LoRA, measured at its step."""
+    base = tmp_path / "flux"
+    save_tiny_flux(str(base))
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red cat\ntwo blue dogs\n")
+    cfg = load_config(
+        None,
+        [
+            "backbone=flux", f"model_path={base}", f"prompts_file={prompts}",
+            "backbone_options={resolution: 8, max_sequence_length: 6}", "lora_rank=4", "steps=1",
+            "prompts_per_step=2", "group_size=2", "sampling_steps=6", "sde_window_end=4", "window=4",
+            "eval_every=0", "sample_every=0", "rewards={brightness: 1.0}", "eval_num_prompts=2",
+            "checkpoint_every=1",
+        ],
+        check_environment=False,
+    )  # fmt: skip
+    runs = tmp_path / "runs"
+    run_id = open_store(runs).create_run(cfg.name, cfg.to_dict(), runs / "run-0001")
+    assert Trainer(cfg, run_id, str(runs)).run() == "finished"
+    code, text, _ = jagg(
+        capsys, "study", "bias", "--runs-dir", str(runs), "--run", str(run_id), "--step", "1", "--rollouts", "2",
+        "--json",
+    )  # fmt: skip
+    assert code == 0, text
+    result = json.loads(text)
+    assert result["backbone"] == "flux" and result["trained_steps"] == [0, 4]
+    assert (
+        len(result["inner_steps"]) == 2 and result["rel_bias"] > 0 and math.isfinite(result["cos_expected"])
+    )
