@@ -60,7 +60,9 @@ def test_rollout_gradients_are_the_updates_exact_and_jagg_gradients(update):
         p.grad = None
     r = rollout_gradients(model, params, traj, adv, cfg, sampler)
     rel = lambda x, y: float((x - y).norm() / y.norm())  # noqa: E731
-    assert rel(r.exact, grads["exact"]) <= 1e-10 and rel(r.jagg, grads["jagg"]) <= 1e-8  # batched vs one by one
+    assert rel(r.exact, grads["exact"]) <= 1e-10
+    # the update forwards both endpoints batched, the study one by one: float64 round-off apart
+    assert rel(r.jagg, grads["jagg"]) <= 1e-8
     assert not torch.allclose(r.jagg, r.exact)
     # the inner steps' pieces rebuild the difference: g_jagg − g_exact = Σ_j (α_j·u_j − w_j)
     err = sum(s.alpha * (s.b - s.a) - (s.c - s.a) for s in r.inner)
