@@ -199,7 +199,8 @@ def test_study_bias_refusals_are_one_line(shapes_run, tmp_path, capsys, argv, li
 
 
 def test_study_bias_on_a_tiny_flux_checkpoint(tmp_path: Path, capsys) -> None:
-    """A diffusers FLUX pipeline built from a small config, trained one step with LoRA, measured at its step."""
+    """A diffusers FLUX pipeline built from a small config, trained one step with LoRA and the control variate,
+    measured at its step."""
     base = tmp_path / "flux"
     save_tiny_flux(str(base))
     prompts = tmp_path / "prompts.txt"
@@ -211,13 +212,15 @@ def test_study_bias_on_a_tiny_flux_checkpoint(tmp_path: Path, capsys) -> None:
             "backbone_options={resolution: 8, max_sequence_length: 6}", "lora_rank=4", "steps=1",
             "prompts_per_step=2", "group_size=2", "sampling_steps=6", "sde_window_end=4", "window=4",
             "eval_every=0", "sample_every=0", "rewards={brightness: 1.0}", "eval_num_prompts=2",
-            "checkpoint_every=1",
+            "checkpoint_every=1", "cv_frac=0.5",  # the LoRA run trains with the control variate
         ],
         check_environment=False,
     )  # fmt: skip
     runs = tmp_path / "runs"
     run_id = open_store(runs).create_run(cfg.name, cfg.to_dict(), runs / "run-0001")
     assert Trainer(cfg, run_id, str(runs)).run() == "finished"
+    frame = open_store(runs).metrics_frame(run_id)
+    assert frame.loc[frame.step == 1, "count/cv_pairs"].item() == 2 * 2  # m = ceil(0.5 · 4) at 2 inner steps
     code, text, _ = jagg(
         capsys, "study", "bias", "--runs-dir", str(runs), "--run", str(run_id), "--step", "1", "--rollouts", "2",
         "--json",

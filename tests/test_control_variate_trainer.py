@@ -1,0 +1,128 @@
+"""The control variate through the real Trainer, in the combinations users make: at cv_frac = 1 a JAGG run's
+gradient is the exact run's (window schedules, noise, SDE kinds, micro- and mini-batches, reuse); its draws
+come from their own stream (the same after a resume, another on each rank and step); two processes train with it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from jagg_engine.store import open_store
+from jagg_engine.train.config import load_config
+from jagg_engine.train.trainer import Trainer, step_generator
+
+SMALL_FLUX = [
+    "backbone=tiny-flux",
+    "rewards={brightness: 1.0}",
+    "prompts_per_step=2",
+    "group_size=3",
+    "sampling_steps=6",
+    "sde_window_end=4",
+    "window=4",
+    "eval_every=0",
+    "sample_every=0",
+    "checkpoint_every=0",
+    "lr=1e-3",
+    "clip_range=0.05",
+]
+
+
+def make_trainer(tmp_path, name, *overrides) -> Trainer:
+    cfg = load_config(None, [*SMALL_FLUX, *overrides], check_environment=False)
+    store = open_store(tmp_path)
+    run_id = store.create_run(name, cfg.to_dict(), tmp_path / name)
+    return Trainer(cfg, run_id, str(tmp_path))
+
+
+def gradients_of_steps(trainer: Trainer, steps: list[int]) -> list[list[torch.Tensor]]:
+    """The gradient each optimizer step of ``steps`` applies (before clipping), every mini-batch's."""
+    seen = []
+    optimize = trainer.optimize
+
+    def record(step: int) -> float:
+        seen.append(torch.cat([p.grad.detach().flatten().clone() for p in trainer.params]))
+        return optimize(step)
+
+    trainer.optimize = record
+    for step in steps:
+        trainer.train_step(step)
+    return seen
+
+
+@pytest.mark.parametrize(
+    "combo",
+    [
+        [],
+        ["train_micro_batch=4", "updates_per_rollout=2"],
+        ["sde_window_schedule=sliding", "sde_window_end=5", "window_shift_every=1", "group_noise=shared"],
+        ["algorithm=dance", "reuse_rollout_velocity=off"],
+        ["algorithm=cps", "sampling_steps=9", "sde_window_end=8"],
+    ],
+    ids=["fixed-reuse", "micro-mini-batches", "sliding-shared-noise", "dance-no-reuse", "cps-two-windows"],
+)
+def test_cv_frac_one_trains_with_the_exact_gradient(tmp_path, combo):
+    exact = make_trainer(tmp_path, "exact", "strategy=exact", *combo)
+    cv = make_trainer(tmp_path, "cv", "strategy=jagg", "cv_frac=1.0", *combo)
+    jagg = make_trainer(tmp_path, "jagg", "strategy=jagg", *combo)
+    g_exact, g_cv, g_jagg = (gradients_of_steps(t, [1, 2]) for t in (exact, cv, jagg))
+    assert len(g_exact) == len(g_cv) >= 2
+    for a, b, c in zip(g_cv, g_exact, g_jagg):
+        assert float((a - b).norm() / b.norm()) <= 1e-5  # float32
+        assert float((c - b).norm() / b.norm()) > 1e-3  # while JAGG alone is not the exact gradient here
+
+
+def test_draws_come_from_their_own_stream_of_seed_step_and_rank(tmp_path):
+    """A step's draws are a function of (seed, step, rank): replayed on a resume, other ones at another step,
+    rank or seed — and drawing them moves no other stream (the trainer's rollouts are unchanged)."""
+    a = step_generator(load_config(None, SMALL_FLUX, check_environment=False), 3, 0, "control_variate")
+    b = step_generator(load_config(None, SMALL_FLUX, check_environment=False), 3, 0, "control_variate")
+    draws = lambda g: torch.randperm(64, generator=g)  # noqa: E731
+    assert torch.equal(draws(a), draws(b))
+    cfg = load_config(None, SMALL_FLUX, check_environment=False)
+    others = [step_generator(cfg, 4, 0, "control_variate"), step_generator(cfg, 3, 1, "control_variate")]
+    others.append(step_generator(load_config(None, [*SMALL_FLUX, "seed=1"]), 3, 0, "control_variate"))
+    ref = draws(step_generator(cfg, 3, 0, "control_variate"))
+    assert all(not torch.equal(draws(g), ref) for g in others)
+    # the same run with and without the control variate samples the same rollouts
+    plain, corrected = make_trainer(tmp_path, "plain"), make_trainer(tmp_path, "cv", "cv_frac=0.5")
+    for t in (plain, corrected):
+        t.train_step(1)
+    prompts, _ = plain.step_prompts(2)
+    assert torch.equal(plain.sample(2, prompts).latents[0], corrected.sample(2, prompts).latents[0])
+
+
+def test_a_run_with_a_control_variate_replays_its_steps_after_a_resume(tmp_path):
+    """Steps 1–2 in one trainer, and step 2 in a fresh trainer given the weights and optimizer state after step
+    1 (what a resume loads): the same weights — the draws depend on (seed, step, rank) only."""
+    import copy
+
+    whole = make_trainer(tmp_path, "whole", "cv_frac=0.5")
+    m1 = whole.train_step(1)
+    saved = copy.deepcopy((whole.model.state_dict(), whole.optimizer.state_dict()))
+    whole.train_step(2)
+    resumed = make_trainer(tmp_path, "resumed", "cv_frac=0.5")
+    resumed.model.load_state_dict(saved[0])
+    resumed.optimizer.load_state_dict(saved[1])
+    resumed.policy_writes += 1  # as load_checkpoint: the weights were written
+    resumed.train_step(2)
+    for p, q in zip(whole.params, resumed.params):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+    # 2 prompts × 3 samples = 6; m = ceil(0.5 · 6) = 3 samples drawn at each of the 2 inner steps
+    assert m1["count/cv_pairs"] == 6.0
+
+
+def test_two_processes_train_with_a_control_variate(tmp_path):
+    """`jagg train --processes 2`: each rank draws from its own stream over its own samples."""
+    from toy import jagg
+
+    proc = jagg(
+        "train", *SMALL_FLUX, "cv_frac=0.5", "steps=2", "--processes", "2", "--runs-dir", str(tmp_path)
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    store = open_store(tmp_path)
+    (run,) = store.list_runs()
+    assert run["status"] == "finished"
+    frame = store.metrics_frame(run["id"])
+    # rank 0: 1 prompt × 3 samples; m = ceil(0.5 · 3) = 2 at each of the 2 inner steps
+    assert frame.loc[frame.step > 0, "count/cv_pairs"].tolist() == [4.0, 4.0]
