@@ -2,7 +2,8 @@
 
 Cost model: :mod:`jagg_engine.cost` (torch-free, shared with the app). One forward without grad costs 1 unit,
 a forward with grad plus its backward r units; per group of n trained steps exact costs n·r, jagg and
-jagg-sequential (n − 2) + 2r, endpoint and jagg+reuse 2r, paper-code n + 2r, routed as the engine routes.
+jagg-sequential (n − 2) + 2r, endpoint and jagg+reuse 2r, paper-code n + 2r, routed as the engine routes;
+jagg+reuse+cv (velocity reuse and the control variate at ``--cv-frac`` p, the shipped setting) 2r + p·(n − 2)·r.
 
 The joint JAGG backward (one batched 2B forward and one backward) and the sequential one (two B forwards and
 two backwards) have the same unit cost; a batched call can only be cheaper per sample, never dearer.
@@ -55,6 +56,7 @@ from .sde import SamplerConfig, Trajectory, rollout
 from .streams import torch_stream
 
 CLOCKS = ("wall", "cpu")
+CV_FRAC = 0.25  # jagg+reuse+cv's default control-variate fraction: the shipped config's cv_frac
 
 
 def bench_backbones() -> tuple[str, ...]:
@@ -94,10 +96,14 @@ def paper_code_update(update: UpdateConfig) -> UpdateFn:
     )
 
 
-def strategy_update(name: str, window: int, jagg_frac: float, micro_batch: int | None = None) -> UpdateFn:
+def strategy_update(
+    name: str, window: int, jagg_frac: float, micro_batch: int | None = None, cv_frac: float = CV_FRAC
+) -> UpdateFn:
     """The update routine of bench strategy ``name``: policy_update with its UpdateConfig, or paper-code.
 
     ``micro_batch``: the engine's ``UpdateConfig.micro_batch`` (None = the whole batch at once); paper-code has none.
+    ``cv_frac``: the control variate of ``jagg+reuse+cv``, drawn from the same seeded stream on every call (each
+    timed round does the same work).
     """
     extra: dict[str, Any] = {} if micro_batch is None else {"micro_batch": micro_batch}
     options = {
@@ -107,6 +113,7 @@ def strategy_update(name: str, window: int, jagg_frac: float, micro_batch: int |
         "endpoint": dict(strategy="endpoint"),
         "paper-code": dict(strategy="jagg"),
         "jagg+reuse": dict(strategy="jagg", reuse_rollout_velocity="auto"),
+        "jagg+reuse+cv": dict(strategy="jagg", reuse_rollout_velocity="auto", cv_frac=cv_frac),
     }
     if name not in options:
         raise ValueError(f"strategy: must be one of {', '.join(BENCH_STRATEGIES)}, got {name!r}")
@@ -115,6 +122,10 @@ def strategy_update(name: str, window: int, jagg_frac: float, micro_batch: int |
     update = UpdateConfig(window=window, jagg_frac=jagg_frac, **options[name], **extra)
     if name == "paper-code":
         return paper_code_update(update)
+    if update.cv_frac > 0:
+        return lambda model, traj, adv, sampler: policy_update(
+            model, traj, adv, update, sampler, generator=torch_stream(0, 0, 0, "control_variate")
+        )
     return lambda model, traj, adv, sampler: policy_update(model, traj, adv, update, sampler)
 
 
@@ -221,6 +232,7 @@ def bench_update(
     r_samples: int = 2,
     clock: str = "wall",
     micro_batch: int | None = None,
+    cv_frac: float = CV_FRAC,
 ) -> dict[str, Any]:
     """Time the update phase of each strategy on one rollout batch; see the module docstring.
 
@@ -235,7 +247,7 @@ def bench_update(
         raise ValueError(f"clock: must be one of {', '.join(CLOCKS)}, got {clock!r}")
     now = time.perf_counter if clock == "wall" else time.process_time
     device = traj.latents.device
-    updates = {name: strategy_update(name, window, jagg_frac, micro_batch) for name in strategies}
+    updates = {name: strategy_update(name, window, jagg_frac, micro_batch, cv_frac) for name in strategies}
     unit = traj.select(slice(0, micro_batch or traj.batch_size))  # the samples one model call sees
     B = unit.batch_size
     z0, t0_ = unit.latents[0], unit.sigmas[0].expand(B)
@@ -301,7 +313,9 @@ def bench_update(
             "max_s": max(times[name]),
             "median_forward_s": statistics.median(fwd_times[name]),
             "median_backward_s": statistics.median(bwd_times[name]),
-            "predicted_speedup": cost_model_speedup(window, r, jagg_frac, name, K),
+            "predicted_speedup": cost_model_speedup(
+                window, r, jagg_frac, name, K, cv_frac=cv_frac if name == "jagg+reuse+cv" else 0.0
+            ),
             "peak_saved_activation_bytes": mems["saved"][name],
             "peak_mem_bytes": mems["cuda" if "cuda" in mems else "saved"][name],
             "counts": counts[name],
@@ -385,6 +399,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="only the peak-memory pass (one update per strategy), no timing rounds",
     )
+    p.add_argument(
+        "--cv-frac",
+        type=float,
+        default=CV_FRAC,
+        help=f"control-variate fraction of jagg+reuse+cv, in (0, 1] (default {CV_FRAC}, the shipped cv_frac)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
@@ -440,6 +460,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UsageError(
             f"micro_batch: must be an integer in 1..{args.batch} (the batch), got {args.micro_batch}"
         )
+    if not (math.isfinite(args.cv_frac) and 0.0 < args.cv_frac <= 1.0):
+        raise UsageError(f"cv_frac: must be in (0, 1], got {args.cv_frac}")
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"threads: must be an integer >= 1, got {args.threads}")
     if args.dtype not in (None, "float32", "fp32", "bfloat16", "bf16"):
@@ -483,6 +505,7 @@ def run(args: argparse.Namespace) -> int:
         clock=args.clock,
         micro_batch=args.micro_batch,
         memory_only=args.memory_only,
+        cv_frac=args.cv_frac,
     )
     if args.json:
         print(json.dumps(report))
@@ -503,6 +526,7 @@ def bench_backbone(
     clock: str = "wall",
     micro_batch: int | None = None,
     memory_only: bool = False,
+    cv_frac: float = CV_FRAC,
     strategies: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """One seeded rollout batch of ``backbone``, then :func:`bench_update` (or, with ``memory_only``, only
@@ -521,7 +545,7 @@ def bench_backbone(
     if strategies is None:
         strategies = [n for n in BENCH_STRATEGIES if micro_batch is None or n != "paper-code"]
     if memory_only:
-        updates = {n: strategy_update(n, window, jagg_frac, micro_batch) for n in strategies}
+        updates = {n: strategy_update(n, window, jagg_frac, micro_batch, cv_frac) for n in strategies}
         result = memory_report(peak_memory(backbone, params, traj, advantages, sampler, updates), micro_batch)
     else:
         result = bench_update(
@@ -536,11 +560,13 @@ def bench_backbone(
             strategies=strategies,
             clock=clock,
             micro_batch=micro_batch,
+            cv_frac=cv_frac,
         )
     return {
         "backbone": name,
         "window": window,
         "jagg_frac": jagg_frac,
+        "cv_frac": cv_frac,
         "batch": traj.batch_size,
         "steps": steps,
         "repeats": repeats,
@@ -567,6 +593,7 @@ def format_table(report: dict[str, Any]) -> str:
     """The human-readable form of a bench report."""
     head = (
         f"jagg bench: backbone={report['backbone']} W={report['window']} jagg_frac={report['jagg_frac']:g} "
+        f"cv_frac={report.get('cv_frac', CV_FRAC):g} "
         f"T={report['steps']} B={report['batch']} micro_batch={report.get('micro_batch') or report['batch']} "
         f"device={report['device']} dtype={report['dtype']} threads={report['threads']} "
         f"params={report['params']:,}"

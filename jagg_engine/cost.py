@@ -13,7 +13,7 @@ With the control variate (cv_frac = p, jagg only: :mod:`jagg_engine.jagg`), the 
 also forwards and backwards its n − 2 inner steps with grad, and needs no no-grad forward of them:
 
     jagg, jagg-sequential       (1 − p)·(n − 2) + 2r + p·(n − 2)·r
-    jagg+reuse                  2r + p·(n − 2)·r
+    jagg+reuse, jagg+reuse+cv   2r + p·(n − 2)·r          (jagg+reuse+cv: `jagg bench`'s name for the shipped one)
 
 A group of one step is exact under every strategy. Routing (jagg_frac = f) sends the first ceil(f·G) groups
 (high noise first) to the strategy and the rest to exact: :func:`route_groups`, the plan the engine trains
@@ -30,9 +30,22 @@ from __future__ import annotations
 import math
 
 # The strategies `jagg bench` times, and the engine's (jagg_engine.jagg.STRATEGIES), which routing knows.
-BENCH_STRATEGIES = ("exact", "jagg", "jagg-sequential", "endpoint", "paper-code", "jagg+reuse")
+BENCH_STRATEGIES = (
+    "exact",
+    "jagg",
+    "jagg-sequential",
+    "endpoint",
+    "paper-code",
+    "jagg+reuse",
+    "jagg+reuse+cv",
+)
 ROUTED_STRATEGIES = ("exact", "jagg", "endpoint")
-CV_STRATEGIES = ("jagg", "jagg-sequential", "jagg+reuse")  # the kinds a control variate (cv_frac) corrects
+CV_STRATEGIES = (
+    "jagg",
+    "jagg-sequential",
+    "jagg+reuse",
+    "jagg+reuse+cv",
+)  # the kinds a control variate (cv_frac) corrects
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -94,7 +107,7 @@ def group_cost(n: int, r: float, kind: str, cv_frac: float = 0.0) -> float:
         return n * r
     if kind in ("jagg", "jagg-sequential"):
         return (1 - cv_frac) * (n - 2) + 2 * r + cv_frac * (n - 2) * r
-    if kind == "jagg+reuse":
+    if kind in ("jagg+reuse", "jagg+reuse+cv"):
         return 2 * r + cv_frac * (n - 2) * r
     if kind == "endpoint":
         return 2 * r
@@ -134,7 +147,7 @@ def cost_model_speedup(
 
     def cost(n: int, kind: str) -> float:
         p = cv_frac if kind in CV_STRATEGIES else 0.0
-        if kind == "jagg+reuse":
+        if kind in ("jagg+reuse", "jagg+reuse+cv"):
             return reuse_fraction * group_cost(n, r, kind, p) + (1 - reuse_fraction) * group_cost(
                 n, r, "jagg", p
             )

@@ -321,3 +321,38 @@ def test_theorem1_the_correction_is_zero_where_jagg_is_exact():
     for seed, p in itertools.product(range(3), (0.2, 0.6)):
         cv, _ = gradient(model, traj, adv, sampler, torch.Generator().manual_seed(seed), window=4, cv_frac=p)
         assert rel_err(cv, exact) <= 1e-9
+
+
+def test_jagg_bench_times_the_control_variate_and_predicts_it_by_the_cost_model():
+    from jagg_engine.backbones.flux_core import TinyFlux
+    from jagg_engine.bench import bench_backbone
+
+    report = bench_backbone(
+        "tiny-flux", TinyFlux(), window=4, jagg_frac=1.0, batch=4, steps=8, repeats=1, cv_frac=0.5,
+        strategies=["exact", "jagg+reuse", "jagg+reuse+cv"],
+    )  # fmt: skip
+    rows, r, K = report["strategies"], report["r"], report["trained_steps"]
+    assert report["cv_frac"] == 0.5
+    # 2 groups × 2 inner steps × m = ceil(0.5 · 4) = 2 drawn samples; the others' inner velocities reused
+    assert rows["jagg+reuse+cv"]["counts"]["cv_pairs"] == 8 and rows["jagg+reuse+cv"]["counts"]["reused"] == 4
+    assert rows["jagg+reuse"]["counts"]["cv_pairs"] == 0
+    assert rows["jagg+reuse+cv"]["predicted_speedup"] == pytest.approx(
+        cost_model_speedup(4, r, 1.0, "jagg+reuse", K, cv_frac=0.5)
+    )
+    assert rows["jagg+reuse+cv"]["predicted_speedup"] < rows["jagg+reuse"]["predicted_speedup"]
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "nan"])
+def test_jagg_bench_refuses_a_bad_cv_frac_in_one_line(value, capsys):
+    from jagg_engine import cli
+
+    try:
+        code = cli.main(["bench", "--backbone", "tiny-flux", "--cv-frac", value])
+    except SystemExit as exc:
+        code = exc.code
+    err = capsys.readouterr().err.strip()
+    assert (
+        code == 2
+        and err.endswith(f"cv_frac: must be in (0, 1], got {float(value)}")
+        and len(err.splitlines()) == 1
+    )
