@@ -287,3 +287,42 @@ class BiasAccumulator:
             "per_batch_cos_min": min(self.batch_cos),
             "inner_steps": steps,
         }
+
+
+class LiveBias:
+    """The bias of a run, live, from its gradient probes (``probe_every``): each probe gives one rollout's
+    (g_exact, g_jagg) on the probed samples, and the product of one probe's vector with the PREVIOUS probe's
+    (another rollout, independent noise) is unbiased for the product of their expectations — the U-statistic
+    of :class:`BiasAccumulator` over neighbouring pairs, which keeps two vectors instead of K. Those products are
+    averaged with an exponential weight (``halflife`` probes, debiased as Adam's moments) and give:
+
+        bias/rel_live      ‖E d‖ / ‖E g_exact‖           (d = g_jagg − g_exact)
+        bias/along_live    ⟨E d, E g_exact⟩ / ‖E g_exact‖²  (negative: the bias shrinks the signal)
+
+    NaN until two probes, and where the averaged ‖E g_exact‖² is not yet positive (noise). The parameters move
+    between probes, so this follows a slowly changing expectation; `jagg study bias` measures one checkpoint.
+    """
+
+    def __init__(self, halflife: float = 5.0) -> None:
+        self.beta = 0.5 ** (1.0 / halflife)
+        self.prev: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.moments = {"ee": 0.0, "ed": 0.0, "dd": 0.0}
+        self.n = 0
+
+    def update(self, exact: torch.Tensor, jagg: torch.Tensor) -> dict[str, float]:
+        """Add one probe's whole-update gradients (P,); the metrics after it."""
+        exact, d = exact.double(), (jagg - exact).double()
+        if self.prev is not None:
+            e0, d0 = self.prev
+            pairs = {"ee": float(exact @ e0), "ed": 0.5 * float(exact @ d0 + d @ e0), "dd": float(d @ d0)}
+            for key, value in pairs.items():
+                self.moments[key] = self.beta * self.moments[key] + (1 - self.beta) * value
+            self.n += 1
+        self.prev = (exact.clone(), d.clone())
+        if self.n == 0:
+            return {"bias/rel_live": math.nan, "bias/along_live": math.nan}
+        scale = 1 - self.beta**self.n  # Adam's debiasing of a zero-started average
+        ee, ed, dd = (self.moments[k] / scale for k in ("ee", "ed", "dd"))
+        if ee <= 0:
+            return {"bias/rel_live": math.nan, "bias/along_live": math.nan}
+        return {"bias/rel_live": math.sqrt(max(dd, 0.0) / ee), "bias/along_live": ed / ee}

@@ -91,11 +91,14 @@ def probe_groups(
     sampler: SamplerConfig,
     with_endpoint: bool = False,
     reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    totals: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
 ) -> tuple[list[GroupProbe], dict[str, float]]:
     """Per-group fidelity table and whole-update cosines ``{"jagg_frac=F": cos}`` for F in 0.2 … 1.0.
 
     ``reduce``: applied to the stacked gradients (G, kinds, P) before any cosine, e.g. a sum over
     data-parallel ranks, so that every rank measures the gradient of the batch of all ranks.
+    ``totals``: called with the whole update's exact gradient and the one the update's routing computes (its
+    first ceil(jagg_frac·G) groups by JAGG, the rest exact), (P,) each: e.g. :class:`jagg_engine.bias.LiveBias`.
     """
     kinds = ("exact", "jagg", "endpoint") if with_endpoint else ("exact", "jagg")
     grads = group_gradients(model, params, traj, advantages, update, sampler, kinds)
@@ -116,6 +119,9 @@ def probe_groups(
             )
         )
     exact_total = sum(g["exact"] for g in grads)
+    if totals is not None:
+        routed = num_routed_groups(len(grads), update.jagg_frac)
+        totals(exact_total, sum(g["jagg"] if k < routed else g["exact"] for k, g in enumerate(grads)))
     whole = {}
     for f in (0.2, 0.4, 0.6, 0.8, 1.0):
         n = num_routed_groups(len(grads), f)

@@ -231,3 +231,56 @@ def test_study_bias_on_a_tiny_flux_checkpoint(tmp_path: Path, capsys) -> None:
     assert (
         len(result["inner_steps"]) == 2 and result["rel_bias"] > 0 and math.isfinite(result["cos_expected"])
     )
+
+
+def test_live_bias_follows_a_known_bias_through_noise():
+    from jagg_engine.bias import LiveBias
+
+    P = 200
+    g = torch.Generator().manual_seed(7)
+    mu = torch.randn(P, generator=g, dtype=F64)
+    mu /= mu.norm()
+    delta = 0.4 * torch.randn(P, generator=g, dtype=F64) / math.sqrt(P) - 0.2 * mu  # along μ: −0.2
+    live = LiveBias(halflife=200)
+    first = live.update(mu, mu + delta)
+    assert math.isnan(first["bias/rel_live"]) and math.isnan(first["bias/along_live"])  # one probe: no pair
+    for _ in range(3000):
+        exact = mu + 0.1 * torch.randn(P, generator=g, dtype=F64)  # each probe ~1.4 × ‖μ‖ of noise
+        out = live.update(exact, exact + delta + 0.05 * torch.randn(P, generator=g, dtype=F64))
+    assert out["bias/rel_live"] == pytest.approx(float(delta.norm()), abs=0.05)
+    assert out["bias/along_live"] == pytest.approx(-0.2, abs=0.05)
+
+
+def test_a_probed_run_logs_the_live_bias(tmp_path):
+    """probe_every = 1: each probe's whole-update gradients feed the run's LiveBias (its one group's cosine is
+    the probe row's), the history holds what LiveBias gave at each step (NaN at the first, with no pair); a
+    run without probes logs neither figure."""
+    from jagg_engine.bias import LiveBias
+
+    cfg = load_config(None, [*SMALL, "eval_every=0", "probe_every=1", "checkpoint_every=0", "steps=3"])
+    store = open_store(tmp_path)
+    run_id = store.create_run(cfg.name, cfg.to_dict(), tmp_path / "run-0001")
+    trainer = Trainer(cfg, run_id, str(tmp_path))
+    seen = []
+    update = trainer.live_bias.update
+    trainer.live_bias.update = lambda exact, jagg: (
+        seen.append((exact.clone(), jagg.clone())),
+        update(exact, jagg),
+    )[1]
+    assert trainer.run() == "finished"
+    frame = store.metrics_frame(run_id).set_index("step")
+    probes = {p["step"]: p for p in store.probes(run_id)}
+    reference = LiveBias()
+    assert len(seen) == 3
+    for step, (exact, approx) in enumerate(seen, start=1):
+        cos = float(exact.double() @ approx.double() / (exact.double().norm() * approx.double().norm()))
+        assert cos == pytest.approx(probes[step]["cosine"], abs=1e-6)
+        want = reference.update(exact, approx)
+        for key, value in want.items():
+            got = frame.loc[step, key]
+            assert (math.isnan(value) and math.isnan(got)) or got == pytest.approx(value), (step, key)
+    assert math.isnan(frame.loc[1, "bias/rel_live"])
+    quiet = load_config(None, [*SMALL, "eval_every=0", "steps=1", "checkpoint_every=0"])
+    run_id = store.create_run("quiet", quiet.to_dict(), tmp_path / "run-0002")
+    assert Trainer(quiet, run_id, str(tmp_path)).run() == "finished"
+    assert "bias/rel_live" not in store.metrics_frame(run_id)

@@ -40,6 +40,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from tqdm import tqdm
 
 from jagg_engine.backbones import build_backbone, get_backbone
+from jagg_engine.bias import LiveBias
 from jagg_engine.errors import DiskFullError, is_disk_full
 from jagg_engine.grpo import group_advantages
 from jagg_engine.jagg import UpdateResult, auto_jagg_frac, policy_update, reuse_steps
@@ -367,6 +368,8 @@ class Trainer:
         # Parameter writes so far (optimizer steps, checkpoint loads), and their count when the last rollout
         # sampled: reuse of its velocities is allowed only while the two are equal (update_phase).
         self.policy_writes, self.rollout_writes = 0, -1
+        # JAGG's expected-gradient bias followed over the probes (bias/rel_live, bias/along_live on probe steps)
+        self.live_bias, self.bias_metrics = LiveBias(), {}
 
     # -------------------------------------------------------------------------------- one step, in phases
     def step_prompts(self, step: int) -> tuple[list[str], torch.Tensor]:
@@ -499,7 +502,7 @@ class Trainer:
             raise TrainingError(f"reward: non-finite reward at step {step}")
         t_probe = time.perf_counter()
         # Routing and the fidelity probe see this rollout at the parameters that produce the applied gradient.
-        routed = None
+        routed, self.bias_metrics = None, {}
         if self.cfg.auto_route and (step == self.start_step or step % self.cfg.auto_route_every == 0):
             routed = self.route(step, traj, adv)
         if self.cfg.probe_every and step % self.cfg.probe_every == 0 and routed is None:
@@ -525,6 +528,7 @@ class Trainer:
             "sampler/sigma_window_start": sigma_start,
             "sampler/sigma_window_end": sigma_end,
             "count/sampling_forward": traj.forwards,
+            **self.bias_metrics,
             **memory_metrics(self.acc.device),
         }
         if self.main and self.cfg.sample_every and step % self.cfg.sample_every == 0:
@@ -660,6 +664,7 @@ class Trainer:
             self.update,
             self.sampler,
             reduce=reduce,
+            totals=lambda exact, jagg: self.bias_metrics.update(self.live_bias.update(exact, jagg)),
         )
         for p, g in zip(self.params, saved):
             p.grad = g
