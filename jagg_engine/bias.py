@@ -13,6 +13,8 @@ and nothing makes that vanish where E[g_exact] does. This module measures it ove
     rel_bias         ‖d̄‖ / ‖ḡ_exact‖
     bias_along       ⟨d̄, ḡ_exact⟩ / ‖ḡ_exact‖²: the share of the gradient the bias adds along it (negative: it
                      shrinks the signal)
+    signal_share_u   ‖E g_exact‖² over the mean ‖g_exact,k‖²: the share of one rollout's gradient that is signal
+                     (resolving E g_exact takes K of several times its inverse)
     noise_floor      cos and rel between the exact means of two halves of the rollouts (even and odd groups):
                      how far K resolves an expected gradient at all
     per inner step j the credit error ‖ē_j‖ / ‖ḡ_exact‖ at JAGG's α_j, its share along ḡ_exact, and the α that
@@ -194,6 +196,9 @@ class BiasAccumulator:
     def _total(self, key: str, groups: list[int]) -> torch.Tensor:
         return sum(self.sums[key][g].double() for g in groups if self.sums[key][g] is not None)
 
+    def _own_values(self, x: str, y: str, groups: list[int]) -> list[float]:
+        return [v for g in groups for v in self.own[(x, y)][g]]
+
     def _u(self, x: str, y: str, groups: list[int], totals: dict[str, torch.Tensor]) -> float:
         own = [v for g in groups for v in self.own[(x, y)][g]]
         n = len(own)
@@ -208,6 +213,11 @@ class BiasAccumulator:
             "cos_expected_u": je / math.sqrt(jj * ee) if jj > 0 and ee > 0 else math.nan,
             "rel_bias_u": math.sqrt(max(dd, 0.0) / ee) if ee > 0 else math.nan,
             "bias_along_u": ed / ee if ee > 0 else math.nan,
+            # ‖E g‖² over the mean ‖g_k‖²: the share of one rollout's gradient that is signal; resolving the
+            # expected gradient takes K of several times its inverse
+            "signal_share_u": ee * len(own_ee) / sum(own_ee)
+            if (own_ee := self._own_values("E", "E", groups))
+            else math.nan,
         }
         for key, row in self.steps.items():
             uu, uw, ww = u[(f"{key}.u", f"{key}.u")], u[(f"{key}.u", f"{key}.w")], u[(f"{key}.w", f"{key}.w")]
@@ -283,6 +293,7 @@ class BiasAccumulator:
             "rel_bias_u_se": se.get("rel_bias_u", nan),
             "bias_along_u": whole["bias_along_u"],
             "bias_along_u_se": se.get("bias_along_u", nan),
+            "signal_share_u": whole["signal_share_u"],
             "per_batch_cos_mean": sum(self.batch_cos) / K,
             "per_batch_cos_min": min(self.batch_cos),
             "inner_steps": steps,

@@ -343,6 +343,7 @@ def _bias_lines(r: dict[str, Any]) -> list[str]:
         f"| rel_bias | {r['rel_bias']:.4f} | {pm('rel_bias_u')} | ‖E(g_jagg − g_exact)‖ / ‖E g_exact‖ |",
         f"| bias_along | {r['bias_along']:+.4f} | {pm('bias_along_u', fmt='+.4f')} | the bias along E g_exact, in"
         " its units (negative: shrinks it) |",
+        f"| signal share | | {pm('signal_share_u')} | ‖E g_exact‖² / mean ‖g_exact‖²: resolving E g takes K ≫ 1 / it |",
         f"| noise_floor cos / rel | {nf['cos']:.4f} / {nf['rel']:.4f} | | the exact means of two halves |",
         f"| per-batch cos (mean, min) | {r['per_batch_cos_mean']:.4f}, {r['per_batch_cos_min']:.4f} | | what"
         " `jagg study cosine` sees |",

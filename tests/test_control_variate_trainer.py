@@ -126,3 +126,38 @@ def test_two_processes_train_with_a_control_variate(tmp_path):
     frame = store.metrics_frame(run["id"])
     # rank 0: 1 prompt × 3 samples; m = ceil(0.5 · 3) = 2 at each of the 2 inner steps
     assert frame.loc[frame.step > 0, "count/cv_pairs"].tolist() == [4.0, 4.0]
+
+
+def test_jagg_until_step_switches_to_the_exact_backward_keeping_the_optimizer(tmp_path):
+    """jagg_until_step = 1: step 1 is one JAGG backward per window, step 2 the window's exact backward; the
+    optimizer's state carries over (Adam's step count reaches 2), and route/jagg marks the switch."""
+    trainer = make_trainer(tmp_path, "switch", "jagg_until_step=1", "steps=2")
+    m1 = trainer.train_step(1)
+    m2 = trainer.train_step(2)
+    assert (m1["route/jagg"], m2["route/jagg"]) == (1.0, 0.0)
+    assert m1["count/backward"] == 1 and m1["count/reused"] == 2  # one joint backward, inner steps reused
+    assert m2["count/backward"] == 4 and m2["count/reused"] == 0  # the 4 trained steps one by one
+    state = trainer.optimizer.state_dict()["state"]
+    assert all(float(s["step"]) == 2 for s in state.values())
+    # the exact step is the exact routine's: the same gradient as an exact run's update on that rollout
+    exact = make_trainer(tmp_path, "exact", "strategy=exact")
+    exact.model.load_state_dict(trainer.model.state_dict())
+    g_switch, g_exact = gradients_of_steps(trainer, [3]), gradients_of_steps(exact, [3])
+    assert float((g_switch[0] - g_exact[0]).norm() / g_exact[0].norm()) <= 1e-6
+
+
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [
+        (
+            ["strategy=exact", "jagg_until_step=5"],
+            "jagg_until_step: switches from jagg to exact; needs strategy jagg",
+        ),
+        (["jagg_until_step=0"], "jagg_until_step: must be"),
+    ],
+)
+def test_jagg_until_step_refusals_name_the_field(overrides, line):
+    from jagg_engine.train.config import ConfigError
+
+    with pytest.raises(ConfigError, match=f"^{line}"):
+        load_config(None, [*SMALL_FLUX, *overrides], check_environment=False)

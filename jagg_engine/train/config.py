@@ -250,6 +250,13 @@ class TrainConfig:
         " get the exact - JAGG correction, weighted so that the expected gradient is the exact one (0 = plain"
         " JAGG, biased where the Jacobian is not linear in t; 1 = exact).",
     )
+    jagg_until_step: int | None = _f(
+        None,
+        "Strategy jagg up to and including this training step, then the exact backward of the same window with"
+        " the same optimizer state (JAGG's cheap early steps, the exact gradient once the signal is small);"
+        " null = jagg throughout.",
+        low=1,
+    )
     endpoint_backward: str = _f("joint", "JAGG endpoint backward: joint (one autograd call) or sequential.")
     auto_route: bool = _f(
         False,
@@ -436,9 +443,16 @@ class TrainConfig:
         )
         return dataclasses.replace(sampler, ode_steps_before=before, ode_steps_after=after)
 
-    def update_config(self) -> Any:
+    def jagg_at(self, step: int) -> bool:
+        """Whether training step ``step`` trains by JAGG (strategy jagg, before any jagg_until_step switch)."""
+        return self.strategy == "jagg" and (self.jagg_until_step is None or step <= self.jagg_until_step)
+
+    def update_config(self, step: int | None = None) -> Any:
+        """The update of training step ``step`` (None: the first): after ``jagg_until_step`` the exact backward."""
         from jagg_engine.jagg import UpdateConfig  # lazy: the engine module is owned elsewhere
 
+        if step is not None and self.strategy == "jagg" and not self.jagg_at(step):
+            return dataclasses.replace(self.update_config(), strategy="exact", cv_frac=0.0)
         return UpdateConfig(
             strategy=self.strategy,
             window=self.window,
@@ -685,6 +699,11 @@ class TrainConfig:
             )
         _bounded("jagg_frac", self.jagg_frac)
         _bounded("cv_frac", self.cv_frac)
+        if self.jagg_until_step is not None and self.strategy != "jagg":
+            raise ConfigError(
+                f"jagg_until_step: switches from jagg to exact; needs strategy jagg, got strategy {self.strategy!r}"
+                " (use jagg_until_step=null)"
+            )
         if self.cv_frac > 0 and self.strategy != "jagg":
             raise ConfigError(
                 f"cv_frac: corrects JAGG's estimate; needs strategy jagg, got strategy {self.strategy!r} (use cv_frac=0)"
