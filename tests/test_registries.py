@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from docs_pages import section as docs_section
 
 from jagg_engine.backbones import BACKBONES, BackboneConfigError, register_backbone
 from jagg_engine.backbones.linear_toy import LinearToy
@@ -200,7 +201,7 @@ def test_readme_plugin_registers_in_every_process_of_jagg_train(tmp_path: Path) 
     """README's plugin example: a user's module named in ``plugins`` registers an SDE kind, a reward and a
     backbone; README's `jagg train` command (its launcher and the trainer process it starts both import the
     module) trains one step with all three."""
-    section = (REPO / "README.md").read_text().split("## Extending", 1)[1].split("\n## ", 1)[0]
+    section = docs_section("Extending")
     code = section.split("```python\n", 1)[1].split("\n```", 1)[0]
     command = section.split("```bash\n", 1)[1].split("\n```", 1)[0]
     (tmp_path / "my_plugin.py").write_text(code + "\n")
