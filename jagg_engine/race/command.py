@@ -12,7 +12,7 @@ from jagg_engine.store import DB_NAME
 
 from .folder import _read_plan, driver_gone
 from .heats import race
-from .plan import RACE_JSON, RACE_MD, RACE_SVG, RaceError, parse_seeds, parse_variant
+from .plan import HISTORY_DIR, RACE_JSON, RACE_MD, RACE_SVG, RaceError, parse_seeds, parse_variant
 from .report import report
 from .summary import markdown_table
 
@@ -53,7 +53,9 @@ def _add_options(p: argparse.ArgumentParser) -> None:
         " with too few cores)",
     )
     p.add_argument(
-        "--report-only", action="store_true", help="rebuild race.json/.svg/.md of --out DIR from its store"
+        "--report-only",
+        action="store_true",
+        help="rebuild race.json/.svg/.md of --out DIR from its runs (runs/jagg.db, or history/ without it)",
     )
     p.add_argument(
         "--baseline",
@@ -99,8 +101,11 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     try:
         if args.report_only:
-            if not (out / RACE_JSON).is_file() or not (out / "runs" / DB_NAME).is_file():
-                raise UsageError(f"--out: {out} holds no race ({RACE_JSON} and runs/{DB_NAME})")
+            runs = (out / "runs" / DB_NAME).is_file() or (out / HISTORY_DIR).is_dir()
+            if not (out / RACE_JSON).is_file() or not runs:
+                raise UsageError(
+                    f"--out: {out} holds no race ({RACE_JSON} and runs/{DB_NAME} or {HISTORY_DIR}/)"
+                )
             gone = driver_gone(out)  # a race whose driver is gone reads interrupted from now on
             plan = _read_plan(out)
             if gone and plan.get("status") == "running":  # race.json could not be updated (read-only)

@@ -18,6 +18,7 @@ from jagg_engine.processes import (
 )
 
 RACE_JSON, RACE_SVG, RACE_MD = "race.json", "race.svg", "race.md"
+HISTORY_DIR = "history"  # each run's run.json and history.jsonl.gz: what a report needs, without runs/
 LOCK_NAME = ".race.lock"  # held (fcntl.flock) by the race's driver for its whole life: one race per folder
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
 RACE_SET = ("seed", "name")  # fields the race sets itself (from --seeds and the variant's name)
