@@ -13,23 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from toy import RACE_TINY
 
 from jagg_engine.store import HISTORY_FILE, RUN_FILE
 
 REPO = Path(__file__).resolve().parents[1]
 OUTPUTS = ("race.json", "race.svg", "race.md")
-TINY = [  # as tests/test_race.py: one prompt group of two samples, four sampling steps, two trained
-    "prompts_per_step=1",
-    "group_size=2",
-    "sampling_steps=4",
-    "sde_window_end=2",
-    "window=2",
-    "eval_num_prompts=2",
-    "eval_seeds=[0]",
-    "eval_every=1",
-    "sample_every=0",
-    "checkpoint_every=0",
-]
+TINY = RACE_TINY  # as tests/test_race.py (tests/toy.py)
 
 
 def jagg_race(*args: str) -> subprocess.CompletedProcess:
@@ -87,24 +77,35 @@ def test_a_race_saves_its_runs_history_and_its_report_comes_back_from_it_alone(t
 
 
 def test_a_committed_race_is_rebuilt_from_the_repository_figure_for_figure(tmp_path):
+    """What git holds of each race with a history/ (never runs/): its plan, with every figure the report
+    computes emptied, and history/. --report-only writes race.json, race.svg and race.md back, byte
+    for byte as committed."""
     races = committed_races_with_history()
     assert races, "no race under reports/race/ keeps its history/"
     for folder in races:
         copy = tmp_path / folder.name
-        shutil.copytree(folder, copy)
-        for name in OUTPUTS:
-            (copy / name).unlink()
+        shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("runs", ".race.lock"))
+        plan = json.loads((copy / "race.json").read_text())
+        plan["summary"] = plan["heats"] = None  # emptied in place: the report fills them again, keys in order
+        for entry in plan[
+            "runs"
+        ]:  # threads_logged stays: train.log gives it, and history/ leaves the log out
+            entry["status"] = entry["trained_from_unix"] = entry["trained_to_unix"] = None
+        (copy / "race.json").write_text(json.dumps(plan, indent=1))
+        (copy / "race.svg").unlink()
+        (copy / "race.md").unlink()
 
         done = jagg_race("--report-only", "--out", str(copy))
 
         assert done.returncode == 0, (folder.name, done.stderr[-3000:])
         assert outputs(copy) == outputs(folder), folder.name
+        assert not (copy / "runs").exists()
 
 
 def test_a_race_without_runs_or_history_is_refused_in_one_line(tmp_path):
     folder = REPO / "reports" / "race" / "early-window-shipped"  # committed before races kept history/
     copy = tmp_path / folder.name
-    shutil.copytree(folder, copy)
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("runs", ".race.lock"))
     done = jagg_race("--report-only", "--out", str(copy))
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
