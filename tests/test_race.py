@@ -12,6 +12,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from toy import RACE_TINY
 
 from jagg_engine import race
 from jagg_engine.cli import main
@@ -19,19 +20,7 @@ from jagg_engine.race import Curve, mean_curve, parse_variant, split_overrides, 
 from jagg_engine.race import plan as race_plan
 from jagg_engine.store import open_store, pid_alive
 
-# A race as small as the trainer allows: one prompt group of two samples, four sampling steps, two trained.
-TINY = [
-    "prompts_per_step=1",
-    "group_size=2",
-    "sampling_steps=4",
-    "sde_window_end=2",
-    "window=2",
-    "eval_num_prompts=2",
-    "eval_seeds=[0]",
-    "eval_every=1",
-    "sample_every=0",
-    "checkpoint_every=0",
-]
+TINY = RACE_TINY  # one prompt group of two samples, four sampling steps, two trained (tests/toy.py)
 
 
 def jagg_race(*args: str, **kwargs) -> subprocess.Popen | subprocess.CompletedProcess:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from toy import RACE_TINY
 
 from app.runs import group_alive
 from jagg_engine import race
@@ -21,18 +22,7 @@ from jagg_engine.race import heats
 from jagg_engine.store import open_store, pid_alive
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = [  # as tests/test_race.py: one prompt group of two samples, four sampling steps, two trained
-    "prompts_per_step=1",
-    "group_size=2",
-    "sampling_steps=4",
-    "sde_window_end=2",
-    "window=2",
-    "eval_num_prompts=2",
-    "eval_seeds=[0]",
-    "eval_every=1",
-    "sample_every=0",
-    "checkpoint_every=0",
-]
+TINY = RACE_TINY  # as tests/test_race.py (tests/toy.py)
 
 
 def jagg(*args: str, wait: bool = True, **kwargs):

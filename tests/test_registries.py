@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from docs_pages import section as docs_section
+from toy import TOY
 
 from jagg_engine.backbones import BACKBONES, BackboneConfigError, register_backbone
 from jagg_engine.backbones.linear_toy import LinearToy
@@ -26,20 +27,9 @@ from jagg_engine.train.config import ALGORITHMS, ConfigError, TrainConfig, load_
 
 REPO = Path(__file__).resolve().parents[1]
 SDE, REWARD, BACKBONE = "test-euler-maruyama", "test-mean-grey", "test-toy"
-# One GRPO step on a 16-dim toy: 2 prompts × 2 samples, 4 sampling steps (all trained), windows of 2.
-ONE_STEP = [
-    "steps=1",
-    "prompts_per_step=2",
-    "group_size=2",
-    "sampling_steps=4",
-    "sde_window_end=null",
-    "window=2",
-    "eval_every=0",
-    "sample_every=0",
-    "probe_every=0",
-    "checkpoint_every=1",
-    "lr=1e-2",
-]
+# One GRPO step on a 16-dim toy: 2 prompts × 2 samples, 4 sampling steps (all trained), windows of 2, the
+# toy run of the fault tests without its backbone and reward.
+ONE_STEP = ["steps=1", *(o for o in TOY if not o.startswith(("backbone=", "rewards=")))]  # tests/toy.py
 calls = {"step": 0, "reward": 0, "factory": []}
 
 

@@ -33,20 +33,29 @@ from .base import (
 from .index import storage_refusal
 
 
-def index_shared(fd: int, db: Path) -> None:
-    """Take the index lock ``fd`` shared, waiting up to :data:`REINDEX_WAIT_S` for a reindex to end."""
-    deadline = time.time() + REINDEX_WAIT_S
+def _flock_waiting(fd: int, mode: int, wait_s: float, refusal: str) -> None:
+    """Take ``fd``'s lock in ``mode`` (LOCK_SH or LOCK_EX), trying every 50 ms for up to ``wait_s`` seconds;
+    StoreError ``refusal`` past that."""
+    deadline = time.time() + wait_s
     while True:
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
             return
         except BlockingIOError:
             if time.time() > deadline:
-                raise StoreError(
-                    f"{db}: `jagg reindex` has been rebuilding the index for over"
-                    f" {REINDEX_WAIT_S:.0f} s; nothing was written, try again when it has finished"
-                ) from None
+                raise StoreError(refusal) from None
             time.sleep(0.05)
+
+
+def index_shared(fd: int, db: Path) -> None:
+    """Take the index lock ``fd`` shared, waiting up to :data:`REINDEX_WAIT_S` for a reindex to end."""
+    _flock_waiting(
+        fd,
+        fcntl.LOCK_SH,
+        REINDEX_WAIT_S,
+        f"{db}: `jagg reindex` has been rebuilding the index for over {REINDEX_WAIT_S:.0f} s; nothing was"
+        " written, try again when it has finished",
+    )
 
 
 @contextlib.contextmanager
@@ -55,17 +64,12 @@ def index_exclusive(root: Path) -> Iterator[None]:
     write transaction holds it shared, for a moment)."""
     fd = os.open(root / INDEX_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        deadline = time.time() + BUSY_TIMEOUT_S
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.time() > deadline:
-                    raise StoreError(
-                        f"runs dir: {root / DB_NAME} is being written for over {BUSY_TIMEOUT_S:.0f} s; try again"
-                    ) from None
-                time.sleep(0.05)
+        _flock_waiting(
+            fd,
+            fcntl.LOCK_EX,
+            BUSY_TIMEOUT_S,
+            f"runs dir: {root / DB_NAME} is being written for over {BUSY_TIMEOUT_S:.0f} s; try again",
+        )
         yield
     finally:
         os.close(fd)
