@@ -53,10 +53,10 @@ cover(
     TOUR,
     RUN_HERE,
     "tour",
-    "jagg train configs/tiny-shapes-cpu.yaml steps=2 eval_every=1 eval_num_prompts=4",
+    "jagg train steps=2 eval_every=1 eval_num_prompts=4",
     "jagg runs",
-    "jagg race configs/tiny-shapes-cpu.yaml --variant exact:strategy=exact --variant jagg:strategy=jagg"
-    " --seeds 0 --out race-demo steps=2 eval_every=1 eval_num_prompts=4",
+    "jagg race --variant exact:strategy=exact --variant jagg:strategy=jagg --seeds 0 --out race-demo"
+    " steps=2 eval_every=1 eval_num_prompts=4",
     "jagg export-model 1 --out exports/run-1",
     "jagg eval --model exports/run-1 --json",
 )
@@ -111,7 +111,7 @@ cover("docs/faults.md", "checked", "builds a history of 1.6 M metric rows and ti
       "python scripts/bench_tick.py")  # fmt: skip
 cover("docs/windowed.md", "checked", "36 prompts sampled five ways; tests/test_window.py runs it on 2 prompts",
       "python scripts/ode_solver_check.py configs/tiny-shapes-cpu.yaml --windows 0-4,4-8 --prompts 36")  # fmt: skip
-cover("docs/space.md", "checked", "packs the runs of a race run on the machine that ran it (runs/ is not committed);"
+cover("docs/app.md", "checked", "packs the runs of a race run on the machine that ran it (runs/ is not committed);"
       " tests/test_showcase.py runs the script on runs it trains", "python scripts/record_showcase.py --pack-only"
       " reports/race/early-window-shipped/runs --runs exact=1,jagg=3 --max-step 40 --image-every 20")  # fmt: skip
 cover(

@@ -139,6 +139,8 @@ def save_history(out: Path, store: RunStore, plan: Mapping[str, Any]) -> Path:
             with open(folder / HISTORY_FILE, "rb") as src, open(target / f"{HISTORY_FILE}.gz", "wb") as raw:
                 with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as packed:
                     shutil.copyfileobj(src, packed)
+        if not building.exists():  # no run has a folder yet: nothing to keep
+            return dest
         old = out / f".{HISTORY_DIR}.{os.getpid()}.old"
         if dest.exists():
             os.replace(dest, old)
