@@ -182,7 +182,7 @@ def check_variants(
 
 
 def schedule(configs: Mapping[tuple[str, int], Any], variants: int, threads: int | None) -> PairPlan:
-    """How a heat runs: :func:`app.runs.plan_pair`'s rule for ``variants`` runs at once on this machine, or side
+    """How a heat runs: :func:`jagg_engine.processes.plan_pair`'s rule for ``variants`` runs at once on this machine, or side
     by side at ``threads`` torch threads each when given."""
     processes = max(int(cfg.processes) for cfg in configs.values())
     if threads is not None:

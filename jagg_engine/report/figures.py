@@ -56,7 +56,7 @@ def reward_figure(
     With a single reward its own series (equal to the total up to its weight) is left out. Trace names are
     ``<label> · <reward>``, ``<label> · total, mean of last N steps`` and ``<label> · eval``.
 
-    ``x``: the x axis, one of :data:`app.metrics.X_AXES` (step, wall time, relative time; ``runs``: label →
+    ``x``: the x axis, one of step, wall time, relative time (the app's X_AXES; ``runs``: label →
     run row, whose ``started_at`` the time axes need).
     """
     fig = go.Figure()
