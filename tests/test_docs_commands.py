@@ -53,10 +53,10 @@ cover(
     TOUR,
     RUN_HERE,
     "tour",
-    "jagg train steps=2 eval_every=1 eval_num_prompts=4",
+    "jagg train steps=2 prompts_per_step=2 eval_every=1 eval_num_prompts=4",
     "jagg runs",
     "jagg race --variant exact:strategy=exact --variant jagg:strategy=jagg --seeds 0 --out race-demo"
-    " steps=2 eval_every=1 eval_num_prompts=4",
+    " steps=2 prompts_per_step=2 eval_every=1 eval_num_prompts=4",
     "jagg export-model 1 --out exports/run-1",
     "jagg eval --model exports/run-1 --json",
 )
