@@ -1,13 +1,15 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   the app on http://127.0.0.1:7860 with the embedded tiny-shapes model (CPU is enough)
-#   make test   ruff (check + format) and the whole test suite
+#   make test   ruff (check + format), the docs site built with --strict, and the whole test suite
+#   make docs   the docs site into site/ (mkdocs-material, offline); make results: regenerate the results
+#               tables of docs/results.md and reports/README.md from reports/ (after adding a race)
 # GPU users: make demo TORCH="torch" (or any CUDA build) instead of the CPU wheel.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: demo probe test lint browser clean
+.PHONY: demo probe test lint docs results browser clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +28,12 @@ lint: $(VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+results: $(VENV)/.installed
+	$(BIN)/python scripts/results.py
+
 # The browser test drives Debian's chromium through selenium; nothing is downloaded at test time.
 browser:
 	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
@@ -34,8 +42,8 @@ browser:
 	  else echo "note: install chromium and chromium-driver for the browser test"; fi; \
 	fi
 
-test: $(VENV)/.installed browser lint
+test: $(VENV)/.installed browser lint docs
 	HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 GRADIO_ANALYTICS_ENABLED=False $(BIN)/python -m pytest
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache site

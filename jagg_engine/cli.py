@@ -123,74 +123,75 @@ def _run_probe(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------------------------------------
 
 
+# name → (help, module, its add_arguments, its run): every module an engine module (tests/test_layers.py)
+MODULE_COMMANDS: dict[str, tuple[str, str, str, str]] = {
+    "eval": (
+        "mean ± std reward of a model on fixed prompts and seeds",
+        "jagg_engine.evaluate",
+        "add_arguments",
+        "run",
+    ),
+    "bench": (
+        "time the update phase of every strategy against the cost model",
+        "jagg_engine.bench",
+        "add_arguments",
+        "run",
+    ),
+    "study": (
+        "fidelity study: cosine by group, reward parity of exact vs jagg vs endpoint",
+        "jagg_engine.study",
+        "add_arguments",
+        "run",
+    ),
+    "train": ("run GRPO training under accelerate", "jagg_engine.train.launch", "add_arguments", "run"),
+    "runs": ("list the run history", "jagg_engine.runs_cli", "add_runs_arguments", "run_runs"),
+    "export": (
+        "write a run's metrics as CSV and JSON",
+        "jagg_engine.runs_cli",
+        "add_export_arguments",
+        "run_export",
+    ),
+    "export-model": (
+        "write a run's trained weights as a folder diffusers (or model_path=) loads, with a model card",
+        "jagg_engine.export",
+        "add_arguments",
+        "run",
+    ),
+    "sample": (
+        "images of typed prompts from a run, an export or the base model, each with its reward",
+        "jagg_engine.sample",
+        "add_arguments",
+        "run",
+    ),
+    "reindex": (
+        "rebuild the run index (jagg.db) from the run folders",
+        "jagg_engine.runs_cli",
+        "add_reindex_arguments",
+        "run_reindex",
+    ),
+    "report": (
+        "write runs as one self-contained HTML file (config, curves, speedup, images)",
+        "jagg_engine.report.page",
+        "add_arguments",
+        "run",
+    ),
+    "race": (
+        "time to quality: variants side by side, eval reward against training time, over seeds",
+        "jagg_engine.race.command",
+        "add_arguments",
+        "run",
+    ),
+}
+
+
 def _commands() -> dict[str, tuple[str, Callable, Callable]]:
     """name → (help, add_arguments, run). Imports of heavy modules happen inside ``run``."""
     cmds: dict[str, tuple[str, Callable, Callable]] = {
         "probe": ("gradient fidelity of JAGG vs exact, per group", _add_probe, _run_probe),
     }
-    optional = {
-        "eval": (
-            "mean ± std reward of a model on fixed prompts and seeds",
-            "jagg_engine.evaluate",
-            "add_arguments",
-            "run",
-        ),
-        "bench": (
-            "time the update phase of every strategy against the cost model",
-            "jagg_engine.bench",
-            "add_arguments",
-            "run",
-        ),
-        "study": (
-            "fidelity study: cosine by group, reward parity of exact vs jagg vs endpoint",
-            "jagg_engine.study",
-            "add_arguments",
-            "run",
-        ),
-        "train": ("run GRPO training under accelerate", "jagg_engine.train.launch", "add_arguments", "run"),
-        "runs": ("list the run history", "jagg_engine.runs_cli", "add_runs_arguments", "run_runs"),
-        "export": (
-            "write a run's metrics as CSV and JSON",
-            "jagg_engine.runs_cli",
-            "add_export_arguments",
-            "run_export",
-        ),
-        "export-model": (
-            "write a run's trained weights as a folder diffusers (or model_path=) loads, with a model card",
-            "jagg_engine.export",
-            "add_arguments",
-            "run",
-        ),
-        "sample": (
-            "images of typed prompts from a run, an export or the base model, each with its reward",
-            "jagg_engine.sample",
-            "add_arguments",
-            "run",
-        ),
-        "reindex": (
-            "rebuild the run index (jagg.db) from the run folders",
-            "jagg_engine.runs_cli",
-            "add_reindex_arguments",
-            "run_reindex",
-        ),
-        "report": (
-            "write runs as one self-contained HTML file (config, curves, speedup, images)",
-            "app.report",
-            "add_arguments",
-            "run",
-        ),
-        "race": (
-            "time to quality: variants side by side, eval reward against training time, over seeds",
-            "app.race",
-            "add_arguments",
-            "run",
-        ),
-    }
-    import importlib.util
+    import importlib
 
-    for name, (help_, module, add, run) in optional.items():
-        if importlib.util.find_spec(module) is None:
-            continue
+    for name, (help_, module, add, run) in MODULE_COMMANDS.items():
 
         def lazy(attr: str, module: str = module) -> Callable:
             return lambda *a: getattr(importlib.import_module(module), attr)(*a)

@@ -36,6 +36,7 @@ from tqdm import tqdm
 from . import shapes_data
 from .backbones.base import Backbone
 from .devices import resolve_device
+from .imaging import image_grid
 from .sde import eval_noise, ode_sample
 
 DEFAULT_NUM_PROMPTS = 64
@@ -46,21 +47,6 @@ def eval_prompts(n: int = DEFAULT_NUM_PROMPTS) -> list[str]:
     prompts = shapes_data.all_prompts()
     order = np.random.default_rng(0).permutation(len(prompts))[:n]
     return [prompts[i] for i in sorted(order)]
-
-
-def image_grid(images: np.ndarray, columns: int, scale: int, gap: int = 2) -> np.ndarray:
-    """uint8 images (N, H, W, 3) → one uint8 grid image, nearest-neighbour upscaled by ``scale``."""
-    n, h, w, _ = images.shape
-    big = images.repeat(scale, axis=1).repeat(scale, axis=2)  # (N, sH, sW, 3)
-    rows = -(-n // columns)
-    cell_h, cell_w = h * scale + gap, w * scale + gap
-    grid = np.full((rows * cell_h + gap, columns * cell_w + gap, 3), 255, dtype=np.uint8)
-    for i in range(n):
-        r, c = divmod(i, columns)
-        grid[
-            gap + r * cell_h : gap + r * cell_h + h * scale, gap + c * cell_w : gap + c * cell_w + w * scale
-        ] = big[i]
-    return grid
 
 
 class EvalResult(NamedTuple):

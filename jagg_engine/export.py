@@ -412,7 +412,7 @@ def _write_figures(
     steps = sorted({s["step"] for s in evals})
     after = max((s for s in steps if s <= step), default=None)
     if 0 in steps and after not in (None, 0):
-        from .evaluate import image_grid
+        from .imaging import image_grid
 
         def pictures(at: int) -> list[np.ndarray]:
             rows = [s for s in evals if s["step"] == at][:GRID_PAIRS]

@@ -83,7 +83,7 @@ def run_runs(args: argparse.Namespace) -> int:
         store.check_liveness()
         runs = store.list_runs()
     if (Path(args.runs_dir).resolve().parent / "race.json").is_file():  # a race's runs: is its driver there?
-        from app.race import check_runs_folder
+        from jagg_engine.race.folder import check_runs_folder
 
         if line := check_runs_folder(args.runs_dir):
             print(line, file=sys.stderr)

@@ -361,7 +361,9 @@ def test_missing_images_are_skipped_at_once(store, monkeypatch):
         for i in range(300)
     ]
     s.log_samples(ids["jagg"], 7, rows)  # 300 rows whose files were never written
-    safe = _count_calls(monkeypatch, data, "safe_image_path")
+    from jagg_engine.report import images  # where RunImages, which the gallery reads through, lives
+
+    safe = _count_calls(monkeypatch, images, "safe_image_path")
     listings = _count_calls(monkeypatch, data.os, "scandir")
     items = data.gallery_items(s, ids["jagg"], root)
     assert [c.split(" · ")[0] for _, c in items] == ["step 3"] * 2 + ["step 0"] * 2  # the 4 real images

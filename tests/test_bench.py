@@ -17,13 +17,7 @@ from jagg_engine.sde import SamplerConfig, rollout
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: the CPU is shared, and two spinning OpenMP threads on two busy cores crawl."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def jagg(*args, timeout=180):

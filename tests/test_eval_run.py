@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from toy import a_trained_and_a_queued_run
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from jagg_engine import cli  # noqa: E402
 from jagg_engine.store import open_store  # noqa: E402
 from jagg_engine.train.config import load_config  # noqa: E402
-from jagg_engine.train.trainer import Trainer  # noqa: E402
 
 SMALL = [
     "steps=2",
@@ -38,13 +38,7 @@ SMALL = [
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Run 1: two tiny-shapes steps with an eval and a checkpoint at every step; run 2: queued, never trained."""
-    root = tmp_path_factory.mktemp("runs")
-    cfg = load_config(None, SMALL)
-    store = open_store(root)
-    run_id = store.create_run(cfg.name, cfg.to_dict(), root / "run-0001")
-    assert Trainer(cfg, run_id, str(root)).run() == "finished"
-    store.create_run("never trained", cfg.to_dict(), root / "run-0002")
-    return root
+    return a_trained_and_a_queued_run(tmp_path_factory.mktemp("runs"), SMALL)
 
 
 def logged(runs: Path, step: int, key: str = "eval/reward/mean") -> float:

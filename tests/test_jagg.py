@@ -51,6 +51,23 @@ def sde_rollout(model, sampler, batch=4, seed=0, cond=None, perturb=0.05):
     return traj, adv
 
 
+def jagg_by_definition(model, traj, adv, sampler, clip_range, steps):
+    """JAGG's surrogate of one group written out: v̂_0ᵀ s_base + v̂_{W−1}ᵀ s_corr, with every s_j = ∂L/∂v̂_j taken by
+    plain autograd on the group's full graph (L = (1/K) Σ_{j ∈ steps} L_j) and α from the steps' σ. Its
+    gradient is G_jagg of the group."""
+    K = len(traj.sde_steps)
+    vs = [model(traj.latents[j], traj.sigmas[j].expand(traj.batch_size), traj.cond) for j in steps]
+    total = 0
+    for j, v in zip(steps, vs):
+        out = sampler.step(v, traj.latents[j], j, traj.sigmas, prev_sample=traj.latents[j + 1])
+        total = total + ppo_clip_loss(out.log_prob, traj.log_probs[j], adv, clip_range)[0] / K
+    s = torch.stack(torch.autograd.grad(total, vs, retain_graph=True))  # (W, B, N, C)
+    alpha = interpolation_weights(traj.sigmas[steps])
+    s_base = sum((1 - a) * s_j for a, s_j in zip(alpha, s))
+    s_corr = sum(a * s_j for a, s_j in zip(alpha, s))
+    return (vs[0] * s_base).sum() + (vs[-1] * s_corr).sum()
+
+
 def plain_autograd_loss(model, traj, adv, sampler, clip_range, steps):
     """(1/K) Σ_{j ∈ steps} L_j written out directly: one forward per step, no engine code but the SDE step."""
     K = len(traj.sde_steps)
@@ -207,19 +224,10 @@ def test_jagg_equals_its_definition_by_plain_autograd(tiny_flux64):
     """G_jagg = Σ_groups J_0ᵀ s_base + J_{W−1}ᵀ s_corr, with every s_j taken by plain autograd on the full graph."""
     model, traj, adv, sampler = tiny_flux64
     params = model.trainable_parameters()
-    W, K = 4, len(traj.sde_steps)
-    surrogate = 0
-    for steps in make_groups(traj.sde_steps, W):
-        vs = [model(traj.latents[j], traj.sigmas[j].expand(traj.batch_size), traj.cond) for j in steps]
-        total = 0
-        for j, v in zip(steps, vs):
-            out = sampler.step(v, traj.latents[j], j, traj.sigmas, prev_sample=traj.latents[j + 1])
-            total = total + ppo_clip_loss(out.log_prob, traj.log_probs[j], adv, 1e-2)[0] / K
-        s = torch.stack(torch.autograd.grad(total, vs, retain_graph=True))  # (W, B, N, C)
-        alpha = interpolation_weights(traj.sigmas[steps])
-        s_base = sum((1 - a) * s_j for a, s_j in zip(alpha, s))
-        s_corr = sum(a * s_j for a, s_j in zip(alpha, s))
-        surrogate = surrogate + (vs[0] * s_base).sum() + (vs[-1] * s_corr).sum()
+    W = 4
+    surrogate = sum(
+        jagg_by_definition(model, traj, adv, sampler, 1e-2, steps) for steps in make_groups(traj.sde_steps, W)
+    )
     zero(params)
     surrogate.backward()
     expected = flat_grad(params)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from docs_pages import section as docs_section
 
 from jagg_engine.store import open_store
 from jagg_engine.train import checkpoint
@@ -22,9 +23,8 @@ README_ADDRESS = "10.0.0.1:29500"
 
 
 def scale_commands() -> tuple[list[str], list[list[str]]]:
-    """The `jagg train` commands of README's "Running at scale" section: (one machine, [machine 0, machine 1])."""
-    section = (ROOT / "README.md").read_text().split("## Running at scale", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
+    """The `jagg train` commands of the docs' "Running at scale" page: (one machine, [machine 0, machine 1])."""
+    blocks = re.findall(r"```bash\n(.*?)```", docs_section("Running at scale"), re.S)
     commands = [
         [shlex.split(line) for line in b.splitlines() if line.startswith("jagg train")] for b in blocks
     ]

@@ -21,6 +21,7 @@ import typing
 from pathlib import Path
 
 import pytest
+from docs_pages import all_text as docs_text
 
 from app.form import form_config
 from jagg_engine import cli, safe_yaml
@@ -211,8 +212,7 @@ def test_every_float_field_has_bounds() -> None:
     hints = typing.get_type_hints(TrainConfig)
     floats = {f.name for f in dataclasses.fields(TrainConfig) if hints[f.name] in (float, float | None)}
     assert floats == set(FLOAT_BOUNDS), floats ^ set(FLOAT_BOUNDS)
-    readme = (ROOT / "README.md").read_text()
-    readme = " ".join(readme.split())
+    readme = " ".join(docs_text().split())  # README.md and the docs pages
     for name, (low, high, closed) in FLOAT_BOUNDS.items():
         assert f"`{name}` {'[' if closed else '('}{low:g}, {high:g}]" in readme, name
 

@@ -12,25 +12,15 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from toy import RACE_TINY
 
-from app import race
-from app.race import Curve, mean_curve, parse_variant, split_overrides, summarise, time_to_reach
+from jagg_engine import race
 from jagg_engine.cli import main
+from jagg_engine.race import Curve, mean_curve, parse_variant, split_overrides, summarise, time_to_reach
+from jagg_engine.race import plan as race_plan
 from jagg_engine.store import open_store, pid_alive
 
-# A race as small as the trainer allows: one prompt group of two samples, four sampling steps, two trained.
-TINY = [
-    "prompts_per_step=1",
-    "group_size=2",
-    "sampling_steps=4",
-    "sde_window_end=2",
-    "window=2",
-    "eval_num_prompts=2",
-    "eval_seeds=[0]",
-    "eval_every=1",
-    "sample_every=0",
-    "checkpoint_every=0",
-]
+TINY = RACE_TINY  # one prompt group of two samples, four sampling steps, two trained (tests/toy.py)
 
 
 def jagg_race(*args: str, **kwargs) -> subprocess.Popen | subprocess.CompletedProcess:
@@ -191,16 +181,16 @@ def test_the_schedule_is_the_apps_pair_rule_for_one_run_per_variant(monkeypatch)
     from jagg_engine.train.config import TrainConfig
 
     configs = {("a", 0): TrainConfig(), ("b", 0): TrainConfig(), ("c", 0): TrainConfig()}
-    monkeypatch.setattr(race, "gpu_present", lambda: False)
-    monkeypatch.setattr(race, "usable_cores", lambda: 6)
+    monkeypatch.setattr(race_plan, "gpu_present", lambda: False)
+    monkeypatch.setattr(race_plan, "usable_cores", lambda: 6)
     plan = race.schedule(configs, 3, None)
     assert (plan.mode, plan.threads) == ("side-by-side", 2)  # 6 cores over 3 runs
-    monkeypatch.setattr(race, "usable_cores", lambda: 2)
+    monkeypatch.setattr(race_plan, "usable_cores", lambda: 2)
     plan = race.schedule(configs, 3, None)
     assert plan.mode == "sequential" and "too few for 3 runs" in plan.reason
     plan = race.schedule(configs, 3, 1)
     assert (plan.mode, plan.threads) == ("side-by-side", 1)  # --threads 1: side by side anyway
-    monkeypatch.setattr(race, "gpu_present", lambda: True)
+    monkeypatch.setattr(race_plan, "gpu_present", lambda: True)
     assert race.schedule(configs, 3, None).mode == "sequential"
 
 

@@ -14,24 +14,15 @@ import time
 from pathlib import Path
 
 import pytest
+from toy import RACE_TINY
 
-from app import race
 from app.runs import group_alive
+from jagg_engine import race
+from jagg_engine.race import heats
 from jagg_engine.store import open_store, pid_alive
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = [  # as tests/test_race.py: one prompt group of two samples, four sampling steps, two trained
-    "prompts_per_step=1",
-    "group_size=2",
-    "sampling_steps=4",
-    "sde_window_end=2",
-    "window=2",
-    "eval_num_prompts=2",
-    "eval_seeds=[0]",
-    "eval_every=1",
-    "sample_every=0",
-    "checkpoint_every=0",
-]
+TINY = RACE_TINY  # as tests/test_race.py (tests/toy.py)
 
 
 def jagg(*args: str, wait: bool = True, **kwargs):
@@ -157,7 +148,7 @@ time.sleep(600)
 def test_the_watchdogs_kill_list_is_the_trainers_tree_and_nothing_else():
     """What the watchdog SIGKILLs at the end: the trainers' groups and their descendants, never anything
     else (no group: nothing; never init, never itself)."""
-    source = race._WATCHDOG
+    source = heats._WATCHDOG
     scope: dict = {"os": os}
     exec(source[source.index("def descendants") : source.index("def send")], scope)
     descendants = scope["descendants"]
@@ -175,7 +166,7 @@ def test_the_watchdogs_kill_list_is_the_trainers_tree_and_nothing_else():
 
 
 def test_the_watchdog_kills_a_stuck_trainer_and_its_workers_in_sessions_of_their_own():
-    dog = race._Watchdog()
+    dog = heats._Watchdog()
     trainer = subprocess.Popen(
         [sys.executable, "-c", STUCK_TRAINER], start_new_session=True, stdout=subprocess.PIPE, text=True
     )
@@ -199,7 +190,7 @@ def test_the_watchdog_kills_a_stuck_trainer_and_its_workers_in_sessions_of_their
 HOLDER = """
 import json, os, sys, time
 from pathlib import Path
-from app import race
+from jagg_engine import race
 race.claim_out(Path(sys.argv[1]), {**json.loads(sys.argv[2]), "driver": {"pid": os.getpid()}})
 print("held", flush=True)
 time.sleep(600)
@@ -250,7 +241,7 @@ CLAIMER = textwrap.dedent(
     """
     import os, sys, time
     from pathlib import Path
-    from app import race
+    from jagg_engine import race
     from jagg_engine.errors import UsageError
     root, tries, t0 = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
     for i in range(tries):
@@ -272,7 +263,7 @@ CLAIMER = textwrap.dedent(
 
 def test_two_races_claiming_one_out_at_the_same_instant_exactly_one_wins_20_of_20(tmp_path):
     tries = 20
-    t0 = time.time() + 3.0  # after both interpreters have imported app.race
+    t0 = time.time() + 3.0  # after both interpreters have imported jagg_engine.race
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", CLAIMER, str(tmp_path), str(tries), str(t0)],

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from docs_pages import section as docs_section
+from toy import TOY
 
 from jagg_engine.backbones import BACKBONES, BackboneConfigError, register_backbone
 from jagg_engine.backbones.linear_toy import LinearToy
@@ -25,20 +27,9 @@ from jagg_engine.train.config import ALGORITHMS, ConfigError, TrainConfig, load_
 
 REPO = Path(__file__).resolve().parents[1]
 SDE, REWARD, BACKBONE = "test-euler-maruyama", "test-mean-grey", "test-toy"
-# One GRPO step on a 16-dim toy: 2 prompts × 2 samples, 4 sampling steps (all trained), windows of 2.
-ONE_STEP = [
-    "steps=1",
-    "prompts_per_step=2",
-    "group_size=2",
-    "sampling_steps=4",
-    "sde_window_end=null",
-    "window=2",
-    "eval_every=0",
-    "sample_every=0",
-    "probe_every=0",
-    "checkpoint_every=1",
-    "lr=1e-2",
-]
+# One GRPO step on a 16-dim toy: 2 prompts × 2 samples, 4 sampling steps (all trained), windows of 2, the
+# toy run of the fault tests without its backbone and reward.
+ONE_STEP = ["steps=1", *(o for o in TOY if not o.startswith(("backbone=", "rewards=")))]  # tests/toy.py
 calls = {"step": 0, "reward": 0, "factory": []}
 
 
@@ -200,7 +191,7 @@ def test_readme_plugin_registers_in_every_process_of_jagg_train(tmp_path: Path) 
     """README's plugin example: a user's module named in ``plugins`` registers an SDE kind, a reward and a
     backbone; README's `jagg train` command (its launcher and the trainer process it starts both import the
     module) trains one step with all three."""
-    section = (REPO / "README.md").read_text().split("## Extending", 1)[1].split("\n## ", 1)[0]
+    section = docs_section("Extending")
     code = section.split("```python\n", 1)[1].split("\n```", 1)[0]
     command = section.split("```bash\n", 1)[1].split("\n```", 1)[0]
     (tmp_path / "my_plugin.py").write_text(code + "\n")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from browser import chromium
+from docs_pages import all_text as docs_text
 from PIL import Image
 
 from app import showcase
@@ -468,8 +469,7 @@ def test_browser_opens_the_report_offline_with_curves_and_images(two_run_report,
 def test_readme_command_runs_as_written(runs_dir):
     """README's `jagg report` line, run as written beside a runs/ folder that holds the showcase (the app
     loads it there)."""
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    line = next(l for l in readme.splitlines() if l.startswith("jagg report "))
+    line = next(l for l in docs_text().splitlines() if l.startswith("jagg report "))
     argv = line.split("#", 1)[0].split()
     out = runs_dir.parent / argv[argv.index("--out") + 1]
     jagg = shutil.which("jagg")

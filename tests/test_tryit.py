@@ -16,12 +16,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from toy import a_trained_and_a_queued_run
 
 from app import tryit
 from app.runs import group_alive
 from jagg_engine.store import open_store
-from jagg_engine.train.config import load_config
-from jagg_engine.train.trainer import Trainer
 
 pytestmark = pytest.mark.slow  # a real training step, and workers that import torch
 
@@ -43,14 +42,7 @@ SMALL = [
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Run 1: one tiny-shapes step, evals and checkpoints at steps 0 and 1; run 2: queued, never trained."""
-    root = tmp_path_factory.mktemp("runs")
-    cfg = load_config(None, SMALL)
-    store = open_store(root)
-    run_id = store.create_run(cfg.name, cfg.to_dict(), root / "run-0001")
-    assert Trainer(cfg, run_id, str(root)).run() == "finished"
-    store.create_run("never trained", cfg.to_dict(), root / "run-0002")
-    store.close()
-    return root
+    return a_trained_and_a_queued_run(tmp_path_factory.mktemp("runs"), SMALL)
 
 
 def make(runs: Path, space: bool = False) -> tryit.TryIt:

@@ -7,13 +7,12 @@ import signal
 import pytest
 import torch
 from diffusers import DPMSolverMultistepScheduler
-from test_jagg import Counting, flat_grad, plain_autograd_loss, rel_err, sde_rollout, zero
+from test_jagg import Counting, flat_grad, jagg_by_definition, plain_autograd_loss, rel_err, sde_rollout, zero
 from test_micro_batch import PerSample, TokenMLP
 
 from jagg_engine.backbones.flux_core import TinyFlux
 from jagg_engine.backbones.linear_toy import LinearToy
-from jagg_engine.grpo import ppo_clip_loss
-from jagg_engine.jagg import UpdateConfig, interpolation_weights, policy_update
+from jagg_engine.jagg import UpdateConfig, policy_update
 from jagg_engine.sde import (
     SamplerConfig,
     make_sigmas,
@@ -152,17 +151,8 @@ def test_sliding_window_update_equals_plain_autograd_at_every_position(tiny_flux
     policy_update(inner, traj, adv, UpdateConfig(strategy="exact", window=4, clip_range=1e-2), sampler)
     assert rel_err(flat_grad(params), expected_exact) <= 1e-12
 
-    vs = [inner(traj.latents[j], traj.sigmas[j].expand(traj.batch_size), traj.cond) for j in steps]
-    total = 0
-    for j, v in zip(steps, vs):
-        out = sampler.step(v, traj.latents[j], j, traj.sigmas, prev_sample=traj.latents[j + 1])
-        total = total + ppo_clip_loss(out.log_prob, traj.log_probs[j], adv, 1e-2)[0] / K
-    s = torch.stack(torch.autograd.grad(total, vs, retain_graph=True))  # (W, B, N, C)
-    alpha = interpolation_weights(traj.sigmas[steps])
-    s_base = sum((1 - a) * s_j for a, s_j in zip(alpha, s))
-    s_corr = sum(a * s_j for a, s_j in zip(alpha, s))
     zero(params)
-    ((vs[0] * s_base).sum() + (vs[-1] * s_corr).sum()).backward()
+    jagg_by_definition(inner, traj, adv, sampler, 1e-2, steps).backward()
     expected_jagg = flat_grad(params)
 
     model = Counting(inner)

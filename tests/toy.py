@@ -44,3 +44,34 @@ def jagg(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         env=ENV,
         timeout=timeout,
     )
+
+
+# A race as small as the trainer allows (tests/test_race*.py): one prompt group of two samples, four sampling
+# steps, two trained; an eval of two prompts at one seed every step.
+RACE_TINY = [
+    "prompts_per_step=1",
+    "group_size=2",
+    "sampling_steps=4",
+    "sde_window_end=2",
+    "window=2",
+    "eval_num_prompts=2",
+    "eval_seeds=[0]",
+    "eval_every=1",
+    "sample_every=0",
+    "checkpoint_every=0",
+]
+
+
+def a_trained_and_a_queued_run(root: Path, overrides: list[str]) -> Path:
+    """In the runs folder ``root``: run 1 trained to its end in this process with the tiny-shapes defaults and
+    ``overrides``; run 2 created with the same config, queued, never trained. Returns ``root``."""
+    from jagg_engine.store import open_store
+    from jagg_engine.train.config import load_config
+    from jagg_engine.train.trainer import Trainer
+
+    cfg = load_config(None, overrides)
+    with open_store(root) as store:
+        run_id = store.create_run(cfg.name, cfg.to_dict(), root / "run-0001")
+        assert Trainer(cfg, run_id, str(root)).run() == "finished"
+        store.create_run("never trained", cfg.to_dict(), root / "run-0002")
+    return root
