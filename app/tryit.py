@@ -2,10 +2,14 @@
 
 * **Try it** (:meth:`TryIt.generate`): typed prompts (one a line) and seeds, the base model and a run's
   weights at one of its checkpoints side by side from the same noise, each image captioned with its reward.
-  The worker is ``jagg sample RUN --step N --with-base --prompt … --seeds … --images DIR --json --progress``
-  (:func:`sample_command`) in its own session (its own process group), so the app process never imports
-  torch; its ``progress:`` lines on stderr are shown while it runs, its JSON on stdout fills the two
-  galleries, and a refusal (``jagg sample: error: --prompt: …``) comes back as one line naming the tab's field.
+  The worker is ``jagg sample RUN --step N --with-base --prompts-file FILE --seeds … --images DIR --json
+  --progress`` (:func:`sample_command`) in its own session (its own process group), so the app process never
+  imports torch; its ``progress:`` lines on stderr are shown while it runs, its JSON on stdout fills the two
+  galleries, and a refusal (``jagg sample: error: --prompts-file: …``) comes back as one line naming the tab's
+  field. What a visitor typed reaches the worker only inside that JSON file, never as a word of its command
+  line: a prompt line ``--reward`` or ``--steps`` is a prompt (refused by the model's vocabulary or drawn),
+  never a flag. Every other word of the command is the app's (run id, step and seeds are parsed to numbers
+  first, folders are the app's own).
   A showcase run ships no checkpoint but its aligned model (:func:`app.showcase.shipped_model`): its step is
   offered too, and the worker is ``jagg sample --model DIR --with-base …``.
   Cancel (:meth:`TryIt.cancel`) kills the worker's process group; so does a page that goes away mid-run.
@@ -58,7 +62,14 @@ LOCAL_CAPS: dict[str, int] = {"prompts": 16, "seeds": 8, "seconds": 900}
 SPACE_CAPS: dict[str, int] = {"prompts": 4, "seeds": 4, "seconds": 300}
 POLL_S = 0.5  # how often a running worker's progress is read
 # The worker's flags → the tab's fields, so that a refusal names what the user typed into.
-FIELDS = {"--prompt": "prompts", "--seeds": "seeds", "--step": "step", "RUN": "run", "--out": "model folder"}
+FIELDS = {
+    "--prompts-file": "prompts",
+    "--prompt": "prompts",
+    "--seeds": "seeds",
+    "--step": "step",
+    "RUN": "run",
+    "--out": "model folder",
+}
 
 
 class TryItError(ValueError):
@@ -136,22 +147,35 @@ def parse_step(value: Any, steps: Sequence[int], run_id: int) -> int:
     return int(number)
 
 
+PROMPTS_FILE = "prompts.json"  # in the worker's folder: the typed prompts, a JSON list of strings
+
+
+def write_prompts(folder: Path, prompts: Sequence[str]) -> Path:
+    """The typed prompts as the worker reads them (``--prompts-file``): a JSON list in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / PROMPTS_FILE
+    path.write_text(json.dumps(list(prompts)), encoding="utf-8")
+    return path
+
+
 def sample_command(
     run_id: int,
     step: int,
-    prompts: Sequence[str],
+    prompts_file: Path,
     seeds: Sequence[int],
     folder: Path,
     runs_dir: Path,
     model: Path | None = None,
 ) -> list[str]:
-    """The Try it worker: base and run side by side, each image a PNG in ``folder``, the JSON on stdout. With
-    ``model`` (a shipped export of the run at ``step``), the worker samples that folder instead."""
-    source = ["--model", str(model)] if model is not None else [str(run_id), "--step", str(step)]
+    """The Try it worker: base and run side by side, each image a PNG in ``folder``, the JSON on stdout. The
+    prompts are read from ``prompts_file`` (:func:`write_prompts`), so no typed text is a word of the command.
+    With ``model`` (a shipped export of the run at ``step``), the worker samples that folder instead."""
+    source = ["--model", str(model)] if model is not None else [str(int(run_id)), "--step", str(int(step))]
     return [
-        sys.executable, "-m", "jagg_engine.cli", "sample", *source, "--with-base", "--prompt", *prompts,
-        "--seeds", ",".join(str(s) for s in seeds), "--out", str(folder / "grid.png"),
-        "--images", str(folder), "--json", "--progress", "--runs-dir", str(runs_dir),
+        sys.executable, "-m", "jagg_engine.cli", "sample", *source, "--with-base",
+        "--prompts-file", str(prompts_file), "--seeds", ",".join(str(int(s)) for s in seeds),
+        "--out", str(folder / "grid.png"), "--images", str(folder), "--json", "--progress",
+        "--runs-dir", str(runs_dir),
     ]  # fmt: skip
 
 
@@ -375,7 +399,10 @@ class TryIt:
             chosen = parse_seeds(seeds, self.caps["seeds"])
             folder = _session_folder(sess)
             shutil.rmtree(folder, ignore_errors=True)  # the session's previous try
-            argv = sample_command(number, at, typed, chosen, folder, self.root, shipped_at(run_dir, at))
+            prompts_file = write_prompts(folder, typed)
+            argv = sample_command(
+                number, at, prompts_file, chosen, folder, self.root, shipped_at(run_dir, at)
+            )
             worker = self.workers.start(argv, "try", sess, folder)
         except (ConfigError, TryItError) as exc:
             yield f"**Not started.** {md_message(exc)}", gr.skip(), gr.skip()

@@ -138,6 +138,15 @@ def test_export_of_tiny_shapes_is_a_model_folder_eval_reproduces(runs: Path, tmp
         (["eval", "--run", "9"], "RUN: no run 9 in "),
         (["eval", "--run", "1", "--step", "5"], "--step: run 1 has no checkpoint at step 5"),
         (["eval", "--run", "2"], "RUN: run 2 has no checkpoint"),
+        (["sample", "1", "--prompts-file", "{full}/keep.txt", "--out", "{out}.png"], "is not JSON"),
+        (
+            ["sample", "1", "--prompts-file", "{out}.json", "--out", "{out}.png"],
+            "--prompts-file: cannot read",
+        ),
+        (
+            ["sample", "1", "--prompt", "red circle left", "--prompts-file", "{full}", "--out", "{out}.png"],
+            "argument --prompts-file: not allowed with argument --prompt",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2_nothing_written(
