@@ -15,7 +15,9 @@ and the model's own libraries name and write the weights (the folder layout: :mo
 - A full fine-tune: the transformer, ``save_pretrained`` (``transformer/``).
 - tiny-shapes: its whole model folder (transformer, text embedding, vocabulary), ``model_path=DIR``.
 
-Always: ``README.md`` (a model card with YAML front matter), ``jagg_run.json`` (run, step, config, eval
+Always: ``README.md`` (a model card with YAML front matter; the run's name, its base model's path and every other
+string a user chose are written as their literal text, never as Markdown or HTML: :mod:`jagg_engine.markup`),
+``jagg_run.json`` (run, step, config, eval
 settings), ``reward_curve.png`` and, when the run logged eval images, ``before_after.png``. Everything is written
 into a hidden folder beside ``--out`` and renamed onto it at the end, so a failure leaves nothing half-written.
 
@@ -40,6 +42,7 @@ import torch
 
 from .errors import UsageError
 from .export_format import FORMAT, INFO, LORA_WEIGHTS, ExportFormatError, read_export
+from .markup import md_cell, md_code_block, md_text
 from .train.config import TrainConfig
 
 # The license of each backbone's default base model (Hugging Face model-card metadata); a model_path of one's
@@ -495,34 +498,35 @@ def model_card(info: dict[str, Any], figures: dict[str, str]) -> str:
         f"{cfg['sde_window_schedule']} window of W = {cfg['window']} inside sampling steps "
         f"{cfg['sde_window_start']}..{cfg['sde_window_end']} of {cfg['sampling_steps']}"
     )
+    rewards = ", ".join(f"{k} × {v:g}" for k, v in cfg["rewards"].items())
     lines = [
         "---",
         yaml.safe_dump(front, sort_keys=False).strip(),
         "---",
         "",
-        f"# {run['name'] or 'run'} (JAGG Studio run {run['id']}, step {info['step']})",
+        f"# {md_text(run['name'] or 'run')} (JAGG Studio run {run['id']}, step {info['step']})",
         "",
-        f"GRPO alignment of `{base}` ({info['backbone']}) with JAGG Studio. This folder holds the weights of the"
-        f" run's checkpoint at step {info['step']} as **{_KIND_TEXT[info['kind']]}**.",
+        f"GRPO alignment of {md_text(base)} ({md_text(info['backbone'])}) with JAGG Studio. This folder holds"
+        f" the weights of the run's checkpoint at step {info['step']} as **{_KIND_TEXT[info['kind']]}**.",
         "",
         "| | |",
         "|---|---|",
-        f"| run | {run['id']} (uid `{run['uid']}`) |",
-        f"| strategy | {cfg['strategy']} (jagg_frac {cfg['jagg_frac']:g}) |",
-        f"| window | {window} |",
-        f"| SDE | {cfg['algorithm']}, η = {cfg['eta']:g}, {cfg['group_size']} samples per prompt, "
+        f"| run | {run['id']} (uid {md_cell(run['uid'])}) |",
+        f"| strategy | {md_cell(cfg['strategy'])} (jagg_frac {cfg['jagg_frac']:g}) |",
+        f"| window | {md_cell(window)} |",
+        f"| SDE | {md_cell(cfg['algorithm'])}, η = {cfg['eta']:g}, {cfg['group_size']} samples per prompt, "
         f"{cfg['prompts_per_step']} prompts per step |",
         f"| optimizer | AdamW lr {cfg['lr']:g}, {cfg['steps']} steps planned |",
         f"| LoRA | rank {cfg['lora_rank']}, alpha {cfg['lora_alpha'] or cfg['lora_rank']} |"
         if cfg["lora_rank"]
         else "| weights | full fine-tune |",
-        f"| rewards | {', '.join(f'{k} × {v:g}' for k, v in cfg['rewards'].items())} |",
+        f"| rewards | {md_cell(rewards)} |",
         f"| eval reward, step 0 | {_fmt(before['mean'])} |",
         f"| eval reward, step {after['step']} | {_fmt(after['mean'])} |",
         "",
         f"The eval: {len(ev['prompts'])} prompts × seeds {ev['seeds']}, {ev['sampling_steps']} deterministic ODE"
-        f" steps ({ev['schedule']} schedule), scored by the rewards above. `jagg eval --model <this folder>`"
-        " repeats it.",
+        f" steps ({md_text(ev['schedule'])} schedule), scored by the rewards above. `jagg eval --model <this"
+        " folder>` repeats it.",
         "",
     ]
     if "reward_curve" in figures:
@@ -534,7 +538,7 @@ def model_card(info: dict[str, Any], figures: dict[str, str]) -> str:
             f"Top: step 0 (the base model); bottom: step {figures['after_step']}; the same prompts and seeds.",
             "",
         ]
-    lines += ["## Use", "", "```python", *_usage(info), "```", ""]
+    lines += ["## Use", "", md_code_block("\n".join(_usage(info)), "python"), ""]
     lines += ["The run's whole config and eval settings are in `jagg_run.json`.", ""]
     return "\n".join(lines)
 
@@ -566,7 +570,7 @@ def _usage(info: dict[str, Any]) -> list[str]:
         return [
             f"from diffusers import {pipe}",
             "",
-            f'pipe = {pipe}.from_pretrained("{base}")',
+            f"pipe = {pipe}.from_pretrained({_py_str(base)})",
             'pipe.load_lora_weights("path/to/this/folder")',
         ]
     tf = _TRANSFORMERS[backbone]
@@ -574,8 +578,13 @@ def _usage(info: dict[str, Any]) -> list[str]:
         f"from diffusers import {pipe}, {tf}",
         "",
         f'transformer = {tf}.from_pretrained("path/to/this/folder", subfolder="transformer")',
-        f'pipe = {pipe}.from_pretrained("{base}", transformer=transformer)',
+        f"pipe = {pipe}.from_pretrained({_py_str(base)}, transformer=transformer)",
     ]
+
+
+def _py_str(text: str) -> str:
+    """``text`` as a one-line Python string literal (quotes, backslashes and line breaks escaped)."""
+    return json.dumps(str(text))
 
 
 # ------------------------------------------------------------------------------------------------ the command

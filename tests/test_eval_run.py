@@ -253,3 +253,72 @@ def test_study_cosine_of_a_run_refuses_flags_that_contradict_it(runs, tmp_path, 
     code, _, err = jagg(capsys, "study", "cosine", "--runs-dir", str(runs), "--out", str(out), *argv)
     assert code == 2 and err.strip() == f"jagg study: error: {line}"
     assert not out.exists()
+
+
+# A run name and a base-model folder of a hostile user's making: an image and links, a heading, a table cell's
+# end, a code fence, a bare URL, HTML, emphasis.
+HOSTILE_NAME = "# <img src=//HOST/t.png>[x](/y) ![i](//HOST/i.png) a|b ``` https://HOST/u <b>bold</b> *em*"
+HOSTILE_FOLDER = "m` <img src=x>[l](/y) |c| ```"
+
+
+def test_a_hostile_run_name_and_model_path_are_literal_text_in_the_model_card(tmp_path: Path, capsys) -> None:
+    """A real one-step run named with markup, trained from a copy of the base model in a folder named with
+    markup, exported; its card (less its front matter, as the Hub shows it) rendered by a CommonMark renderer
+    with HTML and tables: the heading is the name's literal text, no element and no link comes from either
+    string, and the card's code reads the folder as one Python string."""
+    import ast
+    import shutil
+
+    import yaml
+    from markdown_it import MarkdownIt
+
+    base = tmp_path / HOSTILE_FOLDER
+    shutil.copytree(Path(__file__).resolve().parents[1] / "assets" / "tiny-shapes", base)
+    cfg = dataclasses.replace(load_config(None, [*SMALL, "steps=1"]), model_path=str(base))
+    runs = tmp_path / "runs"
+    store = open_store(runs)
+    run_id = store.create_run(HOSTILE_NAME, cfg.to_dict(), runs / "run-0001")
+    assert Trainer(cfg, run_id, str(runs)).run() == "finished"
+    out = tmp_path / "export"
+    code, _, err = jagg(capsys, "export-model", str(run_id), "--out", str(out), "--runs-dir", str(runs))
+    assert code == 0, err
+    _, front, body = (out / "README.md").read_text(encoding="utf-8").split("---\n", 2)
+    assert yaml.safe_load(front)["base_model"] == str(base)
+
+    md = MarkdownIt("commonmark", {"html": True}).enable("table")
+    tokens = md.parse(body)
+    inline = [c for t in tokens if t.type == "inline" for c in t.children]
+    assert tokens[0].type == "heading_open" and tokens[0].tag == "h1"
+    assert [c.type for c in tokens[1].children] == ["text"]  # no element, link, image or emphasis
+    assert tokens[1].children[0].content == f"{HOSTILE_NAME} (JAGG Studio run {run_id}, step 1)"
+    assert not [t.type for t in [*tokens, *inline] if t.type in ("html_block", "html_inline", "em_open")]
+    images = [c.attrs["src"] for c in inline if c.type == "image"]
+    assert images == ["reward_curve.png", "before_after.png"] and not [
+        c for c in inline if c.type == "link_open"
+    ]
+    assert [t.type for t in tokens].count("heading_open") == 2  # the name's and "## Use"
+    cells = [t.type for t in tokens if t.type in ("tr_open", "th_open", "td_open")]
+    assert cells.count("tr_open") * 2 == len(cells) - cells.count("tr_open")  # every row: two cells
+    paragraph = next(t.content for t in tokens if t.type == "inline" and "GRPO alignment of" in t.content)
+    shown = "".join(c.content for c in next(t for t in tokens if t.content == paragraph).children)
+    assert f"GRPO alignment of {base} (tiny-shapes)" in shown  # the folder's literal text
+    (code_block,) = [t for t in tokens if t.type == "fence"]  # the folder's ``` did not end the code
+    assert code_block.info == "python" and "build_backbone" in code_block.content
+    html = md.render(body)
+    assert "<img src=//HOST" not in html and "<b>" not in html and 'href="/y"' not in html
+
+    # a LoRA card names its base inside the code: the folder stays one Python string there
+    from jagg_engine.export import model_card
+
+    info = json.loads((out / "jagg_run.json").read_text(encoding="utf-8"))
+    lora = {
+        **info,
+        "kind": "lora",
+        "backbone": "flux",
+        "base_model": f"{base}\n```\n# <img src=//HOST/l.png>",
+    }
+    tokens = md.parse(model_card(lora, {}).split("---\n", 2)[2])
+    (code_block,) = [t for t in tokens if t.type == "fence"]
+    (call,) = [line for line in code_block.content.splitlines() if ".from_pretrained(" in line]
+    assert ast.literal_eval(call.split("from_pretrained(", 1)[1].rstrip(")")) == lora["base_model"]
+    assert not [t for t in tokens if t.type == "html_block"]
