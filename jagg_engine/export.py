@@ -19,7 +19,9 @@ Always: ``README.md`` (a model card with YAML front matter; the run's name, its 
 string a user chose are written as their literal text, never as Markdown or HTML: :mod:`jagg_engine.markup`),
 ``jagg_run.json`` (run, step, config, eval
 settings), ``reward_curve.png`` and, when the run logged eval images, ``before_after.png``. Everything is written
-into a hidden folder beside ``--out`` and renamed onto it at the end, so a failure leaves nothing half-written.
+into a hidden folder beside ``--out`` and renamed onto it at the end, so a failure leaves nothing half-written;
+a full disk is one line, ``jagg export-model: error: disk full: <what was being written>`` (exit code 1), as a
+run's failure on a full disk reads.
 
 Loading back: :func:`model_config` turns an export into the config that builds it (``model_path=DIR``; for a
 LoRA export the base as ``model_path`` and ``lora_path=DIR``), which ``jagg train``, ``jagg eval --model`` and
@@ -40,7 +42,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from .errors import UsageError
+from .errors import DiskFullError, UsageError, disk_full_path, is_disk_full
 from .export_format import FORMAT, INFO, LORA_WEIGHTS, ExportFormatError, read_export
 from .markup import md_cell, md_code_block, md_text
 from .train.config import TrainConfig
@@ -360,13 +362,15 @@ def export_model(
         if out.exists():
             out.rmdir()  # empty (checked above)
         partial.rename(out)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(partial, ignore_errors=True)
         for folder in made:  # innermost first: the folders this call created, if still empty
             try:
                 folder.rmdir()
             except OSError:
                 break
+        if isinstance(exc, Exception) and is_disk_full(exc):  # `disk full: <what was being written>`
+            raise DiskFullError(disk_full_path(exc, partial)) from exc
         raise
     return ExportResult(out, kind, step)
 

@@ -163,16 +163,20 @@ def test_bad_input_is_one_line_exit_2_nothing_written(
     assert [p.name for p in full.iterdir()] == ["keep.txt"]
 
 
-def test_a_failure_while_writing_leaves_nothing(runs: Path, tmp_path: Path, monkeypatch) -> None:
-    from jagg_engine import export
-
-    def broken(*args, **kwargs):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(export, "model_card", broken)
-    with pytest.raises(OSError):
-        export.export_model(runs, 1, tmp_path / "out")
-    assert list(tmp_path.iterdir()) == []  # neither the folder nor its hidden partial one
+def test_export_model_on_a_full_disk_is_one_line_and_leaves_nothing(runs: Path, mounts, tmp_path, capsys):
+    """--out on a 3 MiB tmpfs (a tiny-shapes export is ~9 MB): one line naming what was being written, exit
+    code 1 as a run that fails on a full disk; the filesystem as it was (no partial folder, no --out)."""
+    full = mounts("-t", "tmpfs", "-o", "size=3m", "tmpfs", str(tmp_path / "full"))
+    (full / "keep.txt").write_text("mine")
+    code, stdout, err = jagg(
+        capsys, "export-model", "1", "--out", str(full / "a" / "model"), "--runs-dir", str(runs)
+    )
+    assert code == 1 and stdout == "", (code, err)
+    assert err.startswith(
+        f"jagg export-model: error: disk full: {full / 'a' / '.model.partial-'}{os.getpid()}"
+    )
+    assert len(err.splitlines()) == 1, err
+    assert sorted(p.name for p in full.iterdir()) == ["keep.txt"]  # nor the folder a/ it made
 
 
 def test_sample_draws_the_eval_noise_and_captions_each_reward(runs: Path, tmp_path: Path, capsys) -> None:
