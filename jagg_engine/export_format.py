@@ -42,6 +42,8 @@ def read_export(folder: str | Path) -> dict[str, Any]:
         )
     try:
         info = json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:  # 200 k nested brackets: json's recursion limit, not a ValueError
+        raise ExportFormatError(f"{path}: unreadable (nested too deeply)") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ExportFormatError(f"{path}: unreadable ({type(exc).__name__})") from None
     if not isinstance(info, dict) or info.get("format") != FORMAT:

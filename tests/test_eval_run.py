@@ -179,6 +179,33 @@ def test_export_model_on_a_full_disk_is_one_line_and_leaves_nothing(runs: Path, 
     assert sorted(p.name for p in full.iterdir()) == ["keep.txt"]  # nor the folder a/ it made
 
 
+NESTED = "[" * 200_000 + "]" * 200_000  # deeper than json's recursion limit
+
+
+def test_a_deeply_nested_export_file_is_refused_in_one_line(runs: Path, tmp_path: Path, capsys) -> None:
+    """An export whose jagg_run.json (or, past it, whose vocab.json) is 200 k nested brackets: `jagg eval
+    --model` and `jagg sample --model` end with one line naming the file, exit 2, no RecursionError."""
+    out = tmp_path / "export"
+    assert jagg(capsys, "export-model", "1", "--out", str(out), "--runs-dir", str(runs))[0] == 0
+    info = (out / "jagg_run.json").read_text()
+    grid = tmp_path / "grid.png"
+    sample = ["sample", "--model", str(out), "--prompt", "red circle left", "--out", str(grid)]
+    for name, text, said in (
+        ("jagg_run.json", NESTED, f"--model: {out / 'jagg_run.json'}: unreadable (nested too deeply)"),
+        (
+            "vocab.json",
+            '{"vocabulary": ' + NESTED + "}",
+            f"{out / 'vocab.json'}: unreadable (nested too deeply)",
+        ),
+    ):
+        (out / "jagg_run.json").write_text(info)
+        (out / name).write_text(text)
+        for argv in (["eval", "--model", str(out), "--device", "cpu"], sample):
+            code, stdout, err = jagg(capsys, *argv)
+            assert code == 2 and said in err and len(err.splitlines()) == 1, (argv, err)
+            assert "Traceback" not in err and not grid.exists()
+
+
 def test_sample_draws_the_eval_noise_and_captions_each_reward(runs: Path, tmp_path: Path, capsys) -> None:
     """`jagg sample` of the run's eval prompts and seeds gives the images (their rewards) the eval logged; with
     --with-base the base model samples the same noise beside."""
