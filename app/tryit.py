@@ -13,9 +13,10 @@
   A showcase run ships no checkpoint but its aligned model (:func:`app.showcase.shipped_model`): its step is
   offered too, and the worker is ``jagg sample --model DIR --with-base …``.
   Cancel (:meth:`TryIt.cancel`) kills the worker's process group; so does a page that goes away mid-run.
-* **Export model** (:meth:`TryIt.export_model`): ``jagg export-model RUN --out DIR`` (:func:`export_command`),
-  the folder zipped and offered as a download (a showcase run's shipped model folder is zipped as it is); a run
-  without a checkpoint is refused in one line before any worker starts.
+* **Export model** (:meth:`TryIt.export_model`): ``jagg export-model RUN --out DIR`` (:func:`export_command`;
+  ``DIR`` in gradio's cache, :func:`export_work_root`, as ``--out`` may not lie in the runs folder), the folder
+  zipped into the exports folder and offered as a download (a showcase run's shipped model folder is zipped as
+  it is); a run without a checkpoint is refused in one line before any worker starts.
 
 One worker at a time per app (:class:`Workers`): a second Try it or export while one runs is refused in one
 line, never queued behind it. In Space mode a visitor may try (and export) any run that has a checkpoint,
@@ -32,10 +33,10 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -50,6 +51,7 @@ from app.form import match_run
 from app.runs import kill_group
 from app.space import prune_exports, session_export_dir
 from app.text import cannot_write, md_message
+from jagg_engine.export_format import partial_path, remove_stale_partials
 from jagg_engine.safe_yaml import brief
 from jagg_engine.train.config import ConfigError
 
@@ -201,6 +203,15 @@ def refusal(stderr: str, command: str) -> str:
             if line.startswith(f"{flag}: "):
                 return f"{name}: {line[len(flag) + 2 :]}"
     return line
+
+
+def export_work_root() -> Path:
+    """Where the Export model worker writes the model folder before it is zipped: inside gradio's cache, outside
+    the runs folder (``jagg export-model`` refuses an ``--out`` inside it); a folder an app killed mid-export
+    left there is removed at the next export (:func:`jagg_engine.export_format.remove_stale_partials`)."""
+    from gradio.utils import get_upload_folder
+
+    return Path(get_upload_folder()) / "jagg-export-work"
 
 
 def tryit_root() -> Path:
@@ -472,7 +483,12 @@ class TryIt:
             name = f"jagg-model-run{number}-step{steps[-1]}"
             shipped = shipped_at(run_dir, steps[-1])
             out_dir.mkdir(parents=True, exist_ok=True)
-            work = Path(tempfile.mkdtemp(prefix=".export-", dir=out_dir))
+            root = export_work_root()
+            root.mkdir(parents=True, exist_ok=True)
+            for folder in (root, out_dir):  # what an app killed mid-export (kill -9) left
+                remove_stale_partials(folder)
+            work = partial_path(root, f"{name}-{secrets.token_hex(4)}")
+            work.mkdir()
         except (ConfigError, TryItError) as exc:
             return f"**Not exported.** {md_message(exc)}", hidden
         except OSError as exc:
@@ -512,10 +528,15 @@ class TryIt:
 
     @staticmethod
     def _zip(work: Path, name: str, out_dir: Path) -> Path:
-        """``work/name`` zipped and moved into ``out_dir`` in one rename; the zip's path."""
-        archive = Path(shutil.make_archive(str(work / name), "zip", root_dir=work, base_dir=name))
-        final = out_dir / archive.name
-        os.replace(archive, final)
+        """``work/name`` zipped into a partial file of ``out_dir``, renamed ``name.zip`` when whole; its path."""
+        partial = partial_path(out_dir, f"{name}-{secrets.token_hex(4)}")
+        try:
+            archive = Path(shutil.make_archive(str(partial), "zip", root_dir=work, base_dir=name))
+            final = out_dir / f"{name}.zip"
+            os.replace(archive, final)
+        except BaseException:
+            Path(f"{partial}.zip").unlink(missing_ok=True)
+            raise
         return final
 
     def _exported(self, number: int, step: int, final: Path, out_dir: Path) -> tuple[str, Any]:

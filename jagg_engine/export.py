@@ -2,6 +2,10 @@
 
     jagg export-model RUN [--step N] --out DIR [--merge] [--runs-dir DIR]
 
+``--out`` is a new or empty folder outside the runs folder and outside every run's folder (refused in one line:
+inside, ``jagg reindex`` would read ``runs/run-0002`` as a run, and deleting run 1 would delete
+``runs/run-0001/x``).
+
 A checkpoint holds the trained parameters as ``p0 … p{n-1}`` (:mod:`jagg_engine.train.checkpoint`), in the
 order the trainer listed them. Nothing here maps those names by hand: the run's backbone is built again from
 the run's config (the same factory, so the same parameter list), the checkpoint's tensors are copied into it,
@@ -19,7 +23,9 @@ Always: ``README.md`` (a model card with YAML front matter; the run's name, its 
 string a user chose are written as their literal text, never as Markdown or HTML: :mod:`jagg_engine.markup`),
 ``jagg_run.json`` (run, step, config, eval
 settings), ``reward_curve.png`` and, when the run logged eval images, ``before_after.png``. Everything is written
-into a hidden folder beside ``--out`` and renamed onto it at the end, so a failure leaves nothing half-written;
+into a hidden folder beside ``--out`` (``.NAME.partial-PID``) and renamed onto it at the end, so a failure leaves
+nothing half-written, and one killed mid-write (``kill -9``) leaves a partial folder that the next export into the
+same folder, or ``jagg reindex``, removes;
 a full disk is one line, ``jagg export-model: error: disk full: <what was being written>`` (exit code 1), as a
 run's failure on a full disk reads.
 
@@ -43,7 +49,15 @@ import numpy as np
 import torch
 
 from .errors import DiskFullError, UsageError, disk_full_path, is_disk_full
-from .export_format import FORMAT, INFO, LORA_WEIGHTS, ExportFormatError, read_export
+from .export_format import (
+    FORMAT,
+    INFO,
+    LORA_WEIGHTS,
+    ExportFormatError,
+    partial_path,
+    read_export,
+    remove_stale_partials,
+)
 from .markup import md_cell, md_code_block, md_text
 from .train.config import TrainConfig
 
@@ -235,7 +249,14 @@ def _export_kind(run: RunRef, merge: bool) -> str:
     return kind
 
 
-def _check_out(out: Path) -> None:
+def _check_out(out: Path, runs_dir: str | os.PathLike[str] | None = None) -> None:
+    if runs_dir is not None:
+        inside = _under_runs(out, Path(runs_dir))
+        if inside is not None:
+            raise UsageError(
+                f"--out: {out} is inside the runs folder {inside}; pass a folder outside it (there a reindex would"
+                " read it as a run's, and deleting a run would delete it)"
+            )
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"--out: {out} exists and is not an empty folder; pass a new or empty folder")
     existing = out.absolute().parent
@@ -245,6 +266,26 @@ def _check_out(out: Path) -> None:
         raise UsageError(f"--out: {existing} is a file, not a folder")
     if not os.access(existing, os.W_OK):
         raise UsageError(f"--out: cannot write to {existing}")
+
+
+def _under_runs(out: Path, runs_dir: Path) -> Path | None:
+    """The runs folder (or the run folder) ``out`` lies in, after symlinks and ``..``; None when outside."""
+    from .store import DB_NAME
+
+    target = out.expanduser().resolve()
+    roots = [runs_dir.expanduser().resolve()]
+    try:  # the run folders the index names (one may lie outside the runs folder)
+        from .store import open_store
+
+        if (runs_dir / DB_NAME).is_file():
+            with open_store(runs_dir) as store:
+                roots += [Path(r["run_dir"]).resolve() for r in store.list_runs() if r.get("run_dir")]
+    except Exception:  # an unreadable index: open_run refuses it in its own line
+        pass
+    for root in roots:
+        if target == root or target.is_relative_to(root):
+            return root
+    return None
 
 
 def base_model(cfg: TrainConfig) -> str:
@@ -319,7 +360,7 @@ def export_model(
     from .train.trainer import prompt_source
 
     out = Path(out).expanduser()
-    _check_out(out)
+    _check_out(out, runs_dir)
     run = open_run(runs_dir, run_id)
     kind = _export_kind(run, merge)
     step, _ = pick_checkpoint(run, step)
@@ -335,7 +376,8 @@ def export_model(
     parent = out.absolute().parent
     made = [p for p in (parent, *parent.parents) if not p.exists()]
     parent.mkdir(parents=True, exist_ok=True)
-    partial = parent / f".{out.name}.partial-{os.getpid()}"
+    remove_stale_partials(parent)  # an export killed mid-write (kill -9) left its partial folder here
+    partial = partial_path(parent, out.name)
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir()
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -179,6 +180,116 @@ def test_export_model_on_a_full_disk_is_one_line_and_leaves_nothing(runs: Path, 
     assert sorted(p.name for p in full.iterdir()) == ["keep.txt"]  # nor the folder a/ it made
 
 
+def tree(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "run-0003",
+        "run-0001/checkpoints/step_00009",
+        "run-0001/x",
+        "exports/x",
+        "link/x",
+        "{runs}/../{name}/y",
+    ],
+)
+def test_export_model_out_inside_the_runs_folder_is_refused_in_one_line(
+    runs: Path, tmp_path: Path, capsys, where: str
+) -> None:
+    """--out anywhere under the runs folder (a name reindex would read as a run's, a checkpoint's, inside a run
+    folder, through a symlink or ``..``): one line naming --out and the folder, exit 2, nothing written."""
+    link = tmp_path / "link"
+    link.symlink_to(runs / "run-0001")
+    out = (tmp_path / where) if where.startswith("link/") else Path(where.format(runs=runs, name=runs.name))
+    out = out if out.is_absolute() else runs / out
+    before = tree(runs)
+    code, stdout, err = jagg(capsys, "export-model", "1", "--out", str(out), "--runs-dir", str(runs))
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"jagg export-model: error: --out: {out} is inside the runs folder "), err
+    assert "pass a folder outside it" in err
+    assert tree(runs) == before
+
+
+def test_a_partial_export_left_by_kill_9_is_removed_by_the_next_export(runs: Path, tmp_path: Path) -> None:
+    """`jagg export-model` killed with SIGKILL while it writes leaves ``.NAME.partial-PID/``; the next export
+    into the same folder removes it (its process is gone) and a live export's partial is left alone."""
+    import signal
+    import subprocess
+    import sys
+
+    from polling import wait_for
+
+    folder = tmp_path / "exports"
+    folder.mkdir()
+    cli_argv = [
+        sys.executable,
+        "-m",
+        "jagg_engine.cli",
+        "export-model",
+        "1",
+        "--runs-dir",
+        str(runs),
+        "--out",
+    ]
+    for attempt in range(5):  # the kill lands once the weights are written and before the rename
+        proc = subprocess.Popen([*cli_argv, str(folder / f"a{attempt}")], stderr=subprocess.PIPE)
+        partial = folder / f".a{attempt}.partial-{proc.pid}"
+        written = lambda p=partial, w=proc: (p / "transformer").is_dir() or w.poll() is not None  # noqa: E731
+        wait_for(written, timeout=300, every=0.005)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if partial.is_dir():
+            break
+    assert partial.is_dir() and proc.returncode == -signal.SIGKILL, "no kill landed mid-export in 5 tries"
+    size = sum(p.stat().st_size for p in partial.rglob("*") if p.is_file())
+    assert size > 0  # what the issue saw: megabytes left behind
+    live = folder / f".b.partial-{os.getppid()}"  # a live process's partial export (this test's parent)
+    live.mkdir()
+    done = subprocess.run([*cli_argv, str(folder / "b")], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert not partial.exists() and live.is_dir()
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [live.name, "b", *(f"a{i}" for i in range(attempt) if (folder / f"a{i}").exists())]
+    )
+
+
+def test_reindex_removes_the_apps_zip_left_by_kill_9(runs: Path, tmp_path: Path) -> None:
+    """The app zips an export into ``<runs>/exports`` as a partial file renamed when whole; a process killed
+    with SIGKILL while zipping leaves it, and `jagg reindex` removes it, naming it in one line."""
+    import signal
+    import subprocess
+    import sys
+
+    from polling import wait_for
+
+    copy = tmp_path / "runs"
+    shutil.copytree(runs, copy)
+    exports = copy / "exports"
+    exports.mkdir(exist_ok=True)
+    work = tmp_path / "work"
+    (work / "m").mkdir(parents=True)
+    for i in range(40):  # incompressible: zipping takes a while
+        (work / "m" / f"{i}.bin").write_bytes(os.urandom(1 << 20))
+    code = "import sys; from pathlib import Path; from app.tryit import TryIt; TryIt._zip(*map(Path, sys.argv[1:4]))"
+    proc = subprocess.Popen([sys.executable, "-c", code, str(work), "m", str(exports)])
+    zipped = lambda: [p for p in exports.iterdir() if p.name.endswith(f".partial-{proc.pid}.zip")]  # noqa: E731
+    assert wait_for(lambda: any(p.stat().st_size > 1 << 20 for p in zipped()), timeout=120, every=0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    (left,) = zipped()
+    done = subprocess.run(
+        [sys.executable, "-m", "jagg_engine.cli", "reindex", "--runs-dir", str(copy)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"removed {left}: the partial export of a process that is gone" in done.stdout.splitlines()
+    assert not left.exists() and list(exports.iterdir()) == []
+
+
 NESTED = "[" * 200_000 + "]" * 200_000  # deeper than json's recursion limit
 
 
@@ -298,7 +409,6 @@ def test_a_hostile_run_name_and_model_path_are_literal_text_in_the_model_card(tm
     with HTML and tables: the heading is the name's literal text, no element and no link comes from either
     string, and the card's code reads the folder as one Python string."""
     import ast
-    import shutil
 
     import yaml
     from markdown_it import MarkdownIt

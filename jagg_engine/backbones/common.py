@@ -165,9 +165,7 @@ def _load_transformer(folder: Path, torch_dtype: torch.dtype, model_name: str) -
         return cls.from_pretrained(folder, torch_dtype=torch_dtype)
     except (OSError, ValueError, KeyError, AttributeError, RuntimeError, TypeError) as exc:
         why = "config.json nested too deeply" if isinstance(exc, RecursionError) else _one_line(exc)
-        raise BackboneConfigError(
-            f"{model_name}: cannot load the transformer in {folder}: {why}"
-        ) from exc
+        raise BackboneConfigError(f"{model_name}: cannot load the transformer in {folder}: {why}") from exc
 
 
 def freeze(*modules: torch.nn.Module | None) -> None:

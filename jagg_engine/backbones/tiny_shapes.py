@@ -224,7 +224,9 @@ def build(
                 raise ValueError("no vocabulary list")
         except (OSError, ValueError, RecursionError) as exc:
             why = "nested too deeply" if isinstance(exc, RecursionError) else type(exc).__name__
-            raise BackboneConfigError(f"tiny-shapes: {directory / 'vocab.json'}: unreadable ({why})") from None
+            raise BackboneConfigError(
+                f"tiny-shapes: {directory / 'vocab.json'}: unreadable ({why})"
+            ) from None
         embedding = load_file(str(directory / "text_embedding.safetensors"))["weight"]
         model = TinyShapes(
             transformer,
