@@ -333,22 +333,49 @@ SCRIPT = r"""<style>.jagg-stale, .jagg-stale * { visibility: hidden !important; 
   };
   document.addEventListener("change", onControl, true);
   document.addEventListener("input", onControl, true);
+  // The step slider moved by the user (a trusted event: a drag, a key, a typed step), not by a refresh.
+  const onSlider = (event) => {
+    if (event.isTrusted && event.target && event.target.closest && event.target.closest("#step-slider"))
+      window.jaggView.moved = true;
+  };
+  document.addEventListener("input", onSlider, true);
+  document.addEventListener("change", onSlider, true);
   // Live: the panels show only while the progress line names the run picked (a run switch, or a refresh
   // sent for the previous run and answered after the switch, hides them until the new run's arrive).
+  // The run watched is the one the picker shows (its box, while the user is not typing in it): an event's
+  // argument can be stale (the page's load event carries the picker's value before the address's run was put
+  // in it; a change event can land late), the box cannot.
   let watched = null, looping = false, panelIds = null, check = () => null;
   let picked = null;  // a run picked from the list that gradio has not reported yet: {run, at}
+  const runId = (run) => {
+    const m = String(run === null || run === undefined ? "" : run).match(/^\s*#?(\d+)/);
+    return m ? m[1] : null;
+  };
+  const pickerRun = () => {  // the run the picker's box shows; undefined while the user types in it
+    const box = document.querySelector("#live-run input");
+    return !box || document.activeElement === box ? undefined : runId(box.value);
+  };
+  const lagging = (id) => picked && performance.now() - picked.at < 10000 && id !== picked.run;  // gradio lags
+  const setWatched = (id) => {
+    // the step slider: another run forgets the newest step told and whether the user moved the slider (the
+    // same run again, e.g. its picker's choices updated, keeps both; so does the page's first run)
+    if (id !== watched && watched !== null) { window.jaggView.latest = null; window.jaggView.moved = false; }
+    watched = id;
+  };
   const watchRun = (run, ids, byUser = false) => {
     panelIds = ids;
-    const m = String(run === null || run === undefined ? "" : run).match(/^\s*#?(\d+)/);
-    const id = m ? m[1] : null;
+    let id = runId(run);
     if (byUser) picked = {run: id, at: performance.now()};
-    else if (picked && performance.now() - picked.at < 10000 && id !== picked.run) return;  // gradio lags
-    else picked = null;
-    // the step slider: a new run's newest step (the same run again, e.g. its picker's choices updated when
-    // another run's status changed, keeps where the user put the slider)
-    if (id !== watched) window.jaggView.latest = null;
-    watched = id;
+    else if (lagging(id)) return;
+    else {
+      picked = null;
+      const shown = pickerRun();
+      if (shown) id = shown;
+    }
+    setWatched(id);
     check = () => {
+      const shown = pickerRun();
+      if (shown && shown !== watched && !lagging(shown)) setWatched(shown);
       const p = document.getElementById("live-progress");
       const ok = watched === null || !!(p && p.textContent.includes("Run #" + watched + " "));
       for (const id of ids) {
@@ -490,14 +517,17 @@ SCRIPT = r"""<style>.jagg-stale, .jagg-stale * { visibility: hidden !important; 
     });
   };
   window.jaggView = {apply, url, ema, read, watchRun, reach, extend, values, last: null, lastReach: null,
-                     extended: 0, resyncs: 0, lastExtend: null};
+                     extended: 0, resyncs: 0, lastExtend: null, latest: null, moved: false};
 })();
 </script>"""
 
 
 # The step slider follows the newest step only while it sits on the last one the page was told of: decided
-# here, with the slider's value as it is now, so that a refresh sent before the user moved it never moves it
-# back. A run switch (CLEAR_JS) forgets the last step.
+# here, in the page, with the slider's value as it is now (every refresh sends the newest step), so that a
+# refresh sent before the user moved it never moves it back, and a slider the user puts back on the newest step
+# follows the next one (the server's idea of the slider lags the page's by a round trip, while the newest step
+# moves on). Before the page is told a newest step, it follows unless the user moved the slider. Another run
+# (SCRIPT's watchRun) forgets both.
 SLIDER_JS = """(latest, current) => {
   const J = window.jaggView, before = J.latest;
   if (latest === null || latest === undefined) return current;
@@ -505,7 +535,8 @@ SLIDER_JS = """(latest, current) => {
   const box = document.querySelector("#step-slider input[type=number]");
   if (box && box.value !== "" && Number.isFinite(Number(box.value))) current = Number(box.value);
   J.latest = latest;
-  const follow = before === null || before === undefined || current === null || Number(current) >= before;
+  const told = before !== null && before !== undefined;
+  const follow = told ? current === null || Number(current) >= before : !J.moved;
   return follow ? latest : current;
 }"""
 
