@@ -427,7 +427,7 @@ def test_a_run_switch_beside_a_training_run_never_shows_the_previous_runs_panels
         live = trainer.run_id
         driver = _driver(app.url + f"?tab=live&run={live}")
         try:
-            wait = WebDriverWait(driver, 60, poll_frequency=0.1)
+            wait = WebDriverWait(driver, 120, poll_frequency=0.1)
             wait.until(lambda d: f"Run #{live} run7" in d.find_element("id", "live-progress").text)
             wait.until(lambda d: "log of run7" in d.execute_script(
                 "return (document.querySelector('#live-log textarea') || {}).value || ''"))  # fmt: skip
@@ -698,4 +698,171 @@ def test_a_training_runs_plots_get_only_their_new_points_and_then_equal_a_whole_
             assert differs is None, (plot, differs)
     finally:
         if driver is not None:
+            driver.quit()
+
+
+# ---------------------------------------------------------------------------------------------- links and picks
+
+PICKED_AT = """
+window.jaggPickAt = null;
+document.addEventListener('mousedown', (e) => {
+  if (e.target.closest && e.target.closest('#live-run li')) window.jaggPickAt = performance.now();
+}, true);
+"""
+
+
+def _mouse_pick(driver, run_id: int) -> None:
+    """Open Live's run list with the mouse and click the run's option, as a user does."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def option(d):
+        for li in d.find_elements(By.CSS_SELECTOR, "#live-run li"):
+            if li.text.replace("\u2713", "").strip().startswith(f"#{run_id} "):
+                return li
+        return None
+
+    ActionChains(driver).click(driver.find_element(By.CSS_SELECTOR, "#live-run input")).perform()
+    ActionChains(driver).move_to_element(WebDriverWait(driver, 60).until(option)).click().perform()
+
+
+LIVE_SHOWS = """
+const p = document.querySelector('#live-progress'), log = document.querySelector('#live-log textarea');
+const shown = (el) => !!el && getComputedStyle(el).visibility !== 'hidden';
+return [shown(p) ? p.innerText : '', shown(log) ? log.value : ''];
+"""
+
+
+def test_a_run_picked_with_the_mouse_shows_its_panels_and_never_the_previous_runs(app):
+    """Open a run's Live link, then pick other runs in the list with the mouse: each time the panels come back
+    with the picked run's progress line and log (they stayed hidden behind the data before), and no frame
+    after the click shows the previous run's."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = _driver(app.url + "?tab=live&run=3")
+    try:
+        wait = WebDriverWait(driver, 120, poll_frequency=0.1)
+        wait.until(lambda d: "Run #3 run3" in d.execute_script(LIVE_SHOWS)[0])
+        for old, new in ((3, 4), (4, 5), (5, 3)):
+            driver.execute_script(WATCH + PICKED_AT)
+            _mouse_pick(driver, new)
+            wait.until(
+                lambda d, n=new: (
+                    f"Run #{n} run{n}" in (s := d.execute_script(LIVE_SHOWS))[0] and f"log of run{n}" in s[1]
+                )
+            )
+            picked = driver.execute_script("return window.jaggPickAt")
+            assert picked is not None  # the click landed on the list's option
+            seen = driver.execute_script("return window.jaggSeen")
+            stale = [
+                (round(t - picked), p[:30]) for t, p, log, _ in seen if t > picked and f"Run #{old} " in p
+            ]
+            assert not stale, (old, new, stale[:5])
+            assert driver.execute_script("return document.querySelector('#live-run input').value").startswith(
+                f"#{new} "
+            )
+    finally:
+        driver.quit()
+
+
+CHIPS = "return [...document.querySelectorAll('#compare-runs .token')].map(c => c.innerText)"
+SELECTED_TAB = "const b = document.querySelector('button[role=tab][aria-selected=true]'); return b && b.innerText.trim();"
+X_CHECKED = "const i = document.querySelector('#compare-x input:checked'); return i && i.value;"
+
+
+def test_a_compare_link_opens_on_compare_with_its_axis_and_the_runs_labels_as_they_are_now(app):
+    """A Compare link opened fresh (and reloaded) stays a Compare link on the Compare tab; the x radio names
+    the axis the plots are drawn on, with or without ``x`` in the link; a run created after the app started,
+    then finished, is named as it is now in the picker's chips."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    with open_store(app.runs_dir) as store:
+        cfg = {**TrainConfig().apply_overrides(["eval_every=5"]).to_dict(), "steps": 10, "strategy": "jagg"}
+        late = store.create_run("late", cfg, None)
+        for step in range(0, 11, 5):
+            store.log_step(
+                late, step, {"eval/reward/mean": 0.2 + 0.02 * step, "time/unix": time.time() + step}
+            )
+        store.set_status(late, "running", pid=None)
+        store.set_status(late, "finished")
+    drawn = "return !!((document.querySelector('#compare-plot .js-plotly-plot') || {})._fullData)"
+    driver = _driver(app.url + f"?tab=compare&runs=3,{late}&x=step")
+    try:
+        wait = WebDriverWait(driver, 120, poll_frequency=0.2)
+        for attempt in ("opened", "reloaded"):
+            wait.until(
+                lambda d: (
+                    d.execute_script(drawn) and (d.execute_script(PLOT, "compare-plot") or {}).get("meta")
+                )
+            )
+            wait.until(
+                lambda d: any(c.startswith(f"#{late} late (jagg, finished)") for c in d.execute_script(CHIPS))
+            )
+            assert driver.execute_script(SELECTED_TAB) == "Compare", attempt
+            query = driver.execute_script("return window.location.search")
+            assert "tab=compare" in query and f"runs=3%2C{late}" in query and "tab=live" not in query, query
+            assert driver.execute_script(X_CHECKED) == "step"
+            assert driver.execute_script(PLOT, "compare-plot")["xtitle"] == "step"
+            chips = [c.text for c in driver.find_elements(By.CSS_SELECTOR, "#compare-runs .token")]
+            assert any(c.startswith(f"#{late} late (jagg, finished)") for c in chips), chips
+            driver.refresh()
+        driver.get(app.url + "?tab=compare&runs=3,4")  # no x: the radio says what the plots use
+        wait.until(lambda d: (d.execute_script(PLOT, "compare-plot") or {}).get("meta"))
+        title = driver.execute_script(PLOT, "compare-plot")["xtitle"]
+        assert X_TITLES[driver.execute_script(X_CHECKED)] == title, title
+    finally:
+        driver.quit()
+
+
+def test_a_link_opens_on_its_tab_with_no_server_call_answered(app):
+    """With every server call blocked (Chromium drops gradio's queue/join), each link still opens on its tab:
+    the page selects it from its own address, not after the server's load answers."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = chromium("1400,2400")
+    try:
+        driver.execute_cdp_cmd("Network.enable", {})
+        driver.execute_cdp_cmd("Network.setBlockedURLs", {"urls": ["*queue/join*"]})
+        for link, label in (("?tab=live&run=5", "Live"), ("?tab=compare&runs=3,4", "Compare"),
+                            ("?run=5", "Live"), ("?tab=history", "History"), ("?tab=tryit", "Try it")):  # fmt: skip
+            driver.get(app.url + link)
+            WebDriverWait(driver, 120, poll_frequency=0.1).until(
+                lambda d, label=label: d.execute_script(SELECTED_TAB) == label
+            )
+            progress = driver.execute_script(
+                "return (document.querySelector('#live-progress') || {}).innerText || ''"
+            )
+            assert "Run #5 " not in progress  # nothing answered: the tab is the page's own doing
+            if label == "Try it":  # its help says what the picker offers: the showcase's shipped model
+                help_text = driver.execute_script("return document.querySelector('#tryit-run').innerText")
+                assert "JAGG run ships its aligned model" in help_text and "ships none" not in help_text
+    finally:
+        driver.quit()
+
+
+TOASTS = "return [...document.querySelectorAll('[data-testid=\"toast-body\"]')].map(t => t.innerText)"
+
+
+def test_page_loads_beside_a_live_run_raise_no_slider_error(app):
+    """Live links opened again and again beside a training run (its steps, with images, and a run without
+    any): once each page has its run's images note, no error toast (gradio's "Value 12 is greater than
+    maximum value 1" came from a newest step of the run before, put on the slider past the new run's bounds)."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    with Trainer(app.runs_dir) as trainer:
+        driver = _driver(app.url)
+        try:
+            wait = WebDriverWait(driver, 120, poll_frequency=0.1)
+            for _ in range(4):
+                for run, name in ((trainer.run_id, "run7"), (3, "run3")):
+                    driver.get(app.url + f"?tab=live&run={run}")
+                    wait.until(lambda d, r=run, n=name: f"Run #{r} {n}" in d.execute_script(LIVE_SHOWS)[0])
+                    wait.until(lambda d: d.execute_script("return window.jaggView.latest") is not None)
+                    wait.until(lambda d: "images" in d.execute_script(
+                        "return (document.querySelector('#step-note') || {}).innerText || ''"))  # fmt: skip
+                    toasts = driver.execute_script(TOASTS)
+                    assert not toasts, (run, toasts)
+        finally:
             driver.quit()
