@@ -9,7 +9,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: demo probe test lint docs results browser clean
+.PHONY: demo probe test lint docs results browser bench-ui clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,11 @@ browser:
 
 test: $(VENV)/.installed browser lint docs
 	HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 GRADIO_ANALYTICS_ENABLED=False $(BIN)/python -m pytest
+
+# The page's timing figures (ms from a control's input to the redrawn plot, from a link to its view), in headless
+# Chromium: a benchmark, not a test (a busy machine slows every figure); its output is reports/app/bench-ui.json.
+bench-ui: $(VENV)/.installed browser
+	HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 GRADIO_ANALYTICS_ENABLED=False $(BIN)/python scripts/bench_ui.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache site

@@ -21,6 +21,7 @@ applied to data the page already holds.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -333,22 +334,47 @@ SCRIPT = r"""<style>.jagg-stale, .jagg-stale * { visibility: hidden !important; 
   };
   document.addEventListener("change", onControl, true);
   document.addEventListener("input", onControl, true);
+  // The step slider moved by the user (a trusted event: a drag, a key, a typed step), not by a refresh.
+  const onSlider = (event) => {
+    if (event.isTrusted && event.target && event.target.closest && event.target.closest("#step-slider"))
+      window.jaggView.movedRun = shownRun();
+  };
+  document.addEventListener("input", onSlider, true);
+  document.addEventListener("change", onSlider, true);
   // Live: the panels show only while the progress line names the run picked (a run switch, or a refresh
   // sent for the previous run and answered after the switch, hides them until the new run's arrive).
+  // The run watched is the one the picker shows (its box, while the user is not typing in it): an event's
+  // argument can be stale (the page's load event carries the picker's value before the address's run was put
+  // in it; a change event can land late), the box cannot.
   let watched = null, looping = false, panelIds = null, check = () => null;
   let picked = null;  // a run picked from the list that gradio has not reported yet: {run, at}
+  const runId = (run) => {
+    const m = String(run === null || run === undefined ? "" : run).match(/^\s*#?(\d+)/);
+    return m ? m[1] : null;
+  };
+  const pickerRun = () => {  // the run the picker's box shows; undefined while the user types in it
+    const box = document.querySelector("#live-run input");
+    return !box || document.activeElement === box ? undefined : runId(box.value);
+  };
+  const lagging = (id) => picked && performance.now() - picked.at < 10000 && id !== picked.run;  // gradio lags
+  const setWatched = (id) => { watched = id; };
+  // the run the page shows now (for the step slider: what it was told and whether the user moved it are kept
+  // per run, so that another run starts afresh and the same run, drawn again, keeps both)
+  const shownRun = () => pickerRun() || watched;
   const watchRun = (run, ids, byUser = false) => {
     panelIds = ids;
-    const m = String(run === null || run === undefined ? "" : run).match(/^\s*#?(\d+)/);
-    const id = m ? m[1] : null;
+    let id = runId(run);
     if (byUser) picked = {run: id, at: performance.now()};
-    else if (picked && performance.now() - picked.at < 10000 && id !== picked.run) return;  // gradio lags
-    else picked = null;
-    // the step slider: a new run's newest step (the same run again, e.g. its picker's choices updated when
-    // another run's status changed, keeps where the user put the slider)
-    if (id !== watched) window.jaggView.latest = null;
-    watched = id;
+    else if (lagging(id)) return;
+    else if (!picked) {  // (a pick of the user's that the event confirms stands: the box may not show it yet)
+      const shown = pickerRun();
+      if (shown) id = shown;
+    }
+    setWatched(id);
     check = () => {
+      const shown = pickerRun();
+      if (picked && shown === picked.run) picked = null;  // the box shows the user's pick
+      if (shown && shown !== watched && !lagging(shown)) setWatched(shown);
       const p = document.getElementById("live-progress");
       const ok = watched === null || !!(p && p.textContent.includes("Run #" + watched + " "));
       for (const id of ids) {
@@ -489,23 +515,63 @@ SCRIPT = r"""<style>.jagg-stale, .jagg-stale * { visibility: hidden !important; 
       window.jaggView.lastExtend = {ms: performance.now() - started, ids};
     });
   };
+  // The tab shown, by its id (the tab buttons' labels: TAB_LABELS), and the address's tab selected by the page
+  // itself as soon as the tab buttons exist (a link opens on its tab before any server call answers; the
+  // server's load, app.client.load_view, selects the same one).
+  const TAB_LABELS = __TAB_LABELS__;
+  const shownTab = () => {
+    const b = document.querySelector("button[role=tab][aria-selected=true]");
+    const label = b ? b.innerText.trim() : null;
+    return Object.keys(TAB_LABELS).find((k) => TAB_LABELS[k] === label) || null;
+  };
+  const addressTab = () => {
+    const q = new URLSearchParams(window.location.search);
+    const tab = q.get("tab") || (q.get("runs") ? "compare" : q.get("run") ? "live" : null);
+    return tab && TAB_LABELS[tab] ? tab : null;
+  };
+  const openTab = (started) => {
+    const tab = addressTab();
+    if (!tab || shownTab() === tab) return;
+    const button = [...document.querySelectorAll("button[role=tab]")].find(
+      (b) => b.innerText.trim() === TAB_LABELS[tab]);
+    if (button) button.click();
+    else if (performance.now() - started < 60000) requestAnimationFrame(() => openTab(started));
+  };
+  requestAnimationFrame(() => openTab(performance.now()));
   window.jaggView = {apply, url, ema, read, watchRun, reach, extend, values, last: null, lastReach: null,
-                     extended: 0, resyncs: 0, lastExtend: null};
+                     extended: 0, resyncs: 0, lastExtend: null, latest: null, latestRun: null, movedRun: null,
+                     shownTab, shownRun};
 })();
 </script>"""
 
 
+# The tabs' ids and labels (app.ui.build_layout), for the page's script.
+TAB_LABELS = {"new": "New run", "live": "Live", "compare": "Compare", "tryit": "Try it", "history": "History"}
+SCRIPT = SCRIPT.replace("__TAB_LABELS__", json.dumps(TAB_LABELS))
+
+
 # The step slider follows the newest step only while it sits on the last one the page was told of: decided
-# here, with the slider's value as it is now, so that a refresh sent before the user moved it never moves it
-# back. A run switch (CLEAR_JS) forgets the last step.
+# here, in the page, with the slider's value as it is now (every refresh sends the newest step), so that a
+# refresh sent before the user moved it never moves it back, and a slider the user puts back on the newest step
+# follows the next one (the server's idea of the slider lags the page's by a round trip, while the newest step
+# moves on). Before the page is told a newest step of the run it shows, it follows unless the user moved the
+# slider on that run (both kept per run: another run starts afresh). A newest step past the slider's bounds as the page shows them (a refresh
+# for the run before a switch, answered after the new run's bounds) is cut to them: gradio refuses a value past
+# the slider's maximum with an error toast ("Value 12 is greater than maximum value 1").
 SLIDER_JS = """(latest, current) => {
-  const J = window.jaggView, before = J.latest;
+  const J = window.jaggView, run = J.shownRun();
+  const before = J.latestRun === run ? J.latest : null;
   if (latest === null || latest === undefined) return current;
+  const range = document.querySelector("#step-slider input[type=range]");
+  const top = range && range.max !== "" ? Number(range.max) : NaN;
+  if (Number.isFinite(top) && Number(latest) > top) latest = top;
   // the value as the page shows it now: a step typed or dragged that gradio has not taken yet counts
   const box = document.querySelector("#step-slider input[type=number]");
   if (box && box.value !== "" && Number.isFinite(Number(box.value))) current = Number(box.value);
   J.latest = latest;
-  const follow = before === null || before === undefined || current === null || Number(current) >= before;
+  J.latestRun = run;
+  const told = before !== null && before !== undefined;
+  const follow = told ? current === null || Number(current) >= before : J.movedRun !== run;
   return follow ? latest : current;
 }"""
 
@@ -537,8 +603,13 @@ def control_js(plot_ids: list[str], tab: str, fields: list[str], draw: bool = Tr
 
 
 def url_js(tab: str, field: str) -> str:
-    """The ``js=`` of an event that writes one input (``field``: run, runs or level) to the query string."""
-    return f"(value) => {{ window.jaggView.url({{tab: {tab!r}, {field}: value}}); return []; }}"
+    """The ``js=`` of an event that writes one input (``field``: run, runs or level) to the query string, only
+    while its tab is the one shown: the server setting Live's run as a Compare link opens does not rewrite
+    the link into a Live one."""
+    return (
+        f"(value) => {{ if (window.jaggView.shownTab() === {tab!r}) "
+        f"window.jaggView.url({{tab: {tab!r}, {field}: value}}); return []; }}"
+    )
 
 
 def load_view(h: Any, r: float, request: Any = None) -> tuple[Any, ...]:
@@ -556,12 +627,17 @@ def load_view(h: Any, r: float, request: Any = None) -> tuple[Any, ...]:
     ]
     compare_n = h.history.COMPARE_OUTPUTS + 1
     tab = view.get("tab") or ("compare" if "runs" in view else "live" if "run" in view else None)
+    choices = gr.update(choices=h.run_choices())  # Compare's picker: the runs now, not the app's start's
     if tab != "compare":
         live = controls if tab == "live" else [gr.skip()] * 4
         tabs = gr.update(selected="live") if tab == "live" else gr.skip()
-        return (tabs, *live, gr.skip(), *[gr.skip()] * 5, *[gr.skip()] * compare_n)
+        return (tabs, *live, choices, *[gr.skip()] * 5, *[gr.skip()] * compare_n)
     defaults = metrics.MetricView()
     runs = view.get("runs")
+    if (
+        runs
+    ):  # the x the plots are drawn on, also where the link names none (the radio opens on the showcase's)
+        controls[3] = gr.update(value=view.get("x", defaults.x))
     shown = (
         h.history.compare(
             runs,
@@ -577,7 +653,7 @@ def load_view(h: Any, r: float, request: Any = None) -> tuple[Any, ...]:
         else [gr.skip()] * (compare_n - 1)
     )
     level = gr.update(value=view["level"]) if "level" in view else gr.skip()
-    picked = gr.update(value=runs) if runs else gr.skip()
+    picked = gr.update(choices=h.run_choices(), value=runs) if runs else choices
     boxes = h.history.compare_shown(runs) if runs else gr.skip()
     return (gr.update(selected="compare"), *[gr.skip()] * 4, picked, *controls, level, *shown, boxes)
 
@@ -599,6 +675,8 @@ def wire(demo: Any, page: Any, h: Any) -> None:
       invalid value: its one line, the rest kept);
     - each writes the view to the query string, which :func:`load_view` reads when the page loads.
     """
+    import gradio as gr
+
     live, compare, new = page.live, page.compare, page.new
     private = {"api_visibility": "private", "show_progress": "hidden"}
     fields = ["metrics", "smoothing", "log", "x"]
@@ -653,6 +731,10 @@ def wire(demo: Any, page: Any, h: Any) -> None:
         **private,
     )
     compare.compare_btn.click(None, compare.compare_runs, None, js=url_js("compare", "runs"), **private)
+    # the picker's labels as the runs are now (a run created, or finished, since the page opened)
+    compare.compare_runs.focus(
+        lambda: gr.update(choices=h.run_choices()), None, compare.compare_runs, **private
+    )
     # a plot drawn again by the server (Compare pressed) keeps the runs unticked in the page hidden
     compare.compare_plot.change(None, shown_inputs, None, js=compare_js, **private)
 

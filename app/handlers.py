@@ -436,9 +436,9 @@ class LiveHandlers(_Part):
             self.metric_choices(number, metric_keys),
             *shown,
             gr.update(**bounds),
-            # the newest step for the page to follow, or None where the slider the server heard of is off it (the
-            # page follows only while both agree: a page that has not yet seen a newest step would follow)
-            bounds["maximum"] if follow else None,
+            # the newest step: the page moves the slider to it only while the slider, as the page shows it now,
+            # sits on the newest step told before (client.SLIDER_JS); the server's idea of the slider lags
+            bounds["maximum"],
             sig,
             choices_update,
             runs_sig,

@@ -5,6 +5,7 @@ components to :mod:`app.handlers`.
 
 from __future__ import annotations
 
+import types
 from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
@@ -60,6 +61,16 @@ HEAD = """<script>
   }, true);
 })();
 </script>"""
+
+
+def _any_step(slider: gr.Slider, payload: float | None) -> float | None:
+    """Live's step slider's preprocess: its value as it comes, without checking it against the bounds the
+    server holds for the session. The page moves the slider to the newest step within the bounds it shows
+    (:data:`app.client.SLIDER_JS`), and the server's copy of those bounds can lag the page's (a page load beside
+    a live run: "step: must be a number from 0 to 1, got 196" as an error toast); the step picks the nearest
+    logged images either way (:meth:`app.handlers.LiveHandlers.step_images`). (A subclass of gr.Slider would
+    make gradio write a .pyi stub beside this file at each import.)"""
+    return None if payload is None else gr.Number.round_to_precision(payload, slider.precision)
 
 
 def confirm_row(prefix: str) -> SimpleNamespace:
@@ -188,6 +199,7 @@ def live_tab(
         with gr.Row():
             step_kind = gr.Radio(list(samples.KINDS), value="eval", label="images", scale=1)
             step_slider = gr.Slider(0, 1, value=1, step=1, label="step", scale=4, elem_id="step-slider")
+            step_slider.preprocess = types.MethodType(_any_step, step_slider)  # type: ignore[method-assign]
         # The step the slider shows, for the timer: a tick sent while the bounds of another run arrive could
         # carry a step outside the session's new bounds, which gr.Slider refuses with an error toast.
         step_at = gr.State(None)
@@ -307,7 +319,8 @@ def tryit_tab(
         run = gr.Dropdown(
             choices=choices, value=value, label="run (runs with a checkpoint)", scale=3,
             allow_custom_value=True, elem_id="tryit-run", elem_classes=["run-picker"],
-            info="a run saves a checkpoint when it ends (and every checkpoint_every steps); the showcase ships none",
+            info="a run saves a checkpoint when it ends (and every checkpoint_every steps); the showcase's JAGG run"
+            " ships its aligned model, its exact run none",
         )  # fmt: skip
         step = gr.Dropdown(
             choices=steps, value=steps[-1] if steps else None, label="step (a checkpoint)", scale=1,

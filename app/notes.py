@@ -57,7 +57,7 @@ def _parse(text: str) -> Notes:
         if not isinstance(raw, dict):
             raise ValueError(f"a JSON {type(raw).__name__}, not a mapping")
         return Notes({int(k): str(v) for k, v in raw.items() if str(v).strip()}, None)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, RecursionError) as exc:
         salvaged: dict[int, str] = {}
         for key, value in _PAIR.findall(text):
             with contextlib.suppress(ValueError):

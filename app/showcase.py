@@ -220,7 +220,7 @@ def install(
     previous: dict[str, Any] = {}
     try:
         previous = json.loads(marker.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         pass
     ids = [int(i) for i in previous.get("ids", [])]
     present = [store.get_run(i) for i in ids]

@@ -501,7 +501,7 @@ class SpaceGuard:
         try:
             raw = json.loads(self._file.read_text(encoding="utf-8"))
             return {int(k): dict(v) for k, v in raw.items()}
-        except (OSError, ValueError, AttributeError, TypeError):
+        except (OSError, ValueError, AttributeError, TypeError, RecursionError):
             return {}
 
     def _save(self) -> None:

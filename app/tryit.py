@@ -2,16 +2,21 @@
 
 * **Try it** (:meth:`TryIt.generate`): typed prompts (one a line) and seeds, the base model and a run's
   weights at one of its checkpoints side by side from the same noise, each image captioned with its reward.
-  The worker is ``jagg sample RUN --step N --with-base --prompt … --seeds … --images DIR --json --progress``
-  (:func:`sample_command`) in its own session (its own process group), so the app process never imports
-  torch; its ``progress:`` lines on stderr are shown while it runs, its JSON on stdout fills the two
-  galleries, and a refusal (``jagg sample: error: --prompt: …``) comes back as one line naming the tab's field.
+  The worker is ``jagg sample RUN --step N --with-base --prompts-file FILE --seeds … --images DIR --json
+  --progress`` (:func:`sample_command`) in its own session (its own process group), so the app process never
+  imports torch; its ``progress:`` lines on stderr are shown while it runs, its JSON on stdout fills the two
+  galleries, and a refusal (``jagg sample: error: --prompts-file: …``) comes back as one line naming the tab's
+  field. What a visitor typed reaches the worker only inside that JSON file, never as a word of its command
+  line: a prompt line ``--reward`` or ``--steps`` is a prompt (refused by the model's vocabulary or drawn),
+  never a flag. Every other word of the command is the app's (run id, step and seeds are parsed to numbers
+  first, folders are the app's own).
   A showcase run ships no checkpoint but its aligned model (:func:`app.showcase.shipped_model`): its step is
   offered too, and the worker is ``jagg sample --model DIR --with-base …``.
   Cancel (:meth:`TryIt.cancel`) kills the worker's process group; so does a page that goes away mid-run.
-* **Export model** (:meth:`TryIt.export_model`): ``jagg export-model RUN --out DIR`` (:func:`export_command`),
-  the folder zipped and offered as a download (a showcase run's shipped model folder is zipped as it is); a run
-  without a checkpoint is refused in one line before any worker starts.
+* **Export model** (:meth:`TryIt.export_model`): ``jagg export-model RUN --out DIR`` (:func:`export_command`;
+  ``DIR`` in gradio's cache, :func:`export_work_root`, as ``--out`` may not lie in the runs folder), the folder
+  zipped into the exports folder and offered as a download (a showcase run's shipped model folder is zipped as
+  it is); a run without a checkpoint is refused in one line before any worker starts.
 
 One worker at a time per app (:class:`Workers`): a second Try it or export while one runs is refused in one
 line, never queued behind it. In Space mode a visitor may try (and export) any run that has a checkpoint,
@@ -28,10 +33,10 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -46,6 +51,7 @@ from app.form import match_run
 from app.runs import kill_group
 from app.space import prune_exports, session_export_dir
 from app.text import cannot_write, md_message
+from jagg_engine.export_format import partial_path, remove_stale_partials
 from jagg_engine.safe_yaml import brief
 from jagg_engine.train.config import ConfigError
 
@@ -58,7 +64,14 @@ LOCAL_CAPS: dict[str, int] = {"prompts": 16, "seeds": 8, "seconds": 900}
 SPACE_CAPS: dict[str, int] = {"prompts": 4, "seeds": 4, "seconds": 300}
 POLL_S = 0.5  # how often a running worker's progress is read
 # The worker's flags → the tab's fields, so that a refusal names what the user typed into.
-FIELDS = {"--prompt": "prompts", "--seeds": "seeds", "--step": "step", "RUN": "run", "--out": "model folder"}
+FIELDS = {
+    "--prompts-file": "prompts",
+    "--prompt": "prompts",
+    "--seeds": "seeds",
+    "--step": "step",
+    "RUN": "run",
+    "--out": "model folder",
+}
 
 
 class TryItError(ValueError):
@@ -136,22 +149,35 @@ def parse_step(value: Any, steps: Sequence[int], run_id: int) -> int:
     return int(number)
 
 
+PROMPTS_FILE = "prompts.json"  # in the worker's folder: the typed prompts, a JSON list of strings
+
+
+def write_prompts(folder: Path, prompts: Sequence[str]) -> Path:
+    """The typed prompts as the worker reads them (``--prompts-file``): a JSON list in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / PROMPTS_FILE
+    path.write_text(json.dumps(list(prompts)), encoding="utf-8")
+    return path
+
+
 def sample_command(
     run_id: int,
     step: int,
-    prompts: Sequence[str],
+    prompts_file: Path,
     seeds: Sequence[int],
     folder: Path,
     runs_dir: Path,
     model: Path | None = None,
 ) -> list[str]:
-    """The Try it worker: base and run side by side, each image a PNG in ``folder``, the JSON on stdout. With
-    ``model`` (a shipped export of the run at ``step``), the worker samples that folder instead."""
-    source = ["--model", str(model)] if model is not None else [str(run_id), "--step", str(step)]
+    """The Try it worker: base and run side by side, each image a PNG in ``folder``, the JSON on stdout. The
+    prompts are read from ``prompts_file`` (:func:`write_prompts`), so no typed text is a word of the command.
+    With ``model`` (a shipped export of the run at ``step``), the worker samples that folder instead."""
+    source = ["--model", str(model)] if model is not None else [str(int(run_id)), "--step", str(int(step))]
     return [
-        sys.executable, "-m", "jagg_engine.cli", "sample", *source, "--with-base", "--prompt", *prompts,
-        "--seeds", ",".join(str(s) for s in seeds), "--out", str(folder / "grid.png"),
-        "--images", str(folder), "--json", "--progress", "--runs-dir", str(runs_dir),
+        sys.executable, "-m", "jagg_engine.cli", "sample", *source, "--with-base",
+        "--prompts-file", str(prompts_file), "--seeds", ",".join(str(int(s)) for s in seeds),
+        "--out", str(folder / "grid.png"), "--images", str(folder), "--json", "--progress",
+        "--runs-dir", str(runs_dir),
     ]  # fmt: skip
 
 
@@ -177,6 +203,15 @@ def refusal(stderr: str, command: str) -> str:
             if line.startswith(f"{flag}: "):
                 return f"{name}: {line[len(flag) + 2 :]}"
     return line
+
+
+def export_work_root() -> Path:
+    """Where the Export model worker writes the model folder before it is zipped: inside gradio's cache, outside
+    the runs folder (``jagg export-model`` refuses an ``--out`` inside it); a folder an app killed mid-export
+    left there is removed at the next export (:func:`jagg_engine.export_format.remove_stale_partials`)."""
+    from gradio.utils import get_upload_folder
+
+    return Path(get_upload_folder()) / "jagg-export-work"
 
 
 def tryit_root() -> Path:
@@ -375,7 +410,10 @@ class TryIt:
             chosen = parse_seeds(seeds, self.caps["seeds"])
             folder = _session_folder(sess)
             shutil.rmtree(folder, ignore_errors=True)  # the session's previous try
-            argv = sample_command(number, at, typed, chosen, folder, self.root, shipped_at(run_dir, at))
+            prompts_file = write_prompts(folder, typed)
+            argv = sample_command(
+                number, at, prompts_file, chosen, folder, self.root, shipped_at(run_dir, at)
+            )
             worker = self.workers.start(argv, "try", sess, folder)
         except (ConfigError, TryItError) as exc:
             yield f"**Not started.** {md_message(exc)}", gr.skip(), gr.skip()
@@ -445,7 +483,12 @@ class TryIt:
             name = f"jagg-model-run{number}-step{steps[-1]}"
             shipped = shipped_at(run_dir, steps[-1])
             out_dir.mkdir(parents=True, exist_ok=True)
-            work = Path(tempfile.mkdtemp(prefix=".export-", dir=out_dir))
+            root = export_work_root()
+            root.mkdir(parents=True, exist_ok=True)
+            for folder in (root, out_dir):  # what an app killed mid-export (kill -9) left
+                remove_stale_partials(folder)
+            work = partial_path(root, f"{name}-{secrets.token_hex(4)}")
+            work.mkdir()
         except (ConfigError, TryItError) as exc:
             return f"**Not exported.** {md_message(exc)}", hidden
         except OSError as exc:
@@ -485,10 +528,15 @@ class TryIt:
 
     @staticmethod
     def _zip(work: Path, name: str, out_dir: Path) -> Path:
-        """``work/name`` zipped and moved into ``out_dir`` in one rename; the zip's path."""
-        archive = Path(shutil.make_archive(str(work / name), "zip", root_dir=work, base_dir=name))
-        final = out_dir / archive.name
-        os.replace(archive, final)
+        """``work/name`` zipped into a partial file of ``out_dir``, renamed ``name.zip`` when whole; its path."""
+        partial = partial_path(out_dir, f"{name}-{secrets.token_hex(4)}")
+        try:
+            archive = Path(shutil.make_archive(str(partial), "zip", root_dir=work, base_dir=name))
+            final = out_dir / f"{name}.zip"
+            os.replace(archive, final)
+        except BaseException:
+            Path(f"{partial}.zip").unlink(missing_ok=True)
+            raise
         return final
 
     def _exported(self, number: int, step: int, final: Path, out_dir: Path) -> tuple[str, Any]:

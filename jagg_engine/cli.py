@@ -226,8 +226,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 141  # a shell's code for SIGPIPE
     except Exception as exc:
+        from jagg_engine.errors import disk_full_path, is_disk_full
         from jagg_engine.store import CorruptIndexError
 
+        if is_disk_full(exc):  # a write that did not fit: one line naming it, as a failed run's error reads
+            print(f"jagg {args.command}: error: disk full: {disk_full_path(exc, '?')}", file=sys.stderr)
+            return 1
         if not isinstance(exc, CorruptIndexError):
             raise
         print(f"jagg {args.command}: error: {exc}", file=sys.stderr)

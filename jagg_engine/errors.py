@@ -16,6 +16,17 @@ class DiskFullError(OSError):
         self.path = str(path)
 
 
+# How a library written in Rust (safetensors' SafetensorError) words ENOSPC: not an OSError, only its text.
+_RUST_ENOSPC = ("No space left on device (os error 28)", "Disk quota exceeded (os error 122)")
+
+
+def disk_full_path(exc: BaseException, default: object) -> str:
+    """The file a full-disk error names (its ``filename``, a :class:`DiskFullError`'s path), else ``default``."""
+    if isinstance(exc, DiskFullError):
+        return exc.path
+    return str(getattr(exc, "filename", None) or default)
+
+
 def is_disk_full(exc: BaseException) -> bool:
     """Whether ``exc`` (or an exception it was raised from) is a full disk or an exceeded quota."""
     import errno
@@ -31,6 +42,8 @@ def is_disk_full(exc: BaseException) -> bool:
         if isinstance(exc, sqlite3.Error) and (
             getattr(exc, "sqlite_errorcode", None) == 13 or "disk is full" in str(exc)  # SQLITE_FULL
         ):
+            return True
+        if not isinstance(exc, OSError) and any(s in str(exc) for s in _RUST_ENOSPC):  # safetensors' writer
             return True
         exc = exc.__cause__ or exc.__context__
     return False

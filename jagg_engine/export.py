@@ -2,6 +2,10 @@
 
     jagg export-model RUN [--step N] --out DIR [--merge] [--runs-dir DIR]
 
+``--out`` is a new or empty folder outside the runs folder and outside every run's folder (refused in one line:
+inside, ``jagg reindex`` would read ``runs/run-0002`` as a run, and deleting run 1 would delete
+``runs/run-0001/x``).
+
 A checkpoint holds the trained parameters as ``p0 … p{n-1}`` (:mod:`jagg_engine.train.checkpoint`), in the
 order the trainer listed them. Nothing here maps those names by hand: the run's backbone is built again from
 the run's config (the same factory, so the same parameter list), the checkpoint's tensors are copied into it,
@@ -15,9 +19,15 @@ and the model's own libraries name and write the weights (the folder layout: :mo
 - A full fine-tune: the transformer, ``save_pretrained`` (``transformer/``).
 - tiny-shapes: its whole model folder (transformer, text embedding, vocabulary), ``model_path=DIR``.
 
-Always: ``README.md`` (a model card with YAML front matter), ``jagg_run.json`` (run, step, config, eval
+Always: ``README.md`` (a model card with YAML front matter; the run's name, its base model's path and every other
+string a user chose are written as their literal text, never as Markdown or HTML: :mod:`jagg_engine.markup`),
+``jagg_run.json`` (run, step, config, eval
 settings), ``reward_curve.png`` and, when the run logged eval images, ``before_after.png``. Everything is written
-into a hidden folder beside ``--out`` and renamed onto it at the end, so a failure leaves nothing half-written.
+into a hidden folder beside ``--out`` (``.NAME.partial-PID``) and renamed onto it at the end, so a failure leaves
+nothing half-written, and one killed mid-write (``kill -9``) leaves a partial folder that the next export into the
+same folder, or ``jagg reindex``, removes;
+a full disk is one line, ``jagg export-model: error: disk full: <what was being written>`` (exit code 1), as a
+run's failure on a full disk reads.
 
 Loading back: :func:`model_config` turns an export into the config that builds it (``model_path=DIR``; for a
 LoRA export the base as ``model_path`` and ``lora_path=DIR``), which ``jagg train``, ``jagg eval --model`` and
@@ -38,8 +48,17 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from .errors import UsageError
-from .export_format import FORMAT, INFO, LORA_WEIGHTS, ExportFormatError, read_export
+from .errors import DiskFullError, UsageError, disk_full_path, is_disk_full
+from .export_format import (
+    FORMAT,
+    INFO,
+    LORA_WEIGHTS,
+    ExportFormatError,
+    partial_path,
+    read_export,
+    remove_stale_partials,
+)
+from .markup import md_cell, md_code_block, md_text
 from .train.config import TrainConfig
 
 # The license of each backbone's default base model (Hugging Face model-card metadata); a model_path of one's
@@ -230,7 +249,14 @@ def _export_kind(run: RunRef, merge: bool) -> str:
     return kind
 
 
-def _check_out(out: Path) -> None:
+def _check_out(out: Path, runs_dir: str | os.PathLike[str] | None = None) -> None:
+    if runs_dir is not None:
+        inside = _under_runs(out, Path(runs_dir))
+        if inside is not None:
+            raise UsageError(
+                f"--out: {out} is inside the runs folder {inside}; pass a folder outside it (there a reindex would"
+                " read it as a run's, and deleting a run would delete it)"
+            )
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"--out: {out} exists and is not an empty folder; pass a new or empty folder")
     existing = out.absolute().parent
@@ -240,6 +266,26 @@ def _check_out(out: Path) -> None:
         raise UsageError(f"--out: {existing} is a file, not a folder")
     if not os.access(existing, os.W_OK):
         raise UsageError(f"--out: cannot write to {existing}")
+
+
+def _under_runs(out: Path, runs_dir: Path) -> Path | None:
+    """The runs folder (or the run folder) ``out`` lies in, after symlinks and ``..``; None when outside."""
+    from .store import DB_NAME
+
+    target = out.expanduser().resolve()
+    roots = [runs_dir.expanduser().resolve()]
+    try:  # the run folders the index names (one may lie outside the runs folder)
+        from .store import open_store
+
+        if (runs_dir / DB_NAME).is_file():
+            with open_store(runs_dir) as store:
+                roots += [Path(r["run_dir"]).resolve() for r in store.list_runs() if r.get("run_dir")]
+    except Exception:  # an unreadable index: open_run refuses it in its own line
+        pass
+    for root in roots:
+        if target == root or target.is_relative_to(root):
+            return root
+    return None
 
 
 def base_model(cfg: TrainConfig) -> str:
@@ -314,7 +360,7 @@ def export_model(
     from .train.trainer import prompt_source
 
     out = Path(out).expanduser()
-    _check_out(out)
+    _check_out(out, runs_dir)
     run = open_run(runs_dir, run_id)
     kind = _export_kind(run, merge)
     step, _ = pick_checkpoint(run, step)
@@ -330,7 +376,8 @@ def export_model(
     parent = out.absolute().parent
     made = [p for p in (parent, *parent.parents) if not p.exists()]
     parent.mkdir(parents=True, exist_ok=True)
-    partial = parent / f".{out.name}.partial-{os.getpid()}"
+    remove_stale_partials(parent)  # an export killed mid-write (kill -9) left its partial folder here
+    partial = partial_path(parent, out.name)
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir()
     try:
@@ -357,13 +404,15 @@ def export_model(
         if out.exists():
             out.rmdir()  # empty (checked above)
         partial.rename(out)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(partial, ignore_errors=True)
         for folder in made:  # innermost first: the folders this call created, if still empty
             try:
                 folder.rmdir()
             except OSError:
                 break
+        if isinstance(exc, Exception) and is_disk_full(exc):  # `disk full: <what was being written>`
+            raise DiskFullError(disk_full_path(exc, partial)) from exc
         raise
     return ExportResult(out, kind, step)
 
@@ -495,34 +544,35 @@ def model_card(info: dict[str, Any], figures: dict[str, str]) -> str:
         f"{cfg['sde_window_schedule']} window of W = {cfg['window']} inside sampling steps "
         f"{cfg['sde_window_start']}..{cfg['sde_window_end']} of {cfg['sampling_steps']}"
     )
+    rewards = ", ".join(f"{k} × {v:g}" for k, v in cfg["rewards"].items())
     lines = [
         "---",
         yaml.safe_dump(front, sort_keys=False).strip(),
         "---",
         "",
-        f"# {run['name'] or 'run'} (JAGG Studio run {run['id']}, step {info['step']})",
+        f"# {md_text(run['name'] or 'run')} (JAGG Studio run {run['id']}, step {info['step']})",
         "",
-        f"GRPO alignment of `{base}` ({info['backbone']}) with JAGG Studio. This folder holds the weights of the"
-        f" run's checkpoint at step {info['step']} as **{_KIND_TEXT[info['kind']]}**.",
+        f"GRPO alignment of {md_text(base)} ({md_text(info['backbone'])}) with JAGG Studio. This folder holds"
+        f" the weights of the run's checkpoint at step {info['step']} as **{_KIND_TEXT[info['kind']]}**.",
         "",
         "| | |",
         "|---|---|",
-        f"| run | {run['id']} (uid `{run['uid']}`) |",
-        f"| strategy | {cfg['strategy']} (jagg_frac {cfg['jagg_frac']:g}) |",
-        f"| window | {window} |",
-        f"| SDE | {cfg['algorithm']}, η = {cfg['eta']:g}, {cfg['group_size']} samples per prompt, "
+        f"| run | {run['id']} (uid {md_cell(run['uid'])}) |",
+        f"| strategy | {md_cell(cfg['strategy'])} (jagg_frac {cfg['jagg_frac']:g}) |",
+        f"| window | {md_cell(window)} |",
+        f"| SDE | {md_cell(cfg['algorithm'])}, η = {cfg['eta']:g}, {cfg['group_size']} samples per prompt, "
         f"{cfg['prompts_per_step']} prompts per step |",
         f"| optimizer | AdamW lr {cfg['lr']:g}, {cfg['steps']} steps planned |",
         f"| LoRA | rank {cfg['lora_rank']}, alpha {cfg['lora_alpha'] or cfg['lora_rank']} |"
         if cfg["lora_rank"]
         else "| weights | full fine-tune |",
-        f"| rewards | {', '.join(f'{k} × {v:g}' for k, v in cfg['rewards'].items())} |",
+        f"| rewards | {md_cell(rewards)} |",
         f"| eval reward, step 0 | {_fmt(before['mean'])} |",
         f"| eval reward, step {after['step']} | {_fmt(after['mean'])} |",
         "",
         f"The eval: {len(ev['prompts'])} prompts × seeds {ev['seeds']}, {ev['sampling_steps']} deterministic ODE"
-        f" steps ({ev['schedule']} schedule), scored by the rewards above. `jagg eval --model <this folder>`"
-        " repeats it.",
+        f" steps ({md_text(ev['schedule'])} schedule), scored by the rewards above. `jagg eval --model <this"
+        " folder>` repeats it.",
         "",
     ]
     if "reward_curve" in figures:
@@ -534,7 +584,7 @@ def model_card(info: dict[str, Any], figures: dict[str, str]) -> str:
             f"Top: step 0 (the base model); bottom: step {figures['after_step']}; the same prompts and seeds.",
             "",
         ]
-    lines += ["## Use", "", "```python", *_usage(info), "```", ""]
+    lines += ["## Use", "", md_code_block("\n".join(_usage(info)), "python"), ""]
     lines += ["The run's whole config and eval settings are in `jagg_run.json`.", ""]
     return "\n".join(lines)
 
@@ -566,7 +616,7 @@ def _usage(info: dict[str, Any]) -> list[str]:
         return [
             f"from diffusers import {pipe}",
             "",
-            f'pipe = {pipe}.from_pretrained("{base}")',
+            f"pipe = {pipe}.from_pretrained({_py_str(base)})",
             'pipe.load_lora_weights("path/to/this/folder")',
         ]
     tf = _TRANSFORMERS[backbone]
@@ -574,8 +624,13 @@ def _usage(info: dict[str, Any]) -> list[str]:
         f"from diffusers import {pipe}, {tf}",
         "",
         f'transformer = {tf}.from_pretrained("path/to/this/folder", subfolder="transformer")',
-        f'pipe = {pipe}.from_pretrained("{base}", transformer=transformer)',
+        f"pipe = {pipe}.from_pretrained({_py_str(base)}, transformer=transformer)",
     ]
+
+
+def _py_str(text: str) -> str:
+    """``text`` as a one-line Python string literal (quotes, backslashes and line breaks escaped)."""
+    return json.dumps(str(text))
 
 
 # ------------------------------------------------------------------------------------------------ the command

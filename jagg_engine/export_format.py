@@ -17,6 +17,9 @@ One export is one folder::
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,50 @@ FORMAT = 1
 INFO = "jagg_run.json"
 LORA_WEIGHTS = "pytorch_lora_weights.safetensors"
 KINDS = ("lora", "merged", "full", "tiny-shapes")
+
+
+# An export being written: ``.NAME.partial-PID`` beside its ``--out`` (a folder; the app's zip: ``….zip``), renamed
+# onto NAME when whole. One whose process is gone (killed mid-export) is removed by the next export into the same
+# folder and by ``jagg reindex`` (:func:`remove_stale_partials`).
+PARTIAL = re.compile(r"^\.(?P<name>.+)\.partial-(?P<pid>\d+)(?:\.zip)?$")
+
+
+def partial_path(folder: Path, name: str, suffix: str = "") -> Path:
+    """Where this process writes ``folder/name`` before renaming it there: ``folder/.NAME.partial-PID``."""
+    return folder / f".{name}.partial-{os.getpid()}{suffix}"
+
+
+def remove_stale_partials(folder: str | os.PathLike[str]) -> list[Path]:
+    """Remove the partial exports in ``folder`` whose writing process is gone (not this one, not a live one:
+    a pid taken again by a process started after the partial was last written counts as gone). Returns them."""
+    from .store import pid_alive
+
+    removed = []
+    try:
+        entries = list(Path(folder).iterdir())
+    except OSError:
+        return []
+    for entry in entries:
+        match = PARTIAL.match(entry.name)
+        if not match:
+            continue
+        pid = int(match.group("pid"))
+        try:
+            written = entry.lstat().st_mtime
+        except OSError:
+            continue
+        if pid == os.getpid() or pid_alive(pid, written):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            try:
+                entry.unlink()
+            except OSError:
+                pass
+        if not entry.exists():
+            removed.append(entry)
+    return removed
 
 
 class ExportFormatError(ValueError):
@@ -42,6 +89,8 @@ def read_export(folder: str | Path) -> dict[str, Any]:
         )
     try:
         info = json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:  # 200 k nested brackets: json's recursion limit, not a ValueError
+        raise ExportFormatError(f"{path}: unreadable (nested too deeply)") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ExportFormatError(f"{path}: unreadable ({type(exc).__name__})") from None
     if not isinstance(info, dict) or info.get("format") != FORMAT:

@@ -1,5 +1,6 @@
 """`jagg runs` (a table of the run history), `jagg export RUN_ID` (CSV + JSON of one run) and `jagg reindex`
-(rebuild ``jagg.db`` from the run folders).
+(rebuild ``jagg.db`` from the run folders; it also removes the partial exports that a killed ``jagg export-model``
+or app export left in the runs folder, its ``exports/`` or a run folder, each named in one line).
 
 The first two read ``<runs_dir>/jagg.db`` (runs_dir default ``runs``) and never create it; a corrupt one is one
 line naming it and ``jagg reindex``. jagg_engine/cli.py adds these subcommands with the ``add_*_arguments``
@@ -63,7 +64,20 @@ def run_reindex(args: argparse.Namespace) -> int:
         print(f"skipped: {line}")
     for line in report.summary():
         print(f"skipped: {line}")
+    for partial in remove_partial_exports(Path(args.runs_dir)):
+        print(f"removed {partial}: the partial export of a process that is gone")
     return 0
+
+
+def remove_partial_exports(runs_dir: Path) -> list[Path]:
+    """The partial exports (``.NAME.partial-PID``) of processes that are gone, removed from the runs folder, its
+    ``exports/`` (the app's zips) and each run folder (where an export could be written before ``--out`` was
+    refused there)."""
+    from .export_format import remove_stale_partials
+
+    folders = [runs_dir, runs_dir / "exports"]
+    folders += sorted(p for p in runs_dir.glob("run-*") if p.is_dir() and not p.is_symlink())
+    return [path for folder in folders for path in remove_stale_partials(folder)]
 
 
 def run_runs(args: argparse.Namespace) -> int:

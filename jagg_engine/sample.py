@@ -1,6 +1,7 @@
 """`jagg sample`: images of typed prompts from a run's weights, an export or a base model, each with its reward.
 
     jagg sample RUN [--step N] --prompt TEXT [TEXT ...] --seeds 0,1 --out grid.png    a run at a checkpoint
+    jagg sample RUN --prompts-file prompts.json ...   the prompts as a JSON list of strings instead
     jagg sample RUN --with-base ...        the run's base model and its weights side by side, from the same noise
     jagg sample RUN --base ...             the run's base model (its step 0)
     jagg sample --model DIR ...            an export of `jagg export-model`
@@ -13,6 +14,10 @@ has one row per prompt and one column per seed (with ``--with-base``: the base's
 image captioned with its seed and reward; ``--json`` prints one object with every image's reward (and, with
 ``--images DIR``, the path of each image written alone); ``--progress`` names each phase on stderr (the app's
 Try it tab shows them).
+
+``--prompts-file`` is how a program passes text it did not write (the app's Try it tab passes what a visitor
+typed): a prompt there is only ever a prompt, while a word of ``--prompt`` that starts with ``-`` would be read
+as another flag (``--reward``, ``--steps``, ``--device`` …).
 """
 
 from __future__ import annotations
@@ -51,8 +56,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with RUN or --model: the base model beside, from the same noise",
     )
     parser.add_argument("--backbone", default="tiny-shapes", help="with --base alone: the backbone")
-    parser.add_argument(
-        "--prompt", nargs="+", required=True, metavar="TEXT", help="prompts, one image row each"
+    prompts = parser.add_mutually_exclusive_group(required=True)
+    prompts.add_argument("--prompt", nargs="+", metavar="TEXT", help="prompts, one image row each")
+    prompts.add_argument(
+        "--prompts-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the prompts as a JSON list of strings (text that must never read as a flag)",
     )
     parser.add_argument("--seeds", default="0", help="noise seeds, a list like 0,1 (default 0)")
     parser.add_argument(
@@ -83,6 +94,22 @@ def _seeds(text: str) -> list[int]:
     if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
         raise UsageError(f"--seeds: must be distinct whole numbers >= 0 like 0,1, got {text!r}")
     return seeds
+
+
+def read_prompts(args: argparse.Namespace) -> list[str]:
+    """The prompts of ``--prompt`` or of ``--prompts-file`` (a JSON list of strings); UsageError in one line."""
+    if args.prompts_file is None:
+        return list(args.prompt)
+    path = Path(args.prompts_file)
+    try:
+        prompts = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"--prompts-file: cannot read {path}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise UsageError(f"--prompts-file: {path} is not JSON ({type(exc).__name__})") from None
+    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
+        raise UsageError(f"--prompts-file: {path} must hold a non-empty JSON list of strings")
+    return prompts
 
 
 def resolve_models(args: argparse.Namespace, device: Any) -> tuple[Any, list[tuple[str, Any]]]:
@@ -134,9 +161,10 @@ def sample(args: argparse.Namespace) -> dict[str, Any]:
     from .rewards.registry import RewardConfigError, WeightedReward, check_reward
     from .train.trainer import pipeline_schedule
 
-    prompts = [p.strip() for p in args.prompt]
+    flag = "--prompts-file" if args.prompts_file is not None else "--prompt"
+    prompts = [p.strip() for p in read_prompts(args)]
     if not all(prompts):
-        raise UsageError("--prompt: a prompt must not be empty")
+        raise UsageError(f"{flag}: a prompt must not be empty")
     seeds = _seeds(args.seeds)
     if args.steps is not None and args.steps <= 0:
         raise UsageError(f"--steps: must be > 0, got {args.steps}")
@@ -170,7 +198,7 @@ def sample(args: argparse.Namespace) -> dict[str, Any]:
                 model, reward, prompts, seeds, cfg.sampling_steps, cfg.shift, schedule, device
             )
         except ValueError as exc:  # e.g. a word outside tiny-shapes' closed vocabulary
-            raise UsageError(f"--prompt: {str(exc).splitlines()[0]}") from None
+            raise UsageError(f"{flag}: {str(exc).splitlines()[0]}") from None
         results.append((label, result))
     grid = captioned_grid(
         prompts, seeds, [(label, r.images.numpy(), r.totals.tolist()) for label, r in results]

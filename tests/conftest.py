@@ -8,8 +8,12 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("GRADIO_TEMP_DIR", tempfile.mkdtemp(prefix="jagg-gradio-"))
 
+import subprocess  # noqa: E402
+from pathlib import Path  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from faults import mount  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
@@ -29,3 +33,17 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def mounts():
+    """``mounts(*mount_args)``: :func:`faults.mount` (a small tmpfs, a bind mount), each unmounted after the test."""
+    made: list[Path] = []
+
+    def add(*args: str) -> Path:
+        made.append(mount(*args))
+        return made[-1]
+
+    yield add
+    for path in reversed(made):
+        subprocess.run(["umount", "-l", str(path)], check=False)

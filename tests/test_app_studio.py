@@ -360,11 +360,12 @@ def test_the_slider_on_the_newest_step_shows_a_new_evals_images(studio):
     _log_eval(store, root, live, 4, "blue")
     third = on_tick(live, 1.8, second[-3], second[-1], 4, "eval")
     assert "step **4**" in third[-6] and all(c.startswith("step 4 · ") for _, c in third[-7])
-    # the user moved the slider back to step 2: the next step is not for the page to follow (None), whatever
-    # the page knows of the newest step, and no images are sent
+    # the user moved the slider back to step 2: the newest step is told all the same (the page, which knows
+    # where its slider is now, does not follow it: app.client.SLIDER_JS), the slider's value is not sent, and
+    # no images are sent
     _log_eval(store, root, live, 6, "green")
     fourth = on_tick(live, 1.8, third[-3], third[-1], 2, "eval")
-    assert fourth[-4] is None and fourth[-5]["maximum"] == 6 and "value" not in fourth[-5]
+    assert fourth[-4] == 6 and fourth[-5]["maximum"] == 6 and "value" not in fourth[-5]
     assert fourth[-6] == {"__type__": "update"} and fourth[-7] == {"__type__": "update"}
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from jagg_engine import cli  # noqa: E402
 from jagg_engine.store import open_store  # noqa: E402
 from jagg_engine.train.config import load_config  # noqa: E402
+from jagg_engine.train.trainer import Trainer  # noqa: E402
 
 SMALL = [
     "steps=2",
@@ -132,6 +134,15 @@ def test_export_of_tiny_shapes_is_a_model_folder_eval_reproduces(runs: Path, tmp
         (["eval", "--run", "9"], "RUN: no run 9 in "),
         (["eval", "--run", "1", "--step", "5"], "--step: run 1 has no checkpoint at step 5"),
         (["eval", "--run", "2"], "RUN: run 2 has no checkpoint"),
+        (["sample", "1", "--prompts-file", "{full}/keep.txt", "--out", "{out}.png"], "is not JSON"),
+        (
+            ["sample", "1", "--prompts-file", "{out}.json", "--out", "{out}.png"],
+            "--prompts-file: cannot read",
+        ),
+        (
+            ["sample", "1", "--prompt", "red circle left", "--prompts-file", "{full}", "--out", "{out}.png"],
+            "argument --prompts-file: not allowed with argument --prompt",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2_nothing_written(
@@ -148,16 +159,157 @@ def test_bad_input_is_one_line_exit_2_nothing_written(
     assert [p.name for p in full.iterdir()] == ["keep.txt"]
 
 
-def test_a_failure_while_writing_leaves_nothing(runs: Path, tmp_path: Path, monkeypatch) -> None:
-    from jagg_engine import export
+def test_export_model_on_a_full_disk_is_one_line_and_leaves_nothing(runs: Path, mounts, tmp_path, capsys):
+    """--out on a 3 MiB tmpfs (a tiny-shapes export is ~9 MB): one line naming what was being written, exit
+    code 1 as a run that fails on a full disk; the filesystem as it was (no partial folder, no --out)."""
+    full = mounts("-t", "tmpfs", "-o", "size=3m", "tmpfs", str(tmp_path / "full"))
+    (full / "keep.txt").write_text("mine")
+    code, stdout, err = jagg(
+        capsys, "export-model", "1", "--out", str(full / "a" / "model"), "--runs-dir", str(runs)
+    )
+    assert code == 1 and stdout == "", (code, err)
+    assert err.startswith(
+        f"jagg export-model: error: disk full: {full / 'a' / '.model.partial-'}{os.getpid()}"
+    )
+    assert len(err.splitlines()) == 1, err
+    assert sorted(p.name for p in full.iterdir()) == ["keep.txt"]  # nor the folder a/ it made
 
-    def broken(*args, **kwargs):
-        raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(export, "model_card", broken)
-    with pytest.raises(OSError):
-        export.export_model(runs, 1, tmp_path / "out")
-    assert list(tmp_path.iterdir()) == []  # neither the folder nor its hidden partial one
+def tree(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "run-0003",
+        "run-0001/checkpoints/step_00009",
+        "run-0001/x",
+        "exports/x",
+        "link/x",
+        "{runs}/../{name}/y",
+    ],
+)
+def test_export_model_out_inside_the_runs_folder_is_refused_in_one_line(
+    runs: Path, tmp_path: Path, capsys, where: str
+) -> None:
+    """--out anywhere under the runs folder (a name reindex would read as a run's, a checkpoint's, inside a run
+    folder, through a symlink or ``..``): one line naming --out and the folder, exit 2, nothing written."""
+    link = tmp_path / "link"
+    link.symlink_to(runs / "run-0001")
+    out = (tmp_path / where) if where.startswith("link/") else Path(where.format(runs=runs, name=runs.name))
+    out = out if out.is_absolute() else runs / out
+    before = tree(runs)
+    code, stdout, err = jagg(capsys, "export-model", "1", "--out", str(out), "--runs-dir", str(runs))
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"jagg export-model: error: --out: {out} is inside the runs folder "), err
+    assert "pass a folder outside it" in err
+    assert tree(runs) == before
+
+
+def test_a_partial_export_left_by_kill_9_is_removed_by_the_next_export(runs: Path, tmp_path: Path) -> None:
+    """`jagg export-model` killed with SIGKILL while it writes leaves ``.NAME.partial-PID/``; the next export
+    into the same folder removes it (its process is gone) and a live export's partial is left alone."""
+    import signal
+    import subprocess
+    import sys
+
+    from polling import wait_for
+
+    folder = tmp_path / "exports"
+    folder.mkdir()
+    cli_argv = [
+        sys.executable,
+        "-m",
+        "jagg_engine.cli",
+        "export-model",
+        "1",
+        "--runs-dir",
+        str(runs),
+        "--out",
+    ]
+    for attempt in range(5):  # the kill lands once the weights are written and before the rename
+        proc = subprocess.Popen([*cli_argv, str(folder / f"a{attempt}")], stderr=subprocess.PIPE)
+        partial = folder / f".a{attempt}.partial-{proc.pid}"
+        written = lambda p=partial, w=proc: (p / "transformer").is_dir() or w.poll() is not None  # noqa: E731
+        wait_for(written, timeout=300, every=0.005)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if partial.is_dir():
+            break
+    assert partial.is_dir() and proc.returncode == -signal.SIGKILL, "no kill landed mid-export in 5 tries"
+    size = sum(p.stat().st_size for p in partial.rglob("*") if p.is_file())
+    assert size > 0  # what the issue saw: megabytes left behind
+    live = folder / f".b.partial-{os.getppid()}"  # a live process's partial export (this test's parent)
+    live.mkdir()
+    done = subprocess.run([*cli_argv, str(folder / "b")], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert not partial.exists() and live.is_dir()
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [live.name, "b", *(f"a{i}" for i in range(attempt) if (folder / f"a{i}").exists())]
+    )
+
+
+def test_reindex_removes_the_apps_zip_left_by_kill_9(runs: Path, tmp_path: Path) -> None:
+    """The app zips an export into ``<runs>/exports`` as a partial file renamed when whole; a process killed
+    with SIGKILL while zipping leaves it, and `jagg reindex` removes it, naming it in one line."""
+    import signal
+    import subprocess
+    import sys
+
+    from polling import wait_for
+
+    copy = tmp_path / "runs"
+    shutil.copytree(runs, copy)
+    exports = copy / "exports"
+    exports.mkdir(exist_ok=True)
+    work = tmp_path / "work"
+    (work / "m").mkdir(parents=True)
+    for i in range(40):  # incompressible: zipping takes a while
+        (work / "m" / f"{i}.bin").write_bytes(os.urandom(1 << 20))
+    code = "import sys; from pathlib import Path; from app.tryit import TryIt; TryIt._zip(*map(Path, sys.argv[1:4]))"
+    proc = subprocess.Popen([sys.executable, "-c", code, str(work), "m", str(exports)])
+    zipped = lambda: [p for p in exports.iterdir() if p.name.endswith(f".partial-{proc.pid}.zip")]  # noqa: E731
+    assert wait_for(lambda: any(p.stat().st_size > 1 << 20 for p in zipped()), timeout=120, every=0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    (left,) = zipped()
+    done = subprocess.run(
+        [sys.executable, "-m", "jagg_engine.cli", "reindex", "--runs-dir", str(copy)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"removed {left}: the partial export of a process that is gone" in done.stdout.splitlines()
+    assert not left.exists() and list(exports.iterdir()) == []
+
+
+NESTED = "[" * 200_000 + "]" * 200_000  # deeper than json's recursion limit
+
+
+def test_a_deeply_nested_export_file_is_refused_in_one_line(runs: Path, tmp_path: Path, capsys) -> None:
+    """An export whose jagg_run.json (or, past it, whose vocab.json) is 200 k nested brackets: `jagg eval
+    --model` and `jagg sample --model` end with one line naming the file, exit 2, no RecursionError."""
+    out = tmp_path / "export"
+    assert jagg(capsys, "export-model", "1", "--out", str(out), "--runs-dir", str(runs))[0] == 0
+    info = (out / "jagg_run.json").read_text()
+    grid = tmp_path / "grid.png"
+    sample = ["sample", "--model", str(out), "--prompt", "red circle left", "--out", str(grid)]
+    for name, text, said in (
+        ("jagg_run.json", NESTED, f"--model: {out / 'jagg_run.json'}: unreadable (nested too deeply)"),
+        (
+            "vocab.json",
+            '{"vocabulary": ' + NESTED + "}",
+            f"{out / 'vocab.json'}: unreadable (nested too deeply)",
+        ),
+    ):
+        (out / "jagg_run.json").write_text(info)
+        (out / name).write_text(text)
+        for argv in (["eval", "--model", str(out), "--device", "cpu"], sample):
+            code, stdout, err = jagg(capsys, *argv)
+            assert code == 2 and said in err and len(err.splitlines()) == 1, (argv, err)
+            assert "Traceback" not in err and not grid.exists()
 
 
 def test_sample_draws_the_eval_noise_and_captions_each_reward(runs: Path, tmp_path: Path, capsys) -> None:
@@ -238,3 +390,71 @@ def test_study_cosine_of_a_run_refuses_flags_that_contradict_it(runs, tmp_path, 
     code, _, err = jagg(capsys, "study", "cosine", "--runs-dir", str(runs), "--out", str(out), *argv)
     assert code == 2 and err.strip() == f"jagg study: error: {line}"
     assert not out.exists()
+
+
+# A run name and a base-model folder of a hostile user's making: an image and links, a heading, a table cell's
+# end, a code fence, a bare URL, HTML, emphasis.
+HOSTILE_NAME = "# <img src=//HOST/t.png>[x](/y) ![i](//HOST/i.png) a|b ``` https://HOST/u <b>bold</b> *em*"
+HOSTILE_FOLDER = "m` <img src=x>[l](/y) |c| ```"
+
+
+def test_a_hostile_run_name_and_model_path_are_literal_text_in_the_model_card(tmp_path: Path, capsys) -> None:
+    """A real one-step run named with markup, trained from a copy of the base model in a folder named with
+    markup, exported; its card (less its front matter, as the Hub shows it) rendered by a CommonMark renderer
+    with HTML and tables: the heading is the name's literal text, no element and no link comes from either
+    string, and the card's code reads the folder as one Python string."""
+    import ast
+
+    import yaml
+    from markdown_it import MarkdownIt
+
+    base = tmp_path / HOSTILE_FOLDER
+    shutil.copytree(Path(__file__).resolve().parents[1] / "assets" / "tiny-shapes", base)
+    cfg = dataclasses.replace(load_config(None, [*SMALL, "steps=1"]), model_path=str(base))
+    runs = tmp_path / "runs"
+    store = open_store(runs)
+    run_id = store.create_run(HOSTILE_NAME, cfg.to_dict(), runs / "run-0001")
+    assert Trainer(cfg, run_id, str(runs)).run() == "finished"
+    out = tmp_path / "export"
+    code, _, err = jagg(capsys, "export-model", str(run_id), "--out", str(out), "--runs-dir", str(runs))
+    assert code == 0, err
+    _, front, body = (out / "README.md").read_text(encoding="utf-8").split("---\n", 2)
+    assert yaml.safe_load(front)["base_model"] == str(base)
+
+    md = MarkdownIt("commonmark", {"html": True}).enable("table")
+    tokens = md.parse(body)
+    inline = [c for t in tokens if t.type == "inline" for c in t.children]
+    assert tokens[0].type == "heading_open" and tokens[0].tag == "h1"
+    assert [c.type for c in tokens[1].children] == ["text"]  # no element, link, image or emphasis
+    assert tokens[1].children[0].content == f"{HOSTILE_NAME} (JAGG Studio run {run_id}, step 1)"
+    assert not [t.type for t in [*tokens, *inline] if t.type in ("html_block", "html_inline", "em_open")]
+    images = [c.attrs["src"] for c in inline if c.type == "image"]
+    assert images == ["reward_curve.png", "before_after.png"] and not [
+        c for c in inline if c.type == "link_open"
+    ]
+    assert [t.type for t in tokens].count("heading_open") == 2  # the name's and "## Use"
+    cells = [t.type for t in tokens if t.type in ("tr_open", "th_open", "td_open")]
+    assert cells.count("tr_open") * 2 == len(cells) - cells.count("tr_open")  # every row: two cells
+    paragraph = next(t.content for t in tokens if t.type == "inline" and "GRPO alignment of" in t.content)
+    shown = "".join(c.content for c in next(t for t in tokens if t.content == paragraph).children)
+    assert f"GRPO alignment of {base} (tiny-shapes)" in shown  # the folder's literal text
+    (code_block,) = [t for t in tokens if t.type == "fence"]  # the folder's ``` did not end the code
+    assert code_block.info == "python" and "build_backbone" in code_block.content
+    html = md.render(body)
+    assert "<img src=//HOST" not in html and "<b>" not in html and 'href="/y"' not in html
+
+    # a LoRA card names its base inside the code: the folder stays one Python string there
+    from jagg_engine.export import model_card
+
+    info = json.loads((out / "jagg_run.json").read_text(encoding="utf-8"))
+    lora = {
+        **info,
+        "kind": "lora",
+        "backbone": "flux",
+        "base_model": f"{base}\n```\n# <img src=//HOST/l.png>",
+    }
+    tokens = md.parse(model_card(lora, {}).split("---\n", 2)[2])
+    (code_block,) = [t for t in tokens if t.type == "fence"]
+    (call,) = [line for line in code_block.content.splitlines() if ".from_pretrained(" in line]
+    assert ast.literal_eval(call.split("from_pretrained(", 1)[1].rstrip(")")) == lora["base_model"]
+    assert not [t for t in tokens if t.type == "html_block"]

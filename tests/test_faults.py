@@ -4,15 +4,14 @@ an image or its metrics. The README's "What happens when…" table names these t
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+from faults import fill_disk, mount
 
 from jagg_engine import cli
 from jagg_engine.rewards.registry import register_reward
@@ -56,17 +55,6 @@ def arm(**kwargs) -> None:
     FAULT.update(kwargs)
 
 
-def fill_disk(folder: Path) -> None:
-    """Write zeros to ``folder/filler`` until the filesystem has no block left."""
-    with (folder / "filler").open("wb", buffering=0) as fh:
-        for size in (1 << 20, 1 << 12, 1 << 9):
-            try:
-                while True:
-                    fh.write(bytes(size))
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC, exc
-
-
 def new_run(runs_dir: Path, *overrides: str) -> int:
     cfg = load_config(None, ["rewards={test-fault: 1.0}", *TINY, *overrides])
     store = open_store(runs_dir)
@@ -79,26 +67,6 @@ def metrics(runs_dir: Path, run_id: int):
     return frame[
         [c for c in frame.columns if not c.startswith(("time/", "memory/"))]
     ]  # measured, not results
-
-
-def mount(*args: str) -> None:
-    proc = subprocess.run(["mount", *args], capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"mount is not permitted here: {proc.stderr.strip()}")
-
-
-@pytest.fixture
-def mounts():
-    made: list[Path] = []
-
-    def add(*args: str) -> Path:
-        mount(*args)
-        made.append(Path(args[-1]))
-        return Path(args[-1])
-
-    yield add
-    for path in reversed(made):
-        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 # ------------------------------------------------------------------------------------------------ resume

@@ -15,7 +15,6 @@ import os
 import resource
 import subprocess
 import sys
-import time
 import tracemalloc
 import typing
 from pathlib import Path
@@ -51,16 +50,15 @@ def nested(depth: int) -> str:
     return "[" * depth + "]" * depth
 
 
-def refused_fast(call: typing.Callable[[], object], match: str) -> str:
-    """Run ``call``; it must raise ConfigError (one line matching ``match``) within 1 s and 50 MB of Python
-    allocations (tracemalloc's peak) and 50 MB of process RSS growth. Returns the message."""
+def refused_small(call: typing.Callable[[], object], match: str) -> str:
+    """Run ``call``; it must raise ConfigError (one line matching ``match``) within 50 MB of Python allocations
+    (tracemalloc's peak) and 50 MB of process RSS growth: a bomb expanded, or a big file read, would take more
+    (no wall-clock bound: the machine may be busy). Returns the message."""
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     tracemalloc.start()
-    start = time.perf_counter()
     try:
         with pytest.raises(ConfigError) as info:
             call()
-        elapsed = time.perf_counter() - start
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -68,7 +66,6 @@ def refused_fast(call: typing.Callable[[], object], match: str) -> str:
     message = str(info.value)
     assert "\n" not in message and len(message) < 400, message
     assert match in message, message
-    assert elapsed <= 1.0, f"refused after {elapsed:.2f} s"
     assert peak <= 50 * 1024**2 and grown <= 50 * 1024**2, (peak, grown)
     return message
 
@@ -87,48 +84,50 @@ def test_plain_safe_load_does_expand_the_bomb() -> None:
         safe_yaml.load(bomb_block(4), "config file")
 
 
-def test_an_alias_bomb_in_a_config_file_is_refused_in_a_second(tmp_path: Path) -> None:
+def test_an_alias_bomb_in_a_config_file_is_refused_before_it_expands(tmp_path: Path) -> None:
     path = tmp_path / "bomb.yaml"
     path.write_text("steps: 3\n" + bomb_block(8))
-    refused_fast(lambda: load_config(str(path), []), "anchors and aliases are not allowed")
+    refused_small(lambda: load_config(str(path), []), "anchors and aliases are not allowed")
     path.write_text("steps: 3\nname: *nothing\n")  # an alias alone (no anchor before it)
-    refused_fast(lambda: load_config(str(path), []), "alias *nothing at line 2")
+    refused_small(lambda: load_config(str(path), []), "alias *nothing at line 2")
     path.write_text("steps: 3\n<<: {window: 4}\n")
-    refused_fast(lambda: load_config(str(path), []), "merge keys are not allowed")
+    refused_small(lambda: load_config(str(path), []), "merge keys are not allowed")
 
 
 @pytest.mark.parametrize("field", ["rewards", "reward_options", "backbone_options", "eval_seeds", "plugins"])
-def test_an_alias_bomb_in_an_override_is_refused_in_a_second(field: str) -> None:
-    refused_fast(lambda: load_config(None, [f"{field}={bomb_flow(8)}"]), f"{field}: anchor &a0")
+def test_an_alias_bomb_in_an_override_is_refused_before_it_expands(field: str) -> None:
+    refused_small(lambda: load_config(None, [f"{field}={bomb_flow(8)}"]), f"{field}: anchor &a0")
 
 
-def test_an_alias_bomb_in_the_app_and_space_overrides_box_is_refused_in_a_second(tmp_path: Path) -> None:
+def test_an_alias_bomb_in_the_app_and_space_overrides_box_is_refused_before_it_expands(
+    tmp_path: Path,
+) -> None:
     form = ("t", "tiny-shapes", "", "shapes-dense: 1", "flow-grpo", 4, 0.5, "jagg", 3, 4, 1e-4, 0, 1)
     for space in (False, True):
         for box in (f"rewards={bomb_flow(8)}", f"reward_options={bomb_flow(8)}"):
-            refused_fast(
+            refused_small(
                 lambda b=box, s=space: form_config(tmp_path, *form, b, space_mode=s), "anchors and aliases"
             )
 
 
-def test_a_50_mb_yaml_is_refused_in_a_second_without_being_read(tmp_path: Path) -> None:
+def test_a_50_mb_yaml_is_refused_without_being_read(tmp_path: Path) -> None:
     path = tmp_path / "big.yaml"
     with path.open("w") as f:
         f.write("steps: 3\nprompts:\n")
         line = "  - a red circle on the left of a blue square\n"
         f.write(line * (50 * 1024**2 // len(line) + 1))
     assert path.stat().st_size >= 50 * 1024**2
-    message = refused_fast(lambda: load_config(str(path), []), "over the limit of 262,144 bytes")
+    message = refused_small(lambda: load_config(str(path), []), "over the limit of 262,144 bytes")
     assert message.startswith(f"config file: {path} is 52,428,8")
     # A file whose size the filesystem does not know (a FIFO, /dev/zero) is read only up to the limit.
-    refused_fast(lambda: load_config("/dev/zero", []), "config file: /dev/zero is over the limit")
+    refused_small(lambda: load_config("/dev/zero", []), "config file: /dev/zero is over the limit")
 
 
 def test_an_oversized_override_and_overrides_box_are_refused_before_parsing(tmp_path: Path) -> None:
     big = "x" * (safe_yaml.OVERRIDES_MAX_BYTES + 1)
-    refused_fast(lambda: load_config(None, [f"name={big}"]), "over the limit of 65,536 bytes")
+    refused_small(lambda: load_config(None, [f"name={big}"]), "over the limit of 65,536 bytes")
     form = ("t", "tiny-shapes", "", "shapes-dense: 1", "flow-grpo", 4, 0.5, "jagg", 3, 4, 1e-4, 0, 1)
-    message = refused_fast(
+    message = refused_small(
         lambda: form_config(tmp_path, *form, "# " + big, space_mode=True), "over the limit"
     )
     assert message.startswith("overrides: 65,539 bytes is over the limit of 65,536 bytes")
@@ -158,7 +157,7 @@ def test_duplicate_keys_and_deep_nesting_in_a_file_are_one_line(
 ) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(text)
-    assert refused_fast(lambda: load_config(str(path), []), message).startswith(message)
+    assert refused_small(lambda: load_config(str(path), []), message).startswith(message)
 
 
 @pytest.mark.parametrize(
@@ -170,7 +169,7 @@ def test_duplicate_keys_and_deep_nesting_in_a_file_are_one_line(
     ],
 )
 def test_duplicate_keys_and_deep_nesting_in_an_override_are_one_line(override: str, message: str) -> None:
-    assert refused_fast(lambda: load_config(None, [override]), message).startswith(message)
+    assert refused_small(lambda: load_config(None, [override]), message).startswith(message)
 
 
 def test_the_real_command_line_refuses_a_bomb_and_a_deep_file_in_one_line(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from polling import wait_for
 from toy import RACE_TINY
 
 from app.runs import group_alive
@@ -91,13 +92,10 @@ def test_kill_9_of_the_driver_leaves_no_trainer_and_the_race_reads_interrupted_t
         while pid_alive(watchdog):
             time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)  # the driver: no signal handler, no cleanup of its own
-    killed = time.time()
     proc.wait(timeout=30)
-    while time.time() - killed < 10 and (group_alive(b["pid"]) or pid_alive(b["pid"], b["pid_at"])):
-        time.sleep(0.1)
-    assert not group_alive(b["pid"]) and not any(pid_alive(pid) for pid in trainers), (
-        f"a trainer of the race is alive {time.time() - killed:.1f} s after kill -9 of its driver"
-    )
+    # the watchdog stops them (SIGTERM, SIGKILL ORPHAN_GRACE_S later); how long that takes is not asserted
+    gone = lambda: not group_alive(b["pid"]) and not any(pid_alive(pid) for pid in trainers)  # noqa: E731
+    assert wait_for(gone, timeout=300), "a trainer of the race outlives the kill -9 of its driver"
     assert json.loads((out / "race.json").read_text())["status"] == "running"  # nobody has looked yet
 
     # `jagg runs` on the race's runs folder: the race reads interrupted, no run reads running.
@@ -175,12 +173,11 @@ def test_the_watchdog_kills_a_stuck_trainer_and_its_workers_in_sessions_of_their
         dog.watch(trainer.pid)
         dog.proc.stdin.close()  # what the watchdog sees when the driver dies: its input ends
         gone = time.time()
-        trainer.wait(timeout=10 + race.ORPHAN_GRACE_S)
-        while pid_alive(worker) and time.time() - gone < 10:
-            time.sleep(0.05)
-        took = time.time() - gone
-        assert not pid_alive(worker) and not group_alive(trainer.pid) and took < 10
-        assert trainer.returncode == -signal.SIGKILL and took >= race.ORPHAN_GRACE_S - 0.5  # SIGTERM first
+        trainer.wait(timeout=300)  # a hang guard: the time it takes is not asserted (a busy machine)
+        assert wait_for(lambda: not pid_alive(worker), timeout=300)
+        assert not group_alive(trainer.pid)
+        # SIGTERM first (which the stuck trainer ignores), SIGKILL no sooner than the grace after it
+        assert trainer.returncode == -signal.SIGKILL and time.time() - gone >= race.ORPHAN_GRACE_S - 0.5
         assert dog.proc.wait(timeout=5) == 0
     finally:
         trainer.kill()

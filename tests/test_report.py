@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from browser import chromium
 from docs_pages import all_text as docs_text
+from faults import mount
 from PIL import Image
 
 from app import showcase
@@ -245,28 +246,8 @@ def test_bad_out_is_one_line_naming_out(store, tmp_path, out, message):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir.html", "afile"]
 
 
-@pytest.fixture
-def mounts():
-    made: list[Path] = []
-
-    def add(*args: str) -> Path:
-        Path(args[-1]).mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run(["mount", *args], capture_output=True, text=True)
-        if proc.returncode != 0:
-            pytest.skip(f"mount is not permitted here: {proc.stderr.strip()}")
-        made.append(Path(args[-1]))
-        return Path(args[-1])
-
-    yield add
-    for path in reversed(made):
-        subprocess.run(["umount", "-l", str(path)], check=False)
-
-
 def _read_only(path: Path) -> Path:
-    proc = subprocess.run(["mount", "-o", "remount,bind,ro", str(path)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"mount is not permitted here: {proc.stderr.strip()}")
-    return path
+    return mount("-o", "remount,bind,ro", str(path))
 
 
 def test_a_full_disk_leaves_no_partial_report_and_keeps_the_older_one(store, mounts, tmp_path):

@@ -399,23 +399,21 @@ def _bomb_line(depth: int = 8) -> str:
     return "{" + ", ".join(items) + "}"
 
 
-def test_an_alias_bomb_in_the_overrides_box_is_refused_in_a_second(app):
-    """Through the API, as a visitor: the reply comes within 1 s and the app (in this process) grows by at
-    most 50 MB of peak RSS."""
+def test_an_alias_bomb_in_the_overrides_box_is_refused_before_it_expands(app):
+    """Through the API, as a visitor: the refusal, and the app (in this process) grows by at most 50 MB of peak
+    RSS (the bomb expanded would take gigabytes)."""
     import resource
 
     client = app.client()
     for box in (f"rewards={_bomb_line()}", f"reward_options={_bomb_line()}", f"eval_seeds={'[' * 1000}"):
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        start = time.perf_counter()
         message, run_id, _ = client.predict(*form(overrides=box), api_name="/launch_run")
-        elapsed = time.perf_counter() - start
         grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) * 1024
         assert run_id is None and message.startswith("**Not launched.** ") and "\n" not in message, message
         assert "anchors and aliases are not allowed" in message or "nesting deeper than 16" in message, (
             message
         )
-        assert elapsed <= 1.0 and grown <= 50 * 1024**2, (elapsed, grown)
+        assert grown <= 50 * 1024**2, grown
         assert len(message) < 300
 
 

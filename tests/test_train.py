@@ -246,10 +246,13 @@ def test_training_time_leaves_evals_out_and_goes_on_after_a_resume(tmp_path):
     elapsed, unix, evals = t["time/train_elapsed"], t["time/unix"], t["time/eval"]
     assert t.index.tolist() == [0, 1, 2, 3, 4] and evals.notna().all()
     assert elapsed.loc[1:].notna().all() and elapsed.loc[1:].is_monotonic_increasing and elapsed[1] > 0
-    # Between two steps of one process, the wall time is the training time plus the eval between them.
+    # Between two steps of one process, the training time holds the step's own phases and leaves the eval
+    # between them out: training time + eval fit in the wall time (to the clocks' disagreement, 10 ms), and
+    # the training time holds the step (sampling, reward, update), measured inside it.
     for step in (2, 4):
         wall = unix[step] - unix[step - 1]
-        assert abs(wall - (elapsed[step] - elapsed[step - 1] + evals[step - 1])) < 0.2, step
+        trained = elapsed[step] - elapsed[step - 1]
+        assert t["time/step"][step] <= trained and trained + evals[step - 1] <= wall + 0.01, step
     # Across the resume the clock goes on from step 2's value; the crashed attempt and the restart are left out.
     assert 0 < elapsed[3] - elapsed[2] < unix[3] - unix[2] - evals[2]
 

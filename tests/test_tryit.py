@@ -160,6 +160,50 @@ def test_a_word_outside_the_vocabulary_is_the_workers_one_line_naming_prompts(ru
     assert base == [] and trained == []
 
 
+class RecordingWorkers(tryit.Workers):
+    """The app's workers, each command line kept: the worker still runs, as the app starts it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.argvs: list[list[str]] = []
+
+    def start(self, argv: list[str], kind: str, session: str | None, folder: Path) -> tryit.Worker:
+        self.argvs.append(list(argv))
+        return super().start(argv, kind, session, folder)
+
+
+# The prompt lines of the re-walk that became the worker's flags (another reward, a run until cancelled, a
+# traceback, a step past the picker, a model download on a Space), and more flags of `jagg sample`.
+HOSTILE = [
+    "--reward", "brightness", "--steps", "100000", "--device", "meta", "--step 7", "--reward", "pickscore",
+    "--steps=3", "-h", "--json", "--out", "/tmp/x.png", "--prompts-file",
+]  # fmt: skip
+
+
+def test_a_prompt_line_that_reads_as_a_flag_reaches_the_worker_as_a_prompt_only(runs: Path) -> None:
+    """The hostile lines typed into Try it: the worker's command is word for word the one of a plain prompt
+    (the app's run, step, seeds, reward, steps and device), the lines reach it only in its prompts file, and
+    the worker (run for real) reads them as prompts: the model's vocabulary refuses the first one."""
+    from jagg_engine import cli
+    from jagg_engine.sample import read_prompts
+
+    workers = RecordingWorkers()
+    h = tryit.TryIt(SimpleNamespace(store=open_store(runs), root=runs, space=False, publish=str), workers)
+    plain = last(h.generate(1, 1, "red circle left", "0", request("p")))
+    assert plain[0].startswith("Same prompts and noise"), plain[0]
+    assert len(HOSTILE) <= h.caps["prompts"]
+    message, base, trained = last(h.generate(1, 1, "\n".join(HOSTILE), "0", request("p")))
+    template, argv = workers.argvs
+    assert argv == template, argv  # the same words as for a plain prompt: nothing typed is a word of it
+    args = cli.build_parser().parse_args(argv[3:])
+    assert (args.command, args.run_id, args.step, args.model, args.with_base) == ("sample", 1, 1, None, True)
+    assert (args.reward, args.steps, args.device, args.seeds, args.prompt) == (None, None, "auto", "0", None)
+    assert read_prompts(args) == HOSTILE
+    assert message.startswith("**Error:** prompts: tiny-shapes: ") and "\n" not in message, message
+    assert "in prompt '--reward'" in message.replace("\\", ""), message  # the first line, read as a prompt
+    assert base == [] and trained == []
+
+
 def test_workers_one_at_a_time_and_a_worker_past_its_seconds_is_killed(tmp_path: Path) -> None:
     workers = tryit.Workers()
     sleeper = [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
@@ -260,7 +304,7 @@ def test_the_showcases_shipped_model_is_tried_and_exported_without_a_checkpoint(
     assert [run_id for _, run_id in h.run_choices()] == [jagg_id]  # the exact one ships no model
     assert h.steps_of(jagg_id)["choices"] == [1]
     argv = tryit.sample_command(
-        jagg_id, 1, ["red circle"], [0], tmp_path, site, tryit.shipped_at(jagg_dir, 1)
+        jagg_id, 1, tmp_path / tryit.PROMPTS_FILE, [0], tmp_path, site, tryit.shipped_at(jagg_dir, 1)
     )
     assert argv[argv.index("sample") + 1 : argv.index("sample") + 3] == ["--model", str(jagg_dir / "model")]
     prompt = sorted({p for p, _ in eval_samples(runs, 1)})[0]

@@ -100,7 +100,13 @@ def missing_pipeline_files(folder: Path) -> list[str]:
     if not index.is_file():
         return ["model_index.json"]
     missing = []
-    for name, spec in json.loads(index.read_text()).items():
+    try:
+        specs = json.loads(index.read_text(encoding="utf-8"))
+        if not isinstance(specs, dict):
+            raise ValueError("not a mapping")
+    except (OSError, ValueError, RecursionError):
+        return ["a readable model_index.json"]
+    for name, spec in specs.items():
         if name.startswith("_") or not isinstance(spec, list) or spec[0] is None:
             continue
         sub = folder / name
@@ -157,10 +163,9 @@ def _load_transformer(folder: Path, torch_dtype: torch.dtype, model_name: str) -
         name = json.loads((folder / "config.json").read_text())["_class_name"]
         cls = getattr(importlib.import_module("diffusers"), name)
         return cls.from_pretrained(folder, torch_dtype=torch_dtype)
-    except (OSError, ValueError, KeyError, AttributeError, RuntimeError) as exc:
-        raise BackboneConfigError(
-            f"{model_name}: cannot load the transformer in {folder}: {_one_line(exc)}"
-        ) from exc
+    except (OSError, ValueError, KeyError, AttributeError, RuntimeError, TypeError) as exc:
+        why = "config.json nested too deeply" if isinstance(exc, RecursionError) else _one_line(exc)
+        raise BackboneConfigError(f"{model_name}: cannot load the transformer in {folder}: {why}") from exc
 
 
 def freeze(*modules: torch.nn.Module | None) -> None:

@@ -218,7 +218,15 @@ def build(
                 f"tiny-shapes: missing weight files {', '.join(missing)}; run scripts/pretrain_tiny_shapes.py"
             )
         transformer = FluxTransformer2DModel.from_pretrained(directory, subfolder="transformer")
-        vocab = json.loads((directory / "vocab.json").read_text())
+        try:
+            vocab = json.loads((directory / "vocab.json").read_text(encoding="utf-8"))
+            if not isinstance(vocab, dict) or not isinstance(vocab.get("vocabulary"), list):
+                raise ValueError("no vocabulary list")
+        except (OSError, ValueError, RecursionError) as exc:
+            why = "nested too deeply" if isinstance(exc, RecursionError) else type(exc).__name__
+            raise BackboneConfigError(
+                f"tiny-shapes: {directory / 'vocab.json'}: unreadable ({why})"
+            ) from None
         embedding = load_file(str(directory / "text_embedding.safetensors"))["weight"]
         model = TinyShapes(
             transformer,

@@ -375,7 +375,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
         return doc
     except FileNotFoundError:
         raise CheckpointError(f"{path / MANIFEST}: missing (the checkpoint is incomplete)") from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         raise CheckpointError(f"{path / MANIFEST}: unreadable ({type(exc).__name__})") from None
 
 
@@ -408,7 +408,7 @@ def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
 def _load_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise CheckpointError(f"{path}: unreadable JSON ({type(exc).__name__})") from None
 
 
