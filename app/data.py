@@ -21,7 +21,7 @@ import plotly.graph_objects as go
 
 from app.metrics import empty_figure
 from app.text import md_code_block, md_text
-from jagg_engine.cost import predicted_speedup  # noqa: F401 (the app's name for it)
+from jagg_engine.cost import predicted_speedup, switched_speedup  # noqa: F401 (the app's names for them)
 from jagg_engine.report.figures import (  # noqa: F401 (the app's names for them)
     _COLORS,
     TIME_PHASES,

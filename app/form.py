@@ -18,8 +18,10 @@ from jagg_engine.safe_yaml import OVERRIDES_MAX_BYTES, brief
 from jagg_engine.train.config import ConfigError, TrainConfig
 
 # The New run form's inputs, in the order of form_config's parameters (the API's parameter names).
-FORM_FIELDS = ("name", "backbone", "model_path", "rewards", "algorithm", "window", "jagg_frac", "strategy", "steps",
-               "group_size", "lr", "seed", "processes", "overrides")  # fmt: skip
+FORM_FIELDS = ("name", "backbone", "model_path", "rewards", "algorithm", "window", "jagg_frac", "cv_frac",
+               "jagg_until_step", "strategy", "steps", "group_size", "lr", "seed", "processes", "overrides")  # fmt: skip
+# The form's box for jagg_until_step shows 0 for "no switch" (a number box cannot stay empty), the config null.
+NO_SWITCH = 0
 
 
 def has_gpu() -> bool:
@@ -145,6 +147,8 @@ def form_config(
     algorithm: str,
     window: float,
     jagg_frac: float,
+    cv_frac: float,
+    jagg_until_step: float | None,
     strategy: str,
     steps: float,
     group_size: float,
@@ -157,8 +161,8 @@ def form_config(
     """The form's values → a validated TrainConfig; raises ConfigError with the one-line message. With
     ``space_mode`` the result must also pass :func:`app.space.check_space_config` (caps, no paths)."""
     cfg = form_fields_config(
-        name, backbone, model_path, rewards, algorithm, window, jagg_frac, strategy, steps, group_size, lr,
-        seed, processes, overrides,
+        name, backbone, model_path, rewards, algorithm, window, jagg_frac, cv_frac, jagg_until_step, strategy,
+        steps, group_size, lr, seed, processes, overrides,
     )  # fmt: skip
     if space_mode:  # every field, form or override, before the app sets its own output_dir
         check_space_config(cfg)
@@ -181,9 +185,10 @@ def form_fields_config(*form: Any) -> TrainConfig:
         name=(values["name"] or "").strip() or values["backbone"],
         model_path=(values["model_path"] or "").strip() or None,
         rewards=parse_rewards(values["rewards"] or ""),
+        jagg_until_step=None if values["jagg_until_step"] in (None, NO_SWITCH) else values["jagg_until_step"],
     )
     for key, value in values.items():
-        if value is None and key != "model_path":
+        if value is None and key not in ("model_path", "jagg_until_step"):
             raise ConfigError(f"{key}: must not be empty")
     return TrainConfig.from_dict(values).apply_overrides(parse_overrides(overrides))
 
@@ -208,7 +213,10 @@ def config_form_values(config: Mapping[str, Any]) -> list[Any]:
         mine["backbone"],
         mine["model_path"] or "",
         ", ".join(f"{name}: {_number(weight)}" for name, weight in mine["rewards"].items()),
-        *(mine[key] for key in FORM_FIELDS[4:-1]),
+        *(
+            NO_SWITCH if mine[key] is None and key == "jagg_until_step" else mine[key]
+            for key in FORM_FIELDS[4:-1]
+        ),
         "\n".join(extra),
     ]
     rebuilt = form_fields_config(*values).to_dict()
@@ -249,22 +257,39 @@ def speedup_note(
     r: float | None,
     reuse: bool = False,
     updates_per_rollout: int = 1,
+    cv_frac: float | None = 0.0,
+    jagg_until_step: float | None = None,
+    steps: float | None = None,
 ) -> str:
-    """The cost-model line shown under the form before launch (``reuse``: reuse_rollout_velocity is auto)."""
+    """The cost-model line shown under the form before launch (``reuse``: reuse_rollout_velocity is auto):
+    the speedup of a JAGG step (with the control variate's ``cv_frac``), and over the run's ``steps`` when it
+    switches to the exact backward after ``jagg_until_step`` (0 or None: no switch)."""
     try:
-        w, f, r_ = int(window), float(jagg_frac), float(r)
-        if w != float(window) or w < 2 or not 0 <= f <= 1 or r_ <= 0:  # W = 2.5 is no window
+        w, f, r_, p = int(window), float(jagg_frac), float(r), float(cv_frac or 0.0)
+        if (
+            w != float(window) or w < 2 or not 0 <= f <= 1 or r_ <= 0 or not 0 <= p <= 1
+        ):  # W = 2.5 is no window
             raise ValueError
     except (TypeError, ValueError):
-        return "Predicted update-phase speedup: needs W ≥ 2 (a whole number), jagg_frac in [0, 1] and r > 0."
+        return (
+            "Predicted update-phase speedup: needs W ≥ 2 (a whole number), jagg_frac and cv_frac in [0, 1]"
+            " and r > 0."
+        )
     kind = "jagg" if strategy != "exact" else "exact"
     reuse = reuse and strategy == "jagg"  # only JAGG's inner steps take the rollout's velocities
-    s = data.predicted_speedup(w, r_, f, kind, reuse=reuse, updates_per_rollout=updates_per_rollout)
+    p = p if strategy == "jagg" else 0.0
+    s = data.predicted_speedup(
+        w, r_, f, kind, reuse=reuse, updates_per_rollout=updates_per_rollout, cv_frac=p
+    )
     if strategy == "exact":
         return (
             f"Predicted update-phase speedup over {FORM_BASELINE}: **1.00×** (strategy exact is the baseline; "
             f"W·r = {w * r_:.1f} units per window)."
         )
+    per_group_cv = ""
+    if p > 0:  # the drawn fraction's inner steps by the exact backward too (in place of a replay's 1 unit)
+        extra = p * (w - 2) * (r_ if reuse else r_ - 1)
+        per_group_cv = f", plus the control variate's {extra:.1f} (cv_frac = {p:g})"
     if reuse:
         on = (
             "every update" if updates_per_rollout == 1 else f"the first of {updates_per_rollout} mini-batches"
@@ -272,7 +297,15 @@ def speedup_note(
         per_group = f"jagg with the rollout's velocities {2 * r_:.1f} on {on}, else {w - 2 + 2 * r_:.1f}"
     else:
         per_group = f"{strategy} {w - 2 + 2 * r_:.1f}"
-    return (
+    line = (
         f"Predicted update-phase speedup over {FORM_BASELINE}: **{s:.2f}×** (cost model, W = {w}, jagg_frac = {f:g}, "
-        f"r = {r_:g}: exact {w * r_:.1f} units per window, {per_group})."
+        f"r = {r_:g}: exact {w * r_:.1f} units per window, {per_group}{per_group_cv})."
     )
+    try:
+        until, n = int(jagg_until_step or 0), int(steps or 0)
+    except (TypeError, ValueError):
+        return line
+    if strategy == "jagg" and 0 < until < n:
+        whole = data.switched_speedup(s, n, until)
+        line += f" JAGG for steps 1–{until}, exact after: **{whole:.2f}×** over the run's {n} steps."
+    return line

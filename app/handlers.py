@@ -232,8 +232,19 @@ class NewRunHandlers(_Part):
             gr.update(choices=self.app.run_choices(), value=jagg_id),
         )
 
-    def predict(self, window: float, jagg_frac: float, strategy: str, r: float) -> str:
-        return speedup_note(window, jagg_frac, strategy, r, *self.app.reuse_defaults)
+    def predict(
+        self,
+        window: float,
+        jagg_frac: float,
+        strategy: str,
+        r: float,
+        cv_frac: float = 0.0,
+        jagg_until_step: float | None = None,
+        steps: float | None = None,
+    ) -> str:
+        return speedup_note(
+            window, jagg_frac, strategy, r, *self.app.reuse_defaults, cv_frac, jagg_until_step, steps
+        )
 
     def duplicate(self, run_id: Any) -> tuple[Any, ...]:
         """The New run form filled with run ``run_id``'s config (other fields as overrides), the tab switched

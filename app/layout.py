@@ -13,7 +13,7 @@ from typing import Any
 import gradio as gr
 
 from app import data, metrics, panels, samples, showcase
-from app.form import OVERRIDES_EXAMPLE
+from app.form import NO_SWITCH, OVERRIDES_EXAMPLE
 from app.space import CAPS, OWNER_PASSWORD_ENV, SPACE_REWARDS, SpaceLimits
 from jagg_engine.train.config import ALGORITHMS, STRATEGIES, TrainConfig
 
@@ -147,6 +147,12 @@ def new_run_tab(backbones: Sequence[str], space: bool, r0: float, note: str) -> 
     with gr.Row():
         window = gr.Number(value=defaults.window, label="W (window)")
         jagg_frac = gr.Slider(0.0, 1.0, value=defaults.jagg_frac, step=0.05, label="jagg_frac")
+        cv_frac = gr.Slider(
+            0.0, 1.0, value=defaults.cv_frac, step=0.05, label="cv_frac (control variate: JAGG unbiased)"
+        )
+        jagg_until_step = gr.Number(
+            value=defaults.jagg_until_step or NO_SWITCH, label="JAGG until step (then exact; 0 = throughout)"
+        )
         steps = gr.Number(value=min(defaults.steps, max_steps), label="steps")
         group_size = gr.Number(value=defaults.group_size, label="group size")
     with gr.Row():
@@ -166,8 +172,8 @@ def new_run_tab(backbones: Sequence[str], space: bool, r0: float, note: str) -> 
     launch_msg = gr.Markdown()
     # Text, not gr.Number: a number box shows 0 before any run (gradio's frontend fills an empty one with 0).
     launched_id = gr.Textbox(label="launched run id", interactive=False, lines=1, max_lines=1)
-    form = [name, backbone, model_path, rewards, algorithm, window, jagg_frac, strategy, steps, group_size, lr,
-            seed, processes, overrides]  # fmt: skip
+    form = [name, backbone, model_path, rewards, algorithm, window, jagg_frac, cv_frac, jagg_until_step, strategy,
+            steps, group_size, lr, seed, processes, overrides]  # fmt: skip
     return SimpleNamespace(**locals())
 
 

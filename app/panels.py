@@ -277,6 +277,24 @@ def _window(ctx: LiveContext) -> go.Figure:
     return metrics.window_figure(ctx.frame, ctx.run["config"].get("sampling_steps"))
 
 
+BIAS_SERIES = {
+    "bias/rel_live": "‖bias‖ / ‖E g_exact‖",
+    "bias/along_live": "bias along E g_exact (negative: shrinks it)",
+}
+
+
+@register("bias", label="JAGG's expected-gradient bias (from the probes)", place=(2, 1))
+def _bias(ctx: LiveContext) -> go.Figure:
+    """LiveBias's figures on probe steps: products of neighbouring probes' exact and JAGG gradients, unbiased
+    for the products of their expectations, averaged (docs: the bias study); a run without probes says so."""
+    if not any(key in ctx.frame.columns for key in BIAS_SERIES):
+        return metrics.empty_figure(
+            "Expected-gradient bias",
+            "not measured: a JAGG run with probe_every measures it on its probe steps",
+        )
+    return metric_lines_figure(ctx.frame, BIAS_SERIES, "Expected-gradient bias (live)", "× ‖E g_exact‖")
+
+
 def live_context(
     store: RunStore,
     run: Mapping[str, Any],

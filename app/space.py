@@ -121,6 +121,8 @@ TUNABLE = (
     "strategy",
     "window",
     "jagg_frac",
+    "cv_frac",  # at most the exact backward's cost (cv_frac = 1)
+    "jagg_until_step",
     "endpoint_backward",
     "auto_route",
     "auto_route_threshold",

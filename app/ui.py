@@ -234,7 +234,10 @@ def build_layout(h: Handlers, backbones: tuple[str, ...], showcase_ids: list[int
     shown = h.history.compare(showcase_ids, h.r0, layout.SHOWCASE_X) if len(showcase_ids) >= 2 else None
     headline = showcase.headline(h.store, showcase_ids, h.r0) if shown else ""
     defaults = TrainConfig()
-    note = speedup_note(defaults.window, defaults.jagg_frac, defaults.strategy, h.r0, *h.reuse_defaults)
+    note = speedup_note(
+        defaults.window, defaults.jagg_frac, defaults.strategy, h.r0, *h.reuse_defaults, defaults.cv_frac,
+        defaults.jagg_until_step, defaults.steps,
+    )  # fmt: skip
     with gr.Tabs(selected="compare" if shown else "new") as tabs:
         with gr.Tab("New run", id="new"):
             new = layout.new_run_tab(backbones, h.space, h.r0, note)
@@ -272,7 +275,15 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
     new.pair_btn.click(
         _with_request(h.new.launch_pair, FORM_FIELDS), new.form, launched, api_name="compare_exact_jagg"
     ).then(*opens_live, api_visibility="private")
-    speedup_inputs = [new.window, new.jagg_frac, new.strategy, new.r_input]
+    speedup_inputs = [
+        new.window,
+        new.jagg_frac,
+        new.strategy,
+        new.r_input,
+        new.cv_frac,
+        new.jagg_until_step,
+        new.steps,
+    ]
     for component in speedup_inputs:
         component.change(h.new.predict, speedup_inputs, new.prediction, api_visibility="private")
     gr.Button(visible=False).click(h.new.predict, speedup_inputs, new.prediction, api_name="predict_speedup")

@@ -166,6 +166,16 @@ def cost_model_speedup(
     return exact / sum(cost(len(g), strategy if kind != "exact" else "exact") for g, kind in plan)
 
 
+def switched_speedup(step_speedup: float, steps: int, jagg_until_step: int | None) -> float:
+    """The update-phase speedup over a whole run of ``steps`` training steps that trains by JAGG up to
+    ``jagg_until_step`` (a step's speedup ``step_speedup``) and by the exact backward after it (1×):
+    steps / (S / s + (steps − S)); ``step_speedup`` itself without a switch or with one at or past the end."""
+    if jagg_until_step is None or jagg_until_step >= steps:
+        return float(step_speedup)
+    S = max(int(jagg_until_step), 0)
+    return steps / (S / step_speedup + (steps - S))
+
+
 def predicted_speedup(
     window: int,
     r: float,

@@ -8,6 +8,8 @@ Kinds:
     race NAME                 the race's table (time to the baseline's final eval, final evals, steps, training
                               time a step) and its seed-mean eval curves, from reports/race/NAME/race.json, and
                               a table per race-vs-BASELINE.json beside it
+    seeds NAME [EVERY]        each run's eval every EVERY (10) steps, a row a variant and seed, from the race's
+                              committed history/
     headline NAME VARIANT     one sentence: how soon VARIANT of race NAME reached its baseline's final eval
     index                     reports/README.md's table of every report: date, command, figure, claim, whether
                               the committed files rebuild it (claims and the other reports' commands from
@@ -20,6 +22,7 @@ Nothing here is typed: each figure is read from the committed race.json, which `
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import re
 import sys
@@ -120,6 +123,37 @@ def block_race(name: str) -> list[str]:
     return out
 
 
+def seed_curves(name: str, every: str = "10") -> list[str]:
+    """Each run's eval at every ``every``-th step, one row a variant and seed, from the race's committed
+    history/ (a race written before history/ was kept has none: said so)."""
+    race, step_every = _race(name), int(every)
+    folder = REPORTS / "race" / name / "history"
+    rows, steps = [], set()
+    for run in race["runs"]:
+        path = folder / f"run-{int(run['run_id']):04d}" / "history.jsonl.gz"
+        if not path.is_file():
+            return [f"(no per-seed curves: reports/race/{name}/history/ does not hold run {run['run_id']})"]
+        evals = {}
+        with gzip.open(path, "rt", encoding="utf-8") as lines:
+            for line in lines:
+                row = json.loads(line)
+                value = row.get("values", {}).get("eval/reward/mean") if row["kind"] == "metrics" else None
+                if value is not None and row["step"] % step_every == 0:
+                    evals[int(row["step"])] = value
+        steps |= set(evals)
+        rows.append((run["variant"], run["seed"], evals))
+    shown = sorted(steps)
+    out = [
+        f"| variant | seed | eval at steps {', '.join(map(str, shown))} |",
+        "|---|---|---|",
+    ]
+    order = [v["name"] for v in race["variants"]]
+    for variant, seed, evals in sorted(rows, key=lambda r: (r[1], order.index(r[0]))):
+        cells = " ".join("—" if s not in evals else f"{evals[s]:.3f}" for s in shown)
+        out.append(f"| {variant} | {seed} | {cells} |")
+    return out
+
+
 def block_headline(name: str, variant: str) -> list[str]:
     s = _race(name)["summary"]
     v = next(x for x in s["variants"] if x["variant"] == variant)
@@ -178,7 +212,8 @@ def block_index() -> list[str]:
 
 def render(args: str) -> str:
     kind, *rest = args.split()
-    lines = {"race": block_race, "headline": block_headline, "index": block_index}[kind](*rest)
+    kinds = {"race": block_race, "seeds": seed_curves, "headline": block_headline, "index": block_index}
+    lines = kinds[kind](*rest)
     return "\n".join(lines) + "\n"
 
 

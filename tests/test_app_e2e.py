@@ -133,6 +133,8 @@ def _form(**changes):
         "algorithm": "flow-grpo",
         "window": 4,
         "jagg_frac": 1.0,
+        "cv_frac": 0.0,
+        "jagg_until_step": 0,
         "strategy": "jagg",
         "steps": 3,
         "group_size": 4,

@@ -285,3 +285,40 @@ def test_the_live_gallery_shows_the_first_eval_never_the_sliders_newest_images_a
     once = store.create_run("one-eval", store.get_run(run_id)["config"], store.runs_root / "run-0002")
     store.log_samples(once, 0, [{**s, "step": 0} for s in store.samples(run_id, "eval") if s["step"] == 0])
     assert _handler(demo, "live_view")(once, 1.8)[1 + names.index("gallery")] == []  # the slider shows it
+
+
+def test_live_plots_the_bias_figure_and_marks_the_switch_to_exact(tmp_path):
+    """A run with jagg_until_step = 2 and probes: the bias panel draws bias/rel_live and bias/along_live on its
+    probe steps, and the reward curve has a dotted line at step 3, its first exact step."""
+    root = tmp_path / "runs"
+    with open_store(root) as store:
+        config = TrainConfig().apply_overrides(["steps=4", "jagg_until_step=2", "probe_every=2"])
+        run_id = store.create_run(
+            "s", {**config.to_dict(), "output_dir": str(root.resolve())}, root / "run-0001"
+        )
+        for step in (1, 2, 3, 4):
+            row = {"reward/mean": 0.1 * step, "time/step": 1.0, "route/jagg": float(step <= 2)}
+            if step in (2, 4):
+                row |= {"bias/rel_live": 0.5 / step, "bias/along_live": -0.1 * step}
+            store.log_step(run_id, step, row)
+        plain = store.create_run(
+            "p", {**TrainConfig().to_dict(), "output_dir": str(root.resolve())}, root / "run-0002"
+        )
+        store.log_step(plain, 1, {"reward/mean": 0.1, "time/step": 1.0, "route/jagg": 1.0})
+        for done in (run_id, plain):
+            store.set_status(done, "running", pid=None)
+            store.set_status(done, "finished")
+    demo = ui.build_app(root, background_ticks=False, showcase_dir=None)
+    try:
+        names = [p.name for p in panels.panels()]
+        outputs = _handler(demo, "live_view")(run_id, 1.8)
+        bias, reward = outputs[1 + names.index("bias")], outputs[1 + names.index("reward")]
+        assert [list(t.x) for t in bias.data] == [[2, 4], [2, 4]]
+        assert list(bias.data[0].y) == [0.25, 0.125] and list(bias.data[1].y) == [-0.2, -0.4]
+        assert [(s.x0, s.line.dash) for s in reward.layout.shapes] == [(3.0, "dot")]
+        assert any("exact from step 3" in a.text for a in reward.layout.annotations)
+        outputs = _handler(demo, "live_view")(plain, 1.8)  # no probes, no switch: said, and nothing drawn
+        bias, reward = outputs[1 + names.index("bias")], outputs[1 + names.index("reward")]
+        assert "not measured" in bias.layout.annotations[0].text and not reward.layout.shapes
+    finally:
+        demo.jagg_manager.shutdown()

@@ -403,7 +403,7 @@ def test_a_pair_is_validated_as_a_pair_before_either_run_is_queued(studio):
     before = len(demo.jagg_manager.store.list_runs())
     values = {**dict(zip(form.FORM_FIELDS, [None] * len(form.FORM_FIELDS)))}
     values.update(name="p", backbone="tiny-shapes", model_path="", rewards="shapes-dense: 1", algorithm="flow-grpo",
-                  window=4, jagg_frac=1.0, strategy="jagg", steps=2, group_size=4, lr=1e-4, seed=0, processes=1,
+                  window=4, jagg_frac=1.0, cv_frac=0.0, jagg_until_step=0, strategy="jagg", steps=2, group_size=4, lr=1e-4, seed=0, processes=1,
                   overrides="probe_every=2")  # fmt: skip
     message, run_id, _ = _handler(demo, "compare_exact_jagg")(*values.values(), None)  # no request
     assert message == (
@@ -416,8 +416,8 @@ def test_a_pair_is_validated_as_a_pair_before_either_run_is_queued(studio):
 
 
 def test_the_overrides_example_works_as_typed(tmp_path):
-    cfg = form.form_config(tmp_path, "x", "tiny-shapes", "", "shapes-dense: 1", "flow-grpo", 4, 1.0, "jagg", 2, 4,
-                           1e-4, 0, 1, form.OVERRIDES_EXAMPLE)  # fmt: skip
+    cfg = form.form_config(tmp_path, "x", "tiny-shapes", "", "shapes-dense: 1", "flow-grpo", 4, 1.0, 0.0, 0, "jagg",
+                           2, 4, 1e-4, 0, 1, form.OVERRIDES_EXAMPLE)  # fmt: skip
     assert cfg.sampling_steps == 8 and cfg.eval_every == 5
 
 

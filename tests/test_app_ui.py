@@ -21,6 +21,8 @@ FORM = {
     "algorithm": "flow-grpo",
     "window": 4,
     "jagg_frac": 0.5,
+    "cv_frac": 0.0,
+    "jagg_until_step": 0,
     "strategy": "jagg",
     "steps": 3,
     "group_size": 4,
@@ -102,6 +104,19 @@ def test_speedup_note_uses_the_cost_model():
     assert ui.speedup_note(4, 1.0, "endpoint", 1.8, reuse=True) == ui.speedup_note(4, 1.0, "endpoint", 1.8)
     assert "1.00×" in ui.speedup_note(4, 1.0, "exact", 1.8)
     assert "needs W ≥ 2" in ui.speedup_note(1, 1.0, "jagg", 1.8)
+    # the control variate: a quarter of the inner steps' pairs also by the exact backward, 3.6 + 0.25·2·1.8
+    note = ui.speedup_note(4, 1.0, "jagg", 1.8, reuse=True, cv_frac=0.25)
+    assert "1.60×" in note and "control variate's 0.9" in note
+    assert "1.20×" in ui.speedup_note(4, 1.0, "jagg", 1.8, cv_frac=0.25)  # 0.75·2 + 3.6 + 0.25·2·1.8 = 6.0
+    assert "needs W ≥ 2" in ui.speedup_note(4, 1.0, "jagg", 1.8, cv_frac=1.5)
+    # JAGG to step 40 of 70, exact after: 70 / (40 / 2 + 30)
+    switched = ui.speedup_note(4, 1.0, "jagg", 1.8, reuse=True, jagg_until_step=40, steps=70)
+    assert (
+        "2.00×" in switched
+        and "JAGG for steps 1–40, exact after: **1.40×** over the run's 70 steps" in switched
+    )
+    for until in (0, 70, None):  # no switch, or one at the end: no whole-run line
+        assert "exact after" not in ui.speedup_note(4, 1.0, "jagg", 1.8, jagg_until_step=until, steps=70)
 
 
 def test_build_app_wires_named_endpoints_and_builds_nothing_at_import(tmp_path):

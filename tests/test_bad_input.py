@@ -331,6 +331,8 @@ FORM = {
     "algorithm": "flow-grpo",
     "window": 4,
     "jagg_frac": 0.5,
+    "cv_frac": 0.0,
+    "jagg_until_step": 0,
     "strategy": "jagg",
     "steps": 3,
     "group_size": 4,

@@ -120,7 +120,8 @@ def fresh_pipeline(backbone: str, base: str, **kwargs):
 
 @pytest.mark.parametrize("backbone", ["flux", "sd3", "qwen-image"])
 def test_lora_export_loads_in_diffusers_and_back(tmp_path: Path, bases, backbone: str) -> None:
-    trainer = train_one_step(tmp_path, bases, backbone, "lora_rank=4", "lora_alpha=8")
+    runs = tmp_path / "runs"  # the export goes beside the runs folder, never inside it
+    trainer = train_one_step(runs, bases, backbone, "lora_rank=4", "lora_alpha=8")
     model = trainer.model
     inputs = fixed_inputs(model)
     with torch.no_grad():
@@ -132,7 +133,7 @@ def test_lora_export_loads_in_diffusers_and_back(tmp_path: Path, bases, backbone
     ).abs().max() > 1e-4  # the step moved the policy: the comparison below means something
 
     out = tmp_path / "export"
-    result = export_model(tmp_path, 1, out)
+    result = export_model(runs, 1, out)
     assert result.kind == "lora" and result.step == 1
     assert (out / LORA_WEIGHTS).is_file() and not (out / "transformer").exists()
     pipe = fresh_pipeline(backbone, bases[backbone])
@@ -167,12 +168,13 @@ def _options(backbone: str) -> dict:
 def test_merged_export_is_a_transformer_from_pretrained(tmp_path: Path, bases, backbone: str) -> None:
     import diffusers
 
-    trainer = train_one_step(tmp_path, bases, backbone, "lora_rank=4")
+    runs = tmp_path / "runs"
+    trainer = train_one_step(runs, bases, backbone, "lora_rank=4")
     inputs = fixed_inputs(trainer.model)
     with torch.no_grad():
         trained = trainer.model(*inputs).float()
     out = tmp_path / "merged"
-    assert export_model(tmp_path, 1, out, merge=True).kind == "merged"
+    assert export_model(runs, 1, out, merge=True).kind == "merged"
     assert not (out / LORA_WEIGHTS).exists()
     tf_cls = getattr(diffusers, PIPELINES[backbone][1])
     transformer = tf_cls.from_pretrained(str(out), subfolder="transformer")
@@ -192,14 +194,15 @@ def test_merged_export_is_a_transformer_from_pretrained(tmp_path: Path, bases, b
 def test_full_finetune_export_is_a_transformer(tmp_path: Path, bases) -> None:
     import diffusers
 
-    trainer = train_one_step(tmp_path, bases, "flux", "lora_rank=0", "lr=1e-3")
+    runs = tmp_path / "runs"
+    trainer = train_one_step(runs, bases, "flux", "lora_rank=0", "lr=1e-3")
     inputs = fixed_inputs(trainer.model)
     with torch.no_grad():
         trained = trainer.model(*inputs).float()
     base_v = velocity_with(trainer.model, fresh_pipeline("flux", bases["flux"]).transformer, inputs)
     assert (trained - base_v).abs().max() > 1e-4
     out = tmp_path / "full"
-    assert export_model(tmp_path, 1, out).kind == "full"
+    assert export_model(runs, 1, out).kind == "full"
     transformer = diffusers.FluxTransformer2DModel.from_pretrained(str(out), subfolder="transformer")
     torch.testing.assert_close(
         velocity_with(trainer.model, transformer, inputs), trained, atol=1e-5, rtol=1e-5

@@ -218,7 +218,8 @@ def test_the_apps_history_and_compare_work_on_a_read_only_runs_folder(history, m
 def ui_form() -> dict:
     return {
         "name": "t", "backbone": "tiny-shapes", "model_path": "", "rewards": "brightness: 1",
-        "algorithm": "flow-grpo", "window": 4, "jagg_frac": 0.5, "strategy": "jagg", "steps": 3,
+        "algorithm": "flow-grpo", "window": 4, "jagg_frac": 0.5, "cv_frac": 0.0, "jagg_until_step": 0,
+        "strategy": "jagg", "steps": 3,
         "group_size": 4, "lr": 1e-4, "seed": 7, "processes": 1, "overrides": "",
     }  # fmt: skip
 

@@ -102,7 +102,7 @@ def test_an_alias_bomb_in_an_override_is_refused_before_it_expands(field: str) -
 def test_an_alias_bomb_in_the_app_and_space_overrides_box_is_refused_before_it_expands(
     tmp_path: Path,
 ) -> None:
-    form = ("t", "tiny-shapes", "", "shapes-dense: 1", "flow-grpo", 4, 0.5, "jagg", 3, 4, 1e-4, 0, 1)
+    form = ("t", "tiny-shapes", "", "shapes-dense: 1", "flow-grpo", 4, 0.5, 0.0, 0, "jagg", 3, 4, 1e-4, 0, 1)
     for space in (False, True):
         for box in (f"rewards={bomb_flow(8)}", f"reward_options={bomb_flow(8)}"):
             refused_small(
@@ -126,7 +126,7 @@ def test_a_50_mb_yaml_is_refused_without_being_read(tmp_path: Path) -> None:
 def test_an_oversized_override_and_overrides_box_are_refused_before_parsing(tmp_path: Path) -> None:
     big = "x" * (safe_yaml.OVERRIDES_MAX_BYTES + 1)
     refused_small(lambda: load_config(None, [f"name={big}"]), "over the limit of 65,536 bytes")
-    form = ("t", "tiny-shapes", "", "shapes-dense: 1", "flow-grpo", 4, 0.5, "jagg", 3, 4, 1e-4, 0, 1)
+    form = ("t", "tiny-shapes", "", "shapes-dense: 1", "flow-grpo", 4, 0.5, 0.0, 0, "jagg", 3, 4, 1e-4, 0, 1)
     message = refused_small(
         lambda: form_config(tmp_path, *form, "# " + big, space_mode=True), "over the limit"
     )
@@ -234,7 +234,24 @@ def test_lr_1e308_is_refused_by_cli_app_and_space(tmp_path: Path, capsys: pytest
     message = "lr: must be a number in (0, 1], got 1e+308"
     assert cli.main(["train", "lr=1e308", "--runs-dir", str(tmp_path / "runs")]) == 2
     assert capsys.readouterr().err.strip() == f"jagg train: error: {message}"
-    form = ("t", "tiny-shapes", "", "shapes-dense: 1", "flow-grpo", 4, 0.5, "jagg", 3, 4, 1e308, 0, 1, "")
+    form = (
+        "t",
+        "tiny-shapes",
+        "",
+        "shapes-dense: 1",
+        "flow-grpo",
+        4,
+        0.5,
+        0.0,
+        0,
+        "jagg",
+        3,
+        4,
+        1e308,
+        0,
+        1,
+        "",
+    )
     for space in (False, True):
         with pytest.raises(ConfigError, match=r"^lr: must be a number in \(0, 1\], got 1e\+308$"):
             form_config(tmp_path / "runs", *form, space_mode=space)

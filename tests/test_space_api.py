@@ -140,6 +140,8 @@ def form(**changes) -> list:
         "algorithm": "flow-grpo",
         "window": 4,
         "jagg_frac": 1.0,
+        "cv_frac": 0.0,
+        "jagg_until_step": 0,
         "strategy": "jagg",
         "steps": 2,
         "group_size": 4,

@@ -41,6 +41,19 @@ TREND_STEPS = 10  # trailing window of the reward trend line
 TREND_MIN_STEPS = 5  # the line starts once this many steps are averaged (a single step is a prompt lottery)
 
 
+def switch_row(frame: pd.DataFrame) -> Any:
+    """The index of the first row that trained by the exact backward after rows by JAGG (``route/jagg`` 1 then
+    0: a ``jagg_until_step`` switch), or None for a run that never changed strategy."""
+    if "route/jagg" not in frame.columns:
+        return None
+    routed = frame["route/jagg"].dropna()
+    jagg = routed[routed > 0.5]
+    if jagg.empty:
+        return None
+    after = routed[(routed < 0.5) & (routed.index > jagg.index[0])]
+    return None if after.empty else after.index[0]
+
+
 def reward_figure(
     frames: Mapping[str, pd.DataFrame],
     title: str = "Reward",
@@ -54,7 +67,8 @@ def reward_figure(
     The hover of a point gives reward/std (total) or reward/<name>/std (component) when logged: the spread
     of one step's samples is about as wide as the whole curve, so drawn as a band it would hide the means.
     With a single reward its own series (equal to the total up to its weight) is left out. Trace names are
-    ``<label> · <reward>``, ``<label> · total, mean of last N steps`` and ``<label> · eval``.
+    ``<label> · <reward>``, ``<label> · total, mean of last N steps`` and ``<label> · eval``. A run that
+    switched from JAGG to the exact backward (``jagg_until_step``) has a dotted line at its first exact step.
 
     ``x``: the x axis, one of step, wall time, relative time (the app's X_AXES; ``runs``: label →
     run row, whose ``started_at`` the time axes need).
@@ -95,6 +109,18 @@ def reward_figure(
                         name=f"{prefix}total, mean of last {TREND_STEPS} steps",
                     )
                 )  # fmt: skip
+        switch = switch_row(frame)
+        if switch is not None and xs[switch] == xs[switch]:  # the strategy's change, on this run's colour
+            where = xs[switch]
+            fig.add_shape(
+                type="line", x0=where, x1=where, y0=0, y1=1, yref="paper",
+                line={"color": color, "dash": "dot", "width": 2},
+            )  # fmt: skip
+            step = int(frame.loc[switch, "step"])
+            fig.add_annotation(
+                x=where, y=1, yref="paper", showarrow=False, xanchor="left", yanchor="top",
+                text=f"{label + ': ' if label else ''}exact from step {step}", font={"color": color},
+            )  # fmt: skip
         if "eval/reward/mean" in frame.columns:
             rows = frame[["step", "eval/reward/mean"]].dropna()
             if not rows.empty:

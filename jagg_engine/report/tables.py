@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from jagg_engine.cost import predicted_speedup
+from jagg_engine.cost import predicted_speedup, switched_speedup
 from jagg_engine.sde_kinds import SDE_KINDS
 from jagg_engine.store import RunStore
 
@@ -37,7 +37,8 @@ def config_speedup(
     config: Mapping[str, Any], r: float, exact_config: Mapping[str, Any] | None = None
 ) -> float | None:
     """The prediction for a stored run config (its W, jagg_frac, strategy, trained-step count, velocity reuse
-    and mini-batches per rollout; a config from before those fields ran without reuse, one update a rollout).
+    and mini-batches per rollout, control variate, and a switch to exact over its steps; a config from before
+    those fields ran without reuse, one update a rollout, no control variate, no switch).
     A sliding SDE window trains W steps a step, one group, wherever it stands.
 
     Against ``exact_config`` (the exact run it is measured against) that trains another number of steps a
@@ -53,7 +54,11 @@ def config_speedup(
             steps,
             reuse=config.get("reuse_rollout_velocity") == "auto",
             updates_per_rollout=int(config.get("updates_per_rollout", 1)),
+            cv_frac=float(config.get("cv_frac") or 0.0),
         )
+        until = config.get("jagg_until_step")
+        if until is not None and config.get("strategy", "jagg") == "jagg":  # JAGG up to a step, exact after
+            speedup = switched_speedup(speedup, int(config["steps"]), int(until))
         return speedup if exact_config is None else speedup * trained_steps(exact_config) / steps
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None
