@@ -311,7 +311,7 @@ def run_bias(args: argparse.Namespace) -> dict[str, Any]:
     }
     lines = _bias_lines(result)
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps(finite(result)))
     else:
         print("\n".join(lines))
     if args.out:
@@ -319,8 +319,19 @@ def run_bias(args: argparse.Namespace) -> dict[str, Any]:
         out.mkdir(parents=True, exist_ok=True)
         stem = f"bias-run{run.id}-step{step}"
         (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
-        (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+        (out / f"{stem}.json").write_text(json.dumps(finite(result), indent=1))
     return result
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float (a figure the rollouts did not define) as None: strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
 
 
 def _bias_lines(r: dict[str, Any]) -> list[str]:
@@ -348,6 +359,14 @@ def _bias_lines(r: dict[str, Any]) -> list[str]:
         f"| per-batch cos (mean, min) | {r['per_batch_cos_mean']:.4f}, {r['per_batch_cos_min']:.4f} | | what"
         " `jagg study cosine` sees |",
         "",
+    ]
+    if r["rollouts"] >= 16 and not math.isfinite(r["cos_expected_u_se"]):
+        lines += [
+            "No jackknife SE: leaving a group of rollouts out, an unbiased ‖E g‖² (exact or JAGG) was ≤ 0 in some "
+            "replicate — these rollouts do not resolve the expected gradient (more rollouts, or a larger batch).",
+            "",
+        ]
+    lines += [
         "| group | inner step | t | α | credit error (means) | unbiased | along (unbiased) | best α (unbiased) |"
         " credit error at best α |",
         "|---|---|---|---|---|---|---|---|---|",

@@ -151,6 +151,10 @@ def shapes_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+def _not_json(name: str) -> None:
+    raise AssertionError(f"{name} is not JSON")
+
+
 def test_study_bias_json_on_a_tiny_shapes_run(shapes_run: Path, tmp_path: Path, capsys) -> None:
     out = tmp_path / "bias"
     code, text, _ = jagg(
@@ -158,9 +162,10 @@ def test_study_bias_json_on_a_tiny_shapes_run(shapes_run: Path, tmp_path: Path, 
         "--json", "--out", str(out),
     )  # fmt: skip
     assert code == 0, text
-    result = json.loads(text)  # one JSON object on stdout
+    result = json.loads(text, parse_constant=_not_json)  # one strict JSON object on stdout
     for key in ("cos_expected", "rel_bias", "noise_floor", "inner_steps", "cos_expected_u", "rel_bias_u"):
         assert key in result
+    assert result["cos_expected_u_se"] is None  # 3 rollouts give no jackknife SE: null, never NaN
     assert result["subject"] == "run 1 step 2" and result["rollouts"] == 3 and result["batch"] == 8
     assert result["trained_steps"] == [0, 4] and result["streams"] == [3, 5]
     assert [s["step"] for s in result["inner_steps"]] == [1, 2]
@@ -168,7 +173,8 @@ def test_study_bias_json_on_a_tiny_shapes_run(shapes_run: Path, tmp_path: Path, 
         assert 0 < s["alpha"] < 1 and s["credit_error"] >= 0 and math.isfinite(s["alpha_best"])
     assert -1 <= result["cos_expected"] <= 1 and result["rel_bias"] > 0
     assert set(result["noise_floor"]) == {"cos", "rel"}
-    assert json.loads((out / "bias-run1-step2.json").read_text())["rel_bias"] == result["rel_bias"]
+    saved = json.loads((out / "bias-run1-step2.json").read_text(), parse_constant=_not_json)
+    assert saved["rel_bias"] == result["rel_bias"]
     assert "| cos_expected |" in (out / "bias-run1-step2.md").read_text()
     # the base model (step 0) on the same streams is another model: other figures
     code, text0, _ = jagg(
