@@ -16,7 +16,7 @@ MAX_LINES = 700
 # Over the limit, to be split once issue 38 (which rewrites both) has landed: splitting them beside it would
 # make every one of its changes a merge conflict. The test fails when either gets under the limit (drop it
 # here then) or when any other module goes over.
-NOT_YET_SPLIT = {"train/config.py", "train/trainer.py"}
+NOT_YET_SPLIT = {"train/trainer.py"}
 
 
 def engine_modules() -> list[Path]:
