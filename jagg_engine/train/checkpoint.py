@@ -81,7 +81,7 @@ class CheckpointError(RuntimeError):
 @dataclass
 class CheckpointState:
     """What a checkpoint restores. ``optimizer`` is an optimizer ``state_dict`` with this rank's plain tensors
-    (under FSDP the trainer wraps them back into DTensors of its parameters' placements)."""
+    (under FSDP :func:`restore` wraps them back into DTensors of its parameters' placements)."""
 
     step: int
     params: list[torch.Tensor]
@@ -583,3 +583,34 @@ def load_latest(
         if main and (tried > 1 or refused):
             log.warning("resuming from %s, the newest intact checkpoint", state.path)
         return state
+
+
+def restore(
+    state: CheckpointState, params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, sharded: bool
+) -> None:
+    """Load ``state`` into the trainable ``params`` (each cast to its parameter's device and dtype, distributed
+    like a DTensor parameter), the ``optimizer`` (``sharded``, under FSDP: this rank's shards of its state back
+    into DTensors placed like their parameters) and the torch and NumPy RNG states. The caller has checked that
+    the shapes match."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    with torch.no_grad():
+        for p, saved in zip(params, state.params):
+            saved = saved.to(p.device, p.dtype)
+            if isinstance(p, DTensor):
+                saved = distribute_tensor(saved, p.device_mesh, p.placements)
+            p.copy_(saved)
+    optim = state.optimizer
+    if sharded:  # this rank's shards back into DTensors placed like their parameters
+        for index, name in state.distributed:
+            p = params[index]
+            optim["state"][index][name] = DTensor.from_local(
+                optim["state"][index][name].to(p.device),
+                p.device_mesh,
+                p.placements,
+                shape=p.shape,
+                stride=p.stride(),
+            )
+    optimizer.load_state_dict(optim)
+    torch.set_rng_state(state.torch_rng)
+    np.random.set_state(state.numpy_rng)

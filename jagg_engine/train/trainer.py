@@ -16,180 +16,69 @@ Training time (:class:`TrainingClock`): each step logs ``time/train_elapsed``, t
 from step 1 to the end of this step's update with every eval left out, and ``time/unix``, the Unix time of
 that instant; an eval logs its own seconds as ``time/eval``. A curve of eval reward against training time is
 thus rebuilt from the store alone (``jagg race``).
+
+The parts live in modules of their own, and every name callers import from here still is:
+:mod:`jagg_engine.train.steps` (the model, the sampler, the prompts and mini-batches of a step, the gradient
+average), :mod:`jagg_engine.train.metrics` (memory, update metrics, :class:`TrainingClock`),
+:mod:`jagg_engine.train.files` (atomic writes, the space reserve) and :mod:`jagg_engine.train.process` (the
+process: :func:`train`, :func:`main`, logging, signals, :func:`share_run`); a checkpoint is loaded into the
+parameters and optimizer by :func:`jagg_engine.train.checkpoint.restore`. This module keeps the
+:class:`Trainer`, the orchestration of one run, and the step's random streams and rollout.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import logging
 import math
 import os
-import signal
-import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
-from jagg_engine.backbones import build_backbone, get_backbone
 from jagg_engine.bias import LiveBias
-from jagg_engine.errors import DiskFullError, is_disk_full
 from jagg_engine.grpo import group_advantages
 from jagg_engine.jagg import UpdateResult, auto_jagg_frac, policy_update, reuse_steps
-from jagg_engine.plugins import resolve
 from jagg_engine.probe import probe_groups
 from jagg_engine.rewards.registry import WeightedReward
 from jagg_engine.sde import SamplerConfig, Trajectory, eval_noise, ode_sample, rollout
-from jagg_engine.store import ClaimError, RunLock, RunStore, open_store
-from jagg_engine.streams import numpy_stream, torch_stream
+from jagg_engine.store import ClaimError, RunStore, open_store
+from jagg_engine.streams import torch_stream
 from jagg_engine.train import checkpoint
-from jagg_engine.train.config import TrainConfig, read_prompts
+from jagg_engine.train.config import TrainConfig
+from jagg_engine.train.files import SPACE_RESERVE as SPACE_RESERVE
+from jagg_engine.train.files import SPACE_RESERVE_BYTES as SPACE_RESERVE_BYTES
+from jagg_engine.train.files import reserve_space as reserve_space
+from jagg_engine.train.files import save_pngs
+from jagg_engine.train.files import write_atomic as write_atomic
+from jagg_engine.train.metrics import TrainingClock, memory_metrics, update_metrics
+from jagg_engine.train.process import CLAIM_REFUSED_RC as CLAIM_REFUSED_RC
+from jagg_engine.train.process import FILE_ONLY as FILE_ONLY
+from jagg_engine.train.process import LOCKED_ENV as LOCKED_ENV
+from jagg_engine.train.process import failure_message as failure_message
+from jagg_engine.train.process import main
+from jagg_engine.train.process import share_run as share_run
+from jagg_engine.train.process import train as train
+from jagg_engine.train.steps import (
+    TrainingError,
+    average_gradients,
+    build_model,
+    minibatch_indices,
+    pipeline_schedule,
+    prompt_source,
+    rank_prompts,
+    sampler_config,
+    shard_fsdp2,
+    window_sigmas,
+)
+from jagg_engine.train.steps import epoch_prompt_indices as epoch_prompt_indices
 
 log = logging.getLogger("jagg.train")
-
-
-def shard_fsdp2(model: Any) -> None:
-    """FSDP2: ``fully_shard`` every transformer block, then the transformer (one all-gather per block).
-
-    Under JAGG the joint endpoint backward runs each block's backward once for both endpoints, so a group
-    costs one all-gather and one reduce-scatter per block instead of W.
-    """
-    from torch.distributed.fsdp import fully_shard
-
-    tf = getattr(model, "transformer", None)
-    if tf is None:
-        tf = getattr(getattr(model, "velocity", None), "transformer", None)
-    if tf is None:
-        raise TrainingError(
-            f"fsdp: backbone {getattr(model, 'name', model)!r} exposes no transformer to shard"
-        )
-    for block in [*getattr(tf, "transformer_blocks", []), *getattr(tf, "single_transformer_blocks", [])]:
-        fully_shard(block)
-    fully_shard(tf)
-
-
-class TrainingError(RuntimeError):
-    """A run cannot go on (non-finite loss or reward, …); the message is stored as the run's error."""
-
-
-CLAIM_REFUSED_RC = 3  # another trainer has the run: this process trained nothing and left its status alone
-LOCKED_ENV = "JAGG_RUN_LOCKED"  # set by `jagg train` to the run folder whose lock it holds for its children
-
-
-def average_gradients(params: list[torch.nn.Parameter], world: int, bucket_bytes: int = 1 << 28) -> None:
-    """Data parallelism without a wrapper: replace every ``.grad`` by its mean over the ``world`` ranks.
-
-    The gradients are packed into flat buckets (one dtype and device each, at most ``bucket_bytes``) and each
-    bucket is one all-reduce, as DDP does, but once after the whole update rather than from backward hooks:
-    a JAGG update makes several ``autograd.backward`` calls through backbone methods that are not the
-    module's ``forward``, which DDP's reducer does not follow. A parameter with no ``.grad`` on any rank keeps
-    ``None``, as under DDP (so AdamW leaves it alone: no weight decay on a weight that nothing used); one with a
-    gradient on some ranks only counts as zeros on the others.
-    """
-    import torch.distributed as dist
-
-    has = torch.tensor([float(p.grad is not None) for p in params], device=params[0].device)  # (P,)
-    dist.all_reduce(has, op=dist.ReduceOp.MAX)
-    used = [p for p, h in zip(params, has.tolist()) if h]
-    for p in used:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    params = used
-    buckets: dict[tuple[torch.dtype, torch.device], list[list[torch.nn.Parameter]]] = {}
-    filled: dict[tuple[torch.dtype, torch.device], int] = {}
-    for p in params:
-        key, size = (p.grad.dtype, p.grad.device), p.grad.numel() * p.grad.element_size()
-        chunks = buckets.setdefault(key, [[]])
-        if chunks[-1] and filled[key] + size > bucket_bytes:
-            chunks.append([])
-            filled[key] = 0
-        chunks[-1].append(p)
-        filled[key] = filled.get(key, 0) + size
-    for chunks in buckets.values():
-        for bucket in chunks:
-            flat = torch.cat([p.grad.reshape(-1) for p in bucket])  # (Σ numel,)
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-            flat.div_(world)
-            offset = 0
-            for p in bucket:
-                n = p.grad.numel()
-                p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
-                offset += n
-
-
-# ------------------------------------------------------------------------------------------------ setup
-
-
-def build_model(cfg: TrainConfig, device: torch.device) -> Any:
-    """The backbone of ``cfg`` with the options its factory takes (:meth:`TrainConfig.backbone_kwargs`)."""
-    opts = cfg.backbone_kwargs(device=str(device))
-    model = build_backbone(cfg.backbone, **opts)
-    if isinstance(model, torch.nn.Module):
-        model.to(device).eval()  # no dropout: the update must see the function that sampled
-    return model
-
-
-def pipeline_schedule(cfg: TrainConfig, model: Any) -> tuple[float, ...] | None:
-    """Under ``schedule: pipeline`` the σ grid of the backbone's diffusers pipeline for ``sampling_steps`` steps
-    at the size it trains (``model.pipeline_sigmas``, T + 1 values); None under shifted-linear."""
-    if cfg.resolved_schedule() != "pipeline":
-        return None
-    return tuple(float(s) for s in model.pipeline_sigmas(cfg.sampling_steps))
-
-
-def sampler_config(
-    cfg: TrainConfig, schedule: tuple[float, ...] | None, step: int | None = None
-) -> SamplerConfig:
-    """The sampler of training step ``step`` (None = the first), the one builder the rollout, the update, the
-    probe and the eval read: ``cfg.sampler_config(step)`` (its SDE window at that step) on the σ grid
-    ``schedule`` (:func:`pipeline_schedule`; None keeps the shifted-linear grid). Under a pipeline grid the
-    re-spaced ODE parts (ode_steps_before / ode_steps_after) interpolate the pipeline's σ linearly over its
-    step index (:func:`jagg_engine.sde.respace` at shift 1, the shift a pipeline schedule requires)."""
-    sampler = cfg.sampler_config(step)
-    return sampler if schedule is None else dataclasses.replace(sampler, schedule=schedule)
-
-
-def window_sigmas(sampler: SamplerConfig) -> tuple[float, float]:
-    """σ at the SDE window's first step and after its last step, on the grid the rollout walks."""
-    grid = sampler.grid()
-    if not grid.sde_steps:
-        return math.nan, math.nan
-    return float(grid.sigmas[grid.sde_steps[0]]), float(grid.sigmas[grid.sde_steps[-1] + 1])
-
-
-def prompt_source(cfg: TrainConfig, eval_set: bool = False) -> list[str]:
-    path = cfg.eval_prompts_file if eval_set and cfg.eval_prompts_file else cfg.prompts_file
-    if path:
-        return read_prompts(path)
-    procedural = get_backbone(cfg.backbone).prompts  # the registry entry's prompt list, if it has one
-    if procedural is not None:
-        return list(resolve(procedural)())
-    return [f"prompt {i}" for i in range(max(cfg.eval_num_prompts, cfg.prompts_per_step))]
-
-
-def epoch_prompt_indices(seed: int, step: int, n_prompts: int, per_step: int) -> np.ndarray:
-    """Indices of step ``step``'s prompts (steps count from 1): the prompt list is read in epochs, each one a
-    fresh permutation from the "prompts" stream of (seed, epoch), ``per_step`` prompts a step. Every prompt
-    comes once per epoch, so windows of whole epochs see the same prompt mix (the training-reward curve is not
-    a prompt lottery), and the order depends only on (seed, step): a resumed run sees the same prompts. Same
-    on every rank."""
-    start = (step - 1) * per_step
-    out = np.empty(per_step, dtype=np.int64)
-    perms: dict[int, np.ndarray] = {}
-    for i, pos in enumerate(range(start, start + per_step)):
-        epoch, k = divmod(pos, n_prompts)
-        if epoch not in perms:
-            perms[epoch] = numpy_stream(seed, epoch, 0, "prompts").permutation(n_prompts)
-        out[i] = perms[epoch][k]
-    return out
 
 
 def step_generator(
@@ -198,31 +87,6 @@ def step_generator(
     """The torch stream ``purpose`` ("init_noise", "sde_noise", …: :mod:`jagg_engine.streams`) of step
     ``step`` on ``rank``: independent of every other stream, the same after a resume."""
     return torch_stream(cfg.seed, step, rank, purpose, device)
-
-
-def minibatch_indices(cfg: TrainConfig, step: int, rank: int, n: int) -> list[torch.Tensor | None]:
-    """The samples of each of the ``updates_per_rollout`` mini-batches of a rank's ``n`` samples: slices of a
-    permutation from the "minibatch" stream of (seed, step, rank), as Flow-GRPO shuffles before splitting;
-    ``[None]`` (the whole batch, in order) when there is one."""
-    m = cfg.updates_per_rollout
-    if m == 1:
-        return [None]
-    perm = torch.from_numpy(numpy_stream(cfg.seed, step, rank, "minibatch").permutation(n))
-    return list(perm.reshape(m, n // m))  # (M, n / M)
-
-
-def rank_prompts(
-    cfg: TrainConfig, prompts: list[str], step: int, rank: int = 0, world: int = 1
-) -> tuple[list[str], torch.Tensor]:
-    """Rank ``rank``'s prompts of step ``step`` (of ``world`` ranks), each repeated group_size times, and their
-    global group ids: (B,), B = P·G with P = prompts_per_step / world."""
-    idx = epoch_prompt_indices(cfg.seed, step, len(prompts), cfg.prompts_per_step)
-    per_rank = cfg.prompts_per_step // world
-    mine = range(rank * per_rank, (rank + 1) * per_rank)
-    return (
-        [prompts[idx[i]] for i in mine for _ in range(cfg.group_size)],
-        torch.tensor([i for i in mine for _ in range(cfg.group_size)]),
-    )
 
 
 def sample_rollout(
@@ -260,61 +124,6 @@ def sample_rollout(
         micro_batch=cfg.rollout_micro_batch,
         prefix_group=G if shared else None,
     )
-
-
-def memory_metrics(device: torch.device) -> dict[str, float]:
-    """This process's memory: resident set size (from /proc; the peak RSS where there is none) and, on a CUDA
-    device, the peak allocated since the step's start (train_step resets it)."""
-    try:
-        rss = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        import resource  # not on /proc: the peak RSS (kilobytes on Linux, bytes on macOS)
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        rss = peak if sys.platform == "darwin" else peak * 1024
-    out = {"memory/rss_bytes": float(rss)}
-    if device.type == "cuda":
-        out["memory/peak_cuda_bytes"] = float(torch.cuda.max_memory_allocated(device))
-    return out
-
-
-def update_metrics(results: list[UpdateResult]) -> dict[str, float]:
-    """One step's update metrics from its mini-batches: loss/ means, time/ and count/ sums."""
-    rows = [r.metrics() for r in results]
-    out = {
-        k: float(sum(r[k] for r in rows))
-        if k.startswith(("time/", "count/"))
-        else float(np.mean([r[k] for r in rows]))
-        for k in rows[0]
-    }
-    out["loss/kl"] = out["loss/kl_ref"]
-    out["count/forward"] = out["count/forward_grad"] + out["count/forward_nograd"]
-    out["count/optimizer_steps"] = float(len(results))
-    if len(results) > 1:  # the off-policy mini-batches: where the ratio and the clip act
-        later = rows[1:]
-        out["loss/clipfrac_offpolicy"] = float(np.mean([r["loss/clipfrac"] for r in later]))
-        out["loss/ratio_dev_offpolicy"] = float(np.mean([abs(r["loss/ratio_mean"] - 1) for r in later]))
-    return out
-
-
-class TrainingClock:
-    """Wall time spent training, evals left out. It starts when the first step starts (after the model is built
-    and the step-0 eval) from ``elapsed`` seconds (a resumed run's value at its checkpoint's step; NaN when that
-    was never logged). :meth:`lap` counts everything since the last lap or :meth:`restart` (the step, and the
-    previous step's logging and checkpoint); :meth:`restart` after an eval leaves the eval out."""
-
-    def __init__(self, elapsed: float = 0.0):
-        self.elapsed = elapsed
-        self.mark = time.perf_counter()
-
-    def lap(self) -> dict[str, float]:
-        now = time.perf_counter()
-        self.elapsed += now - self.mark
-        self.mark = now
-        return {"time/train_elapsed": self.elapsed, "time/unix": time.time()}
-
-    def restart(self) -> None:
-        self.mark = time.perf_counter()
 
 
 # ------------------------------------------------------------------------------------------------ trainer
@@ -547,17 +356,9 @@ class Trainer:
 
     # -------------------------------------------------------------------------------- side effects (main only)
     def save_images(self, folder: str, images: torch.Tensor, names: list[str]) -> list[str]:
-        out = self.run_dir / folder
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise (DiskFullError(out) if is_disk_full(exc) else exc) from exc
-        paths = []
-        for img, name in zip(images, names):
-            picture = Image.fromarray(img.numpy())
-            write_atomic(out / name, lambda tmp, picture=picture: picture.save(tmp, format="PNG"))
-            paths.append(f"{folder}/{name}")
-        return paths
+        """PNGs of ``images`` named ``names`` in the run folder's ``folder``; their paths relative to the run
+        folder (:func:`jagg_engine.train.files.save_pngs`)."""
+        return save_pngs(self.run_dir, folder, images, names)
 
     def save_train_samples(
         self, step: int, prompts: list[str], images: torch.Tensor, rewards: torch.Tensor
@@ -762,27 +563,8 @@ class Trainer:
             tuple(s.shape) != tuple(p.shape) for s, p in zip(state.params, self.params)
         ):
             raise TrainingError(f"resume: {state.path} does not match this model's trainable parameters")
-        with torch.no_grad():
-            for p, saved in zip(self.params, state.params):
-                saved = saved.to(p.device, p.dtype)
-                if isinstance(p, DTensor):
-                    saved = distribute_tensor(saved, p.device_mesh, p.placements)
-                p.copy_(saved)
+        checkpoint.restore(state, self.params, self.optimizer, sharded=self.fsdp)
         self.policy_writes += 1
-        optim = state.optimizer
-        if self.fsdp:  # this rank's shards back into DTensors placed like their parameters
-            for index, name in state.distributed:
-                p = self.params[index]
-                optim["state"][index][name] = DTensor.from_local(
-                    optim["state"][index][name].to(p.device),
-                    p.device_mesh,
-                    p.placements,
-                    shape=p.shape,
-                    stride=p.stride(),
-                )
-        self.optimizer.load_state_dict(optim)
-        torch.set_rng_state(state.torch_rng)
-        np.random.set_state(state.numpy_rng)
         return state.step
 
     # -------------------------------------------------------------------------------- the loop
@@ -878,243 +660,6 @@ class Trainer:
                 self.save_checkpoint(step)
         self.save_checkpoint(last)
         return "finished"
-
-
-# ------------------------------------------------------------------------------------------------ storage
-
-
-SPACE_RESERVE = ".space-reserve"
-SPACE_RESERVE_BYTES = 1 << 20
-
-
-def write_atomic(path: Path, write: Any) -> None:
-    """``write(tmp)`` then rename onto ``path``: a failed or killed write leaves no partial file. A full disk
-    raises :class:`DiskFullError` naming ``path``."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        tmp.unlink(missing_ok=True)
-        if isinstance(exc, Exception) and is_disk_full(exc):
-            raise DiskFullError(path) from exc
-        raise
-
-
-def reserve_space(run_dir: Path) -> Path:
-    """A 1 MiB file of zeros in the run folder, deleted when the run ends: on a full disk, deleting it first
-    leaves room for the run's final status to be written to the history (a "ballast" file)."""
-    path = run_dir / SPACE_RESERVE
-    write_atomic(path, lambda tmp: tmp.write_bytes(bytes(SPACE_RESERVE_BYTES)))
-    return path
-
-
-def failure_message(exc: BaseException, store: RunStore | None) -> str:
-    """The one line stored as a failed run's error: ``disk full: <path>`` for a full disk, else the type and
-    message of the exception."""
-    if is_disk_full(exc):
-        if isinstance(exc, DiskFullError):
-            return str(exc)
-        path = getattr(exc, "filename", None)
-        if path is None and store is not None:
-            path = store.path  # SQLite reports no file: the history database
-        return f"disk full: {path}"
-    return f"{type(exc).__name__}: {exc}"
-
-
-FILE_ONLY = "jagg_file_only"  # a log record with this attribute set goes to train.log, never to the terminal
-
-
-def _terminal_handler() -> logging.Handler:
-    """stderr without the records marked :data:`FILE_ONLY` (a failure's traceback): the terminal gets one line."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.addFilter(lambda record: not getattr(record, FILE_ONLY, False))
-    return handler
-
-
-def _setup_logging(run_dir: Path | None, main: bool) -> None:
-    if not main:
-        logging.basicConfig(level=logging.WARNING, handlers=[_terminal_handler()])
-        return
-    run_dir.mkdir(parents=True, exist_ok=True)
-    handlers = [logging.FileHandler(run_dir / "train.log"), _terminal_handler()]
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", handlers=handlers, force=True
-    )
-
-
-def share_run(
-    acc: Any,
-    run: dict[str, Any] | None,
-    resume: bool,
-    machine_rank: int,
-    runs_dir: str,
-    expect: dict[str, Any],
-    from_scratch: bool = False,
-) -> tuple[TrainConfig, int, bool, bool, Path]:
-    """Global rank 0 holds the run (read from the store on machine 0); every rank receives its id, config,
-    folder, resume and from-scratch flags after the rendezvous: machines other than 0 have no store to read them from.
-
-    Each rank validates the config on its machine (prompt files, reward dependencies) and checks what its
-    machine was given (``expect``: the CONFIG and run id of its ``jagg train``) against machine 0's. Any problem
-    fails EVERY rank with the same line, so no rank is left waiting in a collective. Ranks on other machines
-    keep their files (FSDP optimizer shards) in a folder of the same name under their own ``runs_dir``.
-    """
-    from accelerate.utils import broadcast_object_list, gather_object
-
-    from jagg_engine.train.config import ConfigError
-
-    box: list[Any] = [None]
-    if acc.is_main_process:
-        box = [
-            {
-                "id": run["id"],
-                "config": run["config"],
-                "run_dir": run["run_dir"],
-                "resume": resume,
-                "from_scratch": from_scratch,
-            }
-        ]
-    if acc.num_processes > 1:
-        broadcast_object_list(box, from_process=0)
-    shared = box[0]
-    problem, cfg = None, None
-    try:
-        cfg = TrainConfig.from_dict(shared["config"]).validate()
-        if "config" in expect:
-            mine = TrainConfig.from_dict(expect["config"]).to_dict()
-            differ = [k for k, v in cfg.to_dict().items() if mine.get(k) != v]
-            if differ:
-                problem = f"config: differs from machine 0's in {', '.join(differ)}"
-        if expect.get("run_id") not in (None, shared["id"]):
-            problem = (
-                f"run id: machine 0 trains run {shared['id']}, this machine was given {expect['run_id']}"
-            )
-    except ConfigError as exc:
-        problem = str(exc)
-    reports = gather_object([(machine_rank, problem)]) if acc.num_processes > 1 else [(machine_rank, problem)]
-    for rank, (machine, text) in enumerate(reports):
-        if text:
-            raise TrainingError(f"machine {machine} (rank {rank}): {text}")
-    run_dir = Path(shared["run_dir"])
-    if machine_rank != 0:
-        run_dir = Path(runs_dir) / run_dir.name
-    return cfg, int(shared["id"]), bool(shared["resume"]), bool(shared.get("from_scratch")), run_dir
-
-
-def _mark_started() -> None:
-    """Tell `jagg train` that the processes met (the launcher holds back the rendezvous output until then)."""
-    marker = os.environ.get("JAGG_STARTED_FILE")
-    if marker:
-        Path(marker).touch()
-
-
-def train(
-    run_id: int | None,
-    runs_dir: str,
-    resume: bool = False,
-    machine_rank: int = 0,
-    from_scratch: bool = False,
-) -> int:
-    """Train run ``run_id`` of the store in ``runs_dir`` (its config is read from the store). Exit code.
-    ``from_scratch`` (with ``resume``): start the run over from step 0 (:meth:`Trainer.start_over`).
-
-    Global rank 0 reads the run; the other ranks (``run_id`` None on machines other than 0) receive it.
-    """
-    main = int(os.environ.get("RANK", "0")) == 0
-    store = open_store(runs_dir) if main else None
-    run = store.get_run(run_id) if main else None
-    if main and run is None:
-        log.error("run id: no run %s in %s", run_id, runs_dir)
-        return 1
-    lock = None
-    if main:  # one trainer per run: the folder's lock, unless `jagg train` holds it for this process tree
-        folder = Path(run["run_dir"])
-        folder.mkdir(parents=True, exist_ok=True)
-        if os.environ.get(LOCKED_ENV) != str(folder.resolve()):
-            try:
-                lock = RunLock.acquire(folder, f"run {run_id}")
-            except ClaimError as exc:
-                print(f"jagg train: refused: {exc}", file=sys.stderr)
-                return CLAIM_REFUSED_RC
-    try:
-        return _train_locked(run_id, runs_dir, resume, machine_rank, main, store, run, from_scratch)
-    finally:
-        if lock is not None:
-            lock.release()
-
-
-def _train_locked(
-    run_id: int | None,
-    runs_dir: str,
-    resume: bool,
-    machine_rank: int,
-    main: bool,
-    store: RunStore | None,
-    run: dict[str, Any] | None,
-    from_scratch: bool = False,
-) -> int:
-    _setup_logging(Path(run["run_dir"]) if main else None, main)
-    expect = json.loads(os.environ.get("JAGG_EXPECT") or "{}")
-    trainer = None
-    reserve = None
-    try:
-        if main:
-            reserve = reserve_space(Path(run["run_dir"]))
-        from accelerate import Accelerator
-
-        acc = Accelerator(cpu=not torch.cuda.is_available())
-        _mark_started()
-        cfg, run_id, resume, from_scratch, run_dir = share_run(
-            acc, run, resume, machine_rank, runs_dir, expect, from_scratch
-        )
-        trainer = Trainer(
-            cfg, run_id, runs_dir, resume=resume, accelerator=acc, run_dir=run_dir, from_scratch=from_scratch
-        )
-        # The app runs a compare pair side by side with the cores split between them (OMP_NUM_THREADS).
-        log.info("torch CPU threads: %d", torch.get_num_threads())
-
-        def on_signal(signum, frame):  # cooperative: finish the step, save, mark cancelled
-            log.warning("signal %d: stopping after this step", signum)
-            trainer.stop_signal = True
-
-        signal.signal(signal.SIGINT, on_signal)
-        signal.signal(signal.SIGTERM, on_signal)
-        status = trainer.run()
-        if main:
-            reserve.unlink(missing_ok=True)  # room for the final status, whatever the disk holds now
-            store.set_status(run_id, status)
-            log.info("run %d %s", run_id, status)
-        return 0
-    except ClaimError as exc:  # another trainer has the run: say so, and leave its status alone
-        log.error("jagg train: refused: %s", exc)
-        return CLAIM_REFUSED_RC
-    except Exception as exc:  # the run fails, its history stays: rows already written are intact
-        message = failure_message(exc, store)
-        log.error("run %s failed: %s", run_id, message)
-        log.error("%s", traceback.format_exc().rstrip(), extra={FILE_ONLY: True})  # train.log keeps it
-        if main:
-            if reserve is not None:
-                reserve.unlink(missing_ok=True)  # room for the status below when the disk is full
-            try:
-                store.set_status(run_id, "failed", error=message)
-            except Exception as again:  # never lose the real error to a second one: it is in the log
-                log.error("run %s: could not record the failure in %s: %s", run_id, store.path, again)
-        return 1
-    finally:
-        if reserve is not None:
-            reserve.unlink(missing_ok=True)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="GRPO trainer process (started by `jagg train`).")
-    parser.add_argument("--run-id", type=int, default=None, help="the run (global rank 0 needs it)")
-    parser.add_argument("--runs-dir", required=True)
-    parser.add_argument("--resume", action="store_true")
-    parser.add_argument("--from-scratch", action="store_true", help="with --resume: start over from step 0")
-    parser.add_argument("--machine-rank", type=int, default=0)
-    args = parser.parse_args(argv)
-    return train(args.run_id, args.runs_dir, args.resume, args.machine_rank, args.from_scratch)
 
 
 if __name__ == "__main__":
