@@ -142,6 +142,19 @@ def test_speedup_measured_against_the_paired_exact_run(store):
     assert data.speedup_frame(s, ids["exact"], r=1.8).iloc[0]["measured speedup"] is None
 
 
+def test_config_speedup_counts_the_control_variate_and_a_switch_to_exact():
+    cfg = {"window": 4, "jagg_frac": 1.0, "strategy": "jagg", "sampling_steps": 12, "sde_window_end": 4,
+           "reuse_rollout_velocity": "auto", "steps": 70}  # fmt: skip
+    assert data.config_speedup(cfg, 1.8) == pytest.approx(7.2 / 3.6)
+    cfg["cv_frac"] = 0.25  # a quarter of the inner steps' pairs by the exact backward too: 3.6 + 0.25·2·1.8
+    assert data.config_speedup(cfg, 1.8) == pytest.approx(7.2 / 4.5)
+    cfg.update(cv_frac=0.0, jagg_until_step=40)  # JAGG for 40 of 70 steps at 2×, exact after: 70 / (20 + 30)
+    assert data.config_speedup(cfg, 1.8) == pytest.approx(1.4)
+    assert data.switched_speedup(2.0, 70, None) == data.switched_speedup(2.0, 70, 70) == 2.0
+    cfg["strategy"] = "exact"  # an exact run has no switch to make
+    assert data.config_speedup(cfg, 1.8) == pytest.approx(1.0)
+
+
 def test_predicted_speedup_formula():
     assert data.predicted_speedup(4, 1.8, 1.0) == pytest.approx(7.2 / 5.6)
     assert data.predicted_speedup(4, 3.0, 0.5) == pytest.approx(12 / (0.5 * 8 + 0.5 * 12))
