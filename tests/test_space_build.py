@@ -135,7 +135,7 @@ def test_space_builds_from_requirements_and_trains(tmp_path):
 
         client = Client(url, verbose=False, download_files=False)
         form = [
-            "space-build", "tiny-shapes", "", "shapes-dense: 1", "flow-grpo", 4, 1.0, "jagg", 3, 4, 5e-5, 0, 1,
+            "space-build", "tiny-shapes", "", "shapes-dense: 1", "flow-grpo", 4, 1.0, 0.0, 0, "jagg", 3, 4, 5e-5, 0, 1,
             "prompts_per_step=2\nsampling_steps=6\nsde_window_end=null\neval_num_prompts=4\neval_seeds=[0]\n"
             "eval_every=5\nsample_every=0",
         ]  # fmt: skip
