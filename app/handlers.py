@@ -22,6 +22,7 @@ from app.form import (
     FORM_FIELDS,
     config_form_values,
     form_config,
+    form_message,
     match_run,
     pair_configs,
     parse_ratio,
@@ -208,7 +209,9 @@ class NewRunHandlers(_Part):
         try:
             cfg = self.checked_config(form, sess, 1)
             run_id = self.manager.create(cfg.to_dict())
-        except (ConfigError, SpaceError, StoreError) as exc:
+        except ConfigError as exc:  # in the form's words: the box to change
+            return f"**Not launched.** {md_message(form_message(exc))}", None, gr.skip()
+        except (SpaceError, StoreError) as exc:
             return f"**Not launched.** {md_message(exc)}", None, gr.skip()
         self.guard.record(sess, [run_id])
         started = self.app.queue_tick()
@@ -221,7 +224,9 @@ class NewRunHandlers(_Part):
             cfg = self.checked_config(form, sess, 2)
             pair_configs(cfg)  # both runs' configs, before either is queued
             exact_id, jagg_id = self.manager.create_pair(cfg.to_dict())
-        except (ConfigError, SpaceError, StoreError) as exc:
+        except ConfigError as exc:
+            return f"**Not launched.** {md_message(form_message(exc))}", None, gr.skip()
+        except (SpaceError, StoreError) as exc:
             return f"**Not launched.** {md_message(exc)}", None, gr.skip()
         self.guard.record(sess, [exact_id, jagg_id])
         self.app.queue_tick()
