@@ -326,7 +326,7 @@ def tryit_tab(
             choices=choices, value=value, label="run (runs with a checkpoint)", scale=3,
             allow_custom_value=True, elem_id="tryit-run", elem_classes=["run-picker"],
             info="a run saves a checkpoint when it ends (and every checkpoint_every steps); the showcase's JAGG run"
-            " ships its aligned model, its exact run none",
+            " ships its aligned model, its exact run none. It opens on the finished run trained the most steps",
         )  # fmt: skip
         step = gr.Dropdown(
             choices=steps, value=steps[-1] if steps else None, label="step (a checkpoint)", scale=1,
