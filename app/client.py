@@ -410,6 +410,7 @@ SCRIPT = r"""<style>.jagg-stale, .jagg-stale * { visibility: hidden !important; 
   const g4 = (v) => String(parseFloat(Number(v).toPrecision(4)));  // Python's :.4g for these magnitudes
   const fixed = (v, n) => Number(Number(v).toFixed(n));  // Python's round(v, n)
   const lastOf = (ys) => { for (let i = ys.length - 1; i >= 0; i--) if (ys[i] !== null) return ys[i]; return null; };
+  const firstOf = (ys) => { for (const y of ys) if (y !== null) return y; return null; };
   const mdMessage = (text) => String(text).replace(/([\\`])/g, "\\$1").replace(/<(?=[A-Za-z\/!?])/g, "\\<")
     .replace(/\](?=[(\[:])/g, "\\]").split("://").join(":\\/\\/").split("www.").join("www\\.")
     .split("@").join("\\@");  // app.text.md_message
@@ -425,13 +426,25 @@ SCRIPT = r"""<style>.jagg-stale, .jagg-stale * { visibility: hidden !important; 
     if (!evals.length) return [message, table];
     const text = level === null || level === undefined ? "" : String(level);
     let wanted, whose;
-    if (!text.trim()) {
-      const finals = evals.map((m) => [m.run, lastOf(m.y)]).filter(([, v]) => v !== null);
-      if (!finals.length) return ["", {headers: HEADERS, data: [], metadata: null}];
-      let [label, low] = finals[0];
-      for (const [l, v] of finals) if (v < low) [label, low] = [l, v];
+    if (!text.trim()) {  // app.metrics.default_level: the lowest final eval above every run's first eval
+      const none = {headers: HEADERS, data: [], metadata: null};
+      const withEval = evals.filter((m) => lastOf(m.y) !== null);
+      if (!withEval.length) return ["", none];
+      let start = null, first = null;
+      for (const m of withEval) {
+        const v = firstOf(m.y);
+        if (first === null || v > first) [start, first] = [m.run, v];
+      }
+      const above = withEval.map((m) => [m.run, lastOf(m.y)]).filter(([, v]) => v > first);
+      if (!above.length)
+        return ["No reward level by default: no final eval is above " + start + "'s first eval (" + g4(first) +
+                "), a level it has from its start; type a level.", none];
+      let [label, low] = above[0];
+      for (const [l, v] of above) if (v < low) [label, low] = [l, v];
       wanted = low;
-      whose = finals.length === 1 ? label + "'s final eval" : "the lower of the final evals, " + label + "'s";
+      whose = withEval.length === 1 ? label + "'s final eval"
+        : above.length === withEval.length ? "the lower of the final evals, " + label + "'s"
+        : "the lowest final eval above the runs' first evals, " + label + "'s";
     } else if (NUMBER.test(text) && Number.isFinite(Number(text))) {
       wanted = Number(text);
       whose = "the level asked";

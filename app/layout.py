@@ -267,7 +267,9 @@ def compare_tab(
         report_btn = gr.Button("Report (HTML)", scale=1)
     with gr.Row():
         level = gr.Textbox(
-            label="reward level (empty: the exact run's final eval)", value="", elem_id="compare-level"
+            label="reward level (empty: the lowest final eval above the runs' first evals)",
+            value="",
+            elem_id="compare-level",
         )
         image_step = gr.Textbox(
             label="images also at step (empty: first and last only)", value="", elem_id="compare-step"

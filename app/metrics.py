@@ -218,20 +218,54 @@ def final_eval(frame: pd.DataFrame, key: str = EVAL_KEY) -> float | None:
     return None if values.empty else float(values.iloc[-1])
 
 
+def first_eval(frame: pd.DataFrame, key: str = EVAL_KEY) -> float | None:
+    """The run's first logged eval reward (its step-0 eval: the model before training)."""
+    if key not in frame.columns:
+        return None
+    values = frame[key].dropna()
+    return None if values.empty else float(values.iloc[0])
+
+
+def _levels(frames: Mapping[str, pd.DataFrame]) -> tuple[dict[str, float], str | None, float | None]:
+    """(label → final eval of the runs with an eval, the label of the highest first eval, that eval)."""
+    finals = {label: final_eval(frame) for label, frame in frames.items()}
+    finals = {label: value for label, value in finals.items() if value is not None}
+    firsts = {label: first_eval(frames[label]) for label in finals}
+    start = max(firsts, key=lambda k: firsts[k]) if firsts else None
+    return finals, start, (firsts[start] if start is not None else None)
+
+
 def default_level(
     frames: Mapping[str, pd.DataFrame], strategies: Mapping[str, str] | None = None
 ) -> tuple[float, str] | None:
-    """The reward level Compare measures time to by default: the lowest of the picked runs' final evals, a
-    level every run with an eval reaches (at its final eval at the latest), and a phrase saying whose it is.
-    ``strategies`` (label → strategy) is not needed to choose it; it is kept for callers that pass it."""
-    finals = {label: final_eval(frame) for label, frame in frames.items()}
-    finals = {label: value for label, value in finals.items() if value is not None}
-    if not finals:
+    """The reward level Compare measures time to by default, and a phrase saying whose it is: the lowest of
+    the picked runs' final evals above every run's first eval. No run has it at its first eval (a level one
+    run starts at would read "step 0, 0 s, 0 %"), and the run it is the final eval of reaches it (at its
+    final eval at the latest); when every final is above the first evals it is the lower of the final evals,
+    a level every run reaches. None without an eval, or when no final eval is above the first evals
+    (:func:`no_default_level` says why). ``strategies`` (label → strategy) is not needed to choose it; it is
+    kept for callers that pass it."""
+    finals, start, first = _levels(frames)
+    above = {label: value for label, value in finals.items() if first is not None and value > first}
+    if not above:
         return None
-    label = min(finals, key=lambda k: finals[k])
+    label = min(above, key=lambda k: above[k])
     if len(finals) == 1:
-        return finals[label], f"{label}'s final eval"
-    return finals[label], f"the lower of the final evals, {label}'s"
+        return above[label], f"{label}'s final eval"
+    if len(above) == len(finals):
+        return above[label], f"the lower of the final evals, {label}'s"
+    return above[label], f"the lowest final eval above the runs' first evals, {label}'s"
+
+
+def no_default_level(frames: Mapping[str, pd.DataFrame]) -> str:
+    """Why :func:`default_level` found none, in one line ("" when it found one, or no run has an eval)."""
+    finals, start, first = _levels(frames)
+    if not finals or default_level(frames) is not None:
+        return ""
+    return (
+        f"No reward level by default: no final eval is above {start}'s first eval ({first:.4g}), a level it "
+        "has from its start; type a level."
+    )
 
 
 def best_eval(frame: pd.DataFrame, key: str = EVAL_KEY) -> tuple[float, int, float] | None:

@@ -326,16 +326,16 @@ def _labelled(store: RunStore, ids: list[int]) -> tuple[dict[str, Any], dict[str
 
 
 def headline(store: RunStore, ids: list[int], r: float) -> str:
-    """One sentence over the showcase's runs (exact first): the reward level (the lower of the final evals),
-    each run's training seconds (eval excluded) to reach it, how much sooner the JAGG run gets there, and
-    its measured update-phase speedup over its paired exact run. "" when a run or an eval is missing."""
+    """One sentence over the showcase's runs (exact first): the reward level
+    (:func:`app.metrics.default_level`), each run's training seconds (eval excluded) to reach it, how much
+    sooner the JAGG run gets there, and its measured update-phase speedup over its paired exact run. "" when a run or an eval is missing."""
     from app import data, metrics
 
     frames, runs = _labelled(store, ids)
     found = metrics.default_level(frames) if len(frames) == 2 else None
     if found is None:
         return ""
-    level, _ = found
+    level, whose = found
     (exact_label, jagg_label) = sorted(
         frames, key=lambda label: runs[label]["config"].get("strategy") != "exact"
     )
@@ -352,7 +352,7 @@ def headline(store: RunStore, ids: list[int], r: float) -> str:
         else ""
     )
     return (
-        f"To reach eval reward **{level:.3f}** (the lower of the two final evals), {jagg_label} trains "
+        f"To reach eval reward **{level:.3f}** ({whose}), {jagg_label} trains "
         f"**{jagg_s:.0f} s** (step {jagg_step}) and {exact_label} **{exact_s:.0f} s** (step {exact_step})"
         f"{sooner}{speedup}."
     )

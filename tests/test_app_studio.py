@@ -197,6 +197,38 @@ def test_time_to_reach_counts_training_seconds_to_the_first_eval_at_the_level():
     assert metrics.not_reached(exact.drop(columns=["eval/reward/mean"])) == "not reached (no eval logged)"
 
 
+def test_the_default_level_is_one_no_run_has_at_its_first_eval_or_none_said_so():
+    """A run that ends below where both started (0.25 < 0.3) makes no default level: both would "reach" it at
+    step 0 (0 s, 0 %). The level is the lowest final eval above every run's first eval; none such is said."""
+
+    def run(evals: list[float]) -> pd.DataFrame:
+        return pd.DataFrame(
+            {"step": [0, 2, 4], "time/train_elapsed": [0.0, 20.0, 40.0], "eval/reward/mean": evals}
+        )
+
+    worse, better = run([0.3, 0.28, 0.25]), run([0.3, 0.5, 0.6])
+    frames = {"#1 exact": worse, "#2 jagg": better}
+    assert metrics.default_level(frames) == (
+        0.6,
+        "the lowest final eval above the runs' first evals, #2 jagg's",
+    )
+    table = metrics.reach_frame(frames, 0.6).set_index("run")
+    assert table.at["#2 jagg", "reaches at step"] == 4 and table.at[
+        "#1 exact", "training time to reach (s)"
+    ] == ("not reached")
+    assert metrics.no_default_level(frames) == ""
+    # the higher start counts: a jagg run that starts at 0.4 and ends at 0.35 leaves only the exact run's 0.6
+    assert metrics.default_level({"#1 exact": better, "#2 jagg": run([0.4, 0.5, 0.35])})[0] == 0.6
+    flat = {"#1 exact": worse, "#2 jagg": run([0.3, 0.32, 0.29])}
+    assert metrics.default_level(flat) is None
+    assert metrics.no_default_level(flat) == (
+        "No reward level by default: no final eval is above #1 exact's first eval (0.3), a level it has from "
+        "its start; type a level."
+    )
+    assert metrics.default_level({"#1 exact": better}) == (0.6, "#1 exact's final eval")
+    assert metrics.default_level({"#1 exact": worse}) is None  # one run that got worse: no level either
+
+
 def test_step_axes_tick_whole_steps_memory_starts_at_zero_and_the_probe_is_its_own_phase():
     frame = pd.DataFrame({"step": [1, 2, 3], "memory/rss_bytes": [2**30, 2**30, 2**30],
                           "time/sampling": [1.0] * 3, "time/reward": [0.1] * 3, "time/probe": [0.0, 30.0, 0.0]})  # fmt: skip
