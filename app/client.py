@@ -211,6 +211,7 @@ SCRIPT = r"""<style>.jagg-stale, .jagg-stale * { visibility: hidden !important; 
 (() => {
   const AXES = {"step": "step", "wall time": "wall", "relative time": "rel"};
   const TITLES = {"step": "step", "wall time": "wall time", "relative time": "relative time (s)"};
+  const LOG_NOTE = __LOG_NOTE__;  // app.metrics.LOG_NOTE
   const ema = (ys, w) => {  // app.metrics.ema: debiased, gaps skipped
     const out = new Array(ys.length).fill(null);
     let last = 0, n = 0;
@@ -274,6 +275,20 @@ SCRIPT = r"""<style>.jagg-stale, .jagg-stale * { visibility: hidden !important; 
           layout[key + ".type"] = logged ? "log" : "linear";
           layout[key + ".autorange"] = true;
         }
+      }
+      if (kind === "metrics") {  // app.metrics.log_note: a plot with no positive value to place says so
+        const plots = {};
+        gd.data.forEach((t) => {
+          const m = (t.meta || {}).jagg;
+          if (!m) return;
+          const ya = t.yaxis || "y", p = plots[ya] || (plots[ya] = {key: m.key, xa: t.xaxis || "x", positive: false});
+          if (m.y.some((v) => v !== null && v > 0)) p.positive = true;
+        });
+        const notes = logged ? Object.entries(plots).filter(([, p]) => !p.positive).map(([ya, p]) => ({
+          text: p.key + ": no positive values for a log axis; untick log scale", name: LOG_NOTE, showarrow: false,
+          x: 0.5, y: 0.5, xref: p.xa + " domain", yref: ya + " domain"})) : [];
+        const kept = (gd.layout.annotations || []).filter((a) => a.name !== LOG_NOTE);
+        if (notes.length || kept.length !== (gd.layout.annotations || []).length) layout.annotations = [...kept, ...notes];
       }
       if (kind === "metrics" && gd.layout.title) {
         const text = String(gd.layout.title.text || gd.layout.title).replace(/ \(EMA [^)]*\)$/, "");
@@ -560,7 +575,9 @@ SCRIPT = r"""<style>.jagg-stale, .jagg-stale * { visibility: hidden !important; 
 
 # The tabs' ids and labels (app.ui.build_layout), for the page's script.
 TAB_LABELS = {"new": "New run", "live": "Live", "compare": "Compare", "tryit": "Try it", "history": "History"}
-SCRIPT = SCRIPT.replace("__TAB_LABELS__", json.dumps(TAB_LABELS))
+SCRIPT = SCRIPT.replace("__TAB_LABELS__", json.dumps(TAB_LABELS)).replace(
+    "__LOG_NOTE__", json.dumps(metrics.LOG_NOTE)
+)
 
 
 # The step slider follows the newest step only while it sits on the last one the page was told of: decided

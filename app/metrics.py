@@ -97,6 +97,18 @@ def training_seconds(frame: pd.DataFrame) -> pd.Series:
     return frame["time/step"].fillna(0.0).cumsum()
 
 
+LOG_NOTE = "jagg-log-note"  # the name of a note "no positive values for a log axis" (the page's script's too)
+
+
+def log_note(key: str) -> str:
+    """The note in the plot of metric ``key`` on a log scale when it has no positive value to place."""
+    return f"{key}: no positive values for a log axis; untick log scale"
+
+
+def _any_positive(frames: Mapping[str, pd.DataFrame], key: str) -> bool:
+    return any(key in f.columns and (f[key].astype(float) > 0).any() for f in frames.values())
+
+
 def metrics_figure(
     frames: Mapping[str, pd.DataFrame],
     view: MetricView,
@@ -106,25 +118,17 @@ def metrics_figure(
     """``view.metrics`` of each run (label → metrics frame; ``runs``: label → run row, for the time axes), one
     stacked plot per metric sharing the x axis (trackio's one plot per key: a clip fraction and a gradient
     norm do not share a scale): the smoothed line bold, the raw values faint behind it (only when smoothed),
-    a colour per run. Trace names: ``<label> · <metric>`` and ``… (raw)``."""
+    a colour per run. Trace names: ``<label> · <metric>`` and ``… (raw)``. On a log scale, a metric with no
+    positive value keeps its plot, empty, with a note saying so (:func:`log_note`)."""
     from plotly.subplots import make_subplots
 
     keys = [k for k in view.metrics if any(k in f.columns and f[k].notna().any() for f in frames.values())]
     if not keys:
         wanted = ", ".join(view.metrics)
         return empty_figure(title, f"not logged: {wanted}" if view.metrics else "pick a metric")
-    if view.log_y:  # a log scale has no place for 0 or below: a metric without a positive value is said so
-        positive = [
-            k for k in keys if any(k in f.columns and (f[k].astype(float) > 0).any() for f in frames.values())
-        ]
-        if not positive:
-            return empty_figure(
-                title, f"log scale: no positive values of {', '.join(keys)}; untick log scale"
-            )
-        skipped = [k for k in keys if k not in positive]
-        keys = positive
-    else:
-        skipped = []
+    # A log scale has no place for 0 or below: a metric without a positive value keeps its (empty) plot, with
+    # a note in it saying so (the page, app.client.SCRIPT, writes the same notes when log scale is ticked).
+    unplaced = [k for k in keys if view.log_y and not _any_positive(frames, k)]
     fig = make_subplots(rows=len(keys), cols=1, shared_xaxes=True, vertical_spacing=0.08, subplot_titles=keys)
     for i, (label, frame) in enumerate(frames.items()):
         color = _COLORS[i % len(_COLORS)]
@@ -153,14 +157,18 @@ def metrics_figure(
                 ),
                 row=row, col=1,
             )  # fmt: skip
+    for row, key in enumerate(keys, start=1):
+        if key in unplaced:
+            fig.add_annotation(
+                text=log_note(key), name=LOG_NOTE, showarrow=False, x=0.5, y=0.5,
+                xref="x domain", yref="y domain", row=row, col=1,
+            )  # fmt: skip
     fig.update_yaxes(type="log" if view.log_y else "linear")
     # The x axis's own type in every mode: dates for wall time, numbers otherwise (never plotly's guess from
     # an empty subplot, which reads −1…6).
     fig.update_xaxes(type="date" if view.x == "wall time" else "linear")
     fig.update_xaxes(title_text=axis_title(view.x), row=len(keys), col=1)
     title += f" (EMA {view.smoothing:g})" if view.smoothing else ""
-    if skipped:
-        title += f" — log scale: no positive values of {', '.join(skipped)}"
     fig.update_layout(
         title=title,
         height=120 + 200 * len(keys), margin={"l": 60, "r": 20, "t": 70, "b": 40},

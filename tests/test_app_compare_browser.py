@@ -1,9 +1,10 @@
 """Compare in headless Chromium (`python launch.py` over a runs folder the test writes), where what the page
 computes itself must agree with the server: the default reward level (a level no run has at its first eval,
-or a line saying there is none).
+or a line saying there is none), and a log scale ticked on a metric with no positive value (a note in its
+plot, not an empty panel).
 
 Runs #3–#5: 4 steps each, an eval every 2 steps (#3 exact ends below where it started, #4 jagg improves, #5
-jagg ends below its start too), loss/kl 0 at every step (β = 0). The shipped showcase is runs #1–#2.
+jagg ends below its start too), loss/clipfrac 0 at every step (nothing clipped). The shipped showcase is runs #1–#2.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from browser import chromium
-from test_app_views_browser import PLOT, _reach_rows, _server_reach, _set_text, timed_text
+from test_app_views_browser import PLOT, _reach_rows, _server_reach, _set_text, timed, timed_text
 
 from app import showcase
 from jagg_engine.store import open_store
@@ -39,7 +40,7 @@ def _fill(root: Path) -> None:
             for step in range(5):
                 row = {"time/unix": t0 + 5.0 * step}
                 if step:
-                    row |= {"reward/mean": 0.1 * step, "loss/kl": 0.0, "grad/norm": 1.0 / step, "time/step": 4.0,
+                    row |= {"reward/mean": 0.1 * step, "loss/clipfrac": 0.0, "grad/norm": 1.0 / step, "time/step": 4.0,
                             "time/train_elapsed": 4.0 * step}  # fmt: skip
                 if step % 2 == 0:
                     row["eval/reward/mean"] = evals[step // 2]
@@ -61,9 +62,11 @@ def app(tmp_path_factory):
     live.stop()
 
 
-def _drawn(driver, plot_id: str = "compare-plot") -> bool:
-    """The plot is drawn with the series the page recomputes it from."""
-    return ((driver.execute_script(PLOT, plot_id) or {}).get("meta") or 0) > 0
+def _drawn(driver, plot_id: str = "compare-plot", run: str = "#3 exact") -> bool:
+    """The plot is drawn for the link's runs (not the showcase the page opens on) with the series the page
+    recomputes it from."""
+    plot = driver.execute_script(PLOT, plot_id) or {}
+    return (plot.get("meta") or 0) > 0 and any(n.startswith(run + " · ") for n in plot.get("names") or [])
 
 
 def _message(driver) -> str:
@@ -104,5 +107,54 @@ def test_the_default_reward_level_is_one_no_run_has_at_its_first_eval_in_the_pag
         assert timed_text(driver, _set_text("compare-level", "0.29"), "(the level asked)") >= 0
         assert timed_text(driver, _set_text("compare-level", ""), none) >= 0  # the page's
         assert _reach_rows(driver) == []
+    finally:
+        driver.quit()
+
+
+NOTE = "loss/clipfrac: no positive values for a log axis; untick log scale"
+# The log-scale notes of the plot (text and the axis they sit on) and the text plotly drew for them.
+NOTES = """
+const g = document.querySelector('#compare-metrics .js-plotly-plot');
+return {notes: (g.layout.annotations || []).filter(a => a.name === 'jagg-log-note').map(a => [a.text, a.yref]),
+        drawn: [...g.querySelectorAll('.annotation-text')].map(t => t.textContent)};
+"""
+LOG_CLICK = "document.querySelector('#compare-log-scale input').click();"
+
+
+def test_log_scale_on_an_all_zero_metric_says_so_in_its_plot_and_unticking_draws_it_again(app):
+    """loss/clipfrac (a default metric) is 0 at every step: log scale ticked in the page leaves its plot with a
+    note saying it has no positive values for a log axis (grad/norm's plot none); unticked, the note goes and
+    its zeros are drawn. A link with log=1 opens on the server's note, and unticking draws the zeros too."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = chromium("1400,2400")
+    try:
+        wait = WebDriverWait(driver, 120, poll_frequency=0.2)
+        driver.get(app.url + "?tab=compare&runs=3,4")
+        wait.until(lambda d: _drawn(d, "compare-metrics"))
+        assert driver.execute_script(NOTES)["notes"] == []
+        logged = "g._fullLayout.yaxis.type === 'log' && (g.layout.annotations || []).some(a => a.name === 'jagg-log-note')"
+        assert timed(driver, LOG_CLICK, "compare-metrics", logged) >= 0
+        shown = driver.execute_script(NOTES)
+        assert shown["notes"] == [[NOTE, "y domain"]]  # in loss/clipfrac's plot (the first), only there
+        assert NOTE in shown["drawn"], shown["drawn"]
+        plot = driver.execute_script(PLOT, "compare-metrics")
+        assert all(ys == [] for n, ys in zip(plot["names"], plot["ys"]) if "loss/clipfrac" in n)
+        assert any(ys for n, ys in zip(plot["names"], plot["ys"]) if "grad/norm" in n), plot
+        linear = "g._fullLayout.yaxis.type === 'linear' && !(g.layout.annotations || []).some(a => a.name === 'jagg-log-note')"
+        assert timed(driver, LOG_CLICK, "compare-metrics", linear) >= 0
+        plot = driver.execute_script(PLOT, "compare-metrics")
+        zeros = [ys for n, ys in zip(plot["names"], plot["ys"]) if n == "#3 exact · loss/clipfrac"]
+        assert zeros == [[0.0, 0.0, 0.0, 0.0]], zeros
+        assert NOTE not in driver.execute_script(NOTES)["drawn"]
+
+        driver.get(app.url + "?tab=compare&runs=3,4&log=1")
+        wait.until(lambda d: _drawn(d, "compare-metrics") and d.execute_script(NOTES)["notes"])
+        assert driver.execute_script(NOTES)["notes"] == [[NOTE, "y domain"]]  # the server's
+        assert timed(driver, LOG_CLICK, "compare-metrics", linear) >= 0
+        plot = driver.execute_script(PLOT, "compare-metrics")
+        assert [ys for n, ys in zip(plot["names"], plot["ys"]) if n == "#4 jagg · loss/clipfrac"] == [
+            [0.0] * 4
+        ]
     finally:
         driver.quit()

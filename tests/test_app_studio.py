@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from app import data, form, metrics, panels, ui
+from app import client, data, form, metrics, panels, ui
 from app.report import _runs_section
 from jagg_engine.store import open_store
 from jagg_engine.train.config import ConfigError, TrainConfig
@@ -138,7 +138,7 @@ def test_metrics_figure_smooths_over_a_faint_raw_curve_on_log_or_time_axes():
     assert metrics.metric_keys([frame]) == ["grad/norm", "loss/clipfrac", "time/step"]
 
 
-def test_log_scale_says_when_a_metric_has_no_positive_values_and_axes_keep_their_type():
+def test_log_scale_notes_a_metric_with_no_positive_values_in_its_plot_and_axes_keep_their_type():
     frame = pd.DataFrame(
         {
             "step": [1, 2, 3],
@@ -148,23 +148,31 @@ def test_log_scale_says_when_a_metric_has_no_positive_values_and_axes_keep_their
         }
     )
     run = {"started_at": 95.0}
+    note = "loss/kl: no positive values for a log axis; untick log scale"
+
+    def notes(fig) -> list[tuple[str, str]]:  # (text, the plot it sits in) of each log-scale note
+        return [(a.text, a.yref) for a in fig.layout.annotations if a.name == metrics.LOG_NOTE]
+
     for x in metrics.X_AXES:
         alone = metrics.metrics_figure(
             {"#1": frame}, metrics.MetricView(("loss/kl",), 0.0, True, x), runs={"#1": run}
         )
-        assert (
-            not alone.data and "log scale: no positive values of loss/kl" in alone.layout.annotations[0].text
-        )
+        # its plot, empty, says why; its trace keeps the series the page redraws it from when log is unticked
+        assert [t.name for t in alone.data] == ["#1 · loss/kl"] and list(alone.data[0].y) == []
+        assert notes(alone) == [(note, "y domain")]
+        attached = client.attach(alone, {"#1": frame}, {"#1": run})
+        assert attached.data[0].meta[client.META_KEY]["y"] == [0.0, 0.0, 0.0]
         both = metrics.metrics_figure(
             {"#1": frame}, metrics.MetricView(("loss/kl", "grad/norm"), 0.0, True, x), runs={"#1": run}
         )
-        assert [t.name for t in both.data] == ["#1 · grad/norm"]  # no empty plot for loss/kl
-        assert both.layout.title.text.endswith("log scale: no positive values of loss/kl")
+        assert [t.name for t in both.data] == ["#1 · loss/kl", "#1 · grad/norm"]
+        assert notes(both) == [(note, "y domain")]  # in loss/kl's plot (the first), not grad/norm's
+        assert list(both.data[1].y) == [4.0, 1.0, 2.0] and both.layout.title.text == "Metrics"
         assert both.layout.xaxis.type == ("date" if x == "wall time" else "linear")  # never −1…6 numbers
         linear = metrics.metrics_figure(
             {"#1": frame}, metrics.MetricView(("loss/kl",), 0.0, False, x), runs={"#1": run}
         )
-        assert list(linear.data[0].y) == [0.0, 0.0, 0.0]
+        assert list(linear.data[0].y) == [0.0, 0.0, 0.0] and notes(linear) == []
         assert linear.layout.xaxis.type == ("date" if x == "wall time" else "linear")
         reward = data.reward_figure({"#1": frame.assign(**{"reward/mean": 0.0})}, x=x, runs={"#1": run})
         assert reward.layout.xaxis.type == ("date" if x == "wall time" else "linear")
