@@ -2,10 +2,10 @@
 
 The server draws each Live and Compare plot once (and again when a run logs new steps); :func:`attach` puts,
 in each trace's ``meta``, the series it was drawn from: the run's label, the trace's role, its values and
-the three x axes of its points (step, wall time as Unix milliseconds, seconds since the run started). The
-page's script (:data:`SCRIPT`, in the page's head) recomputes a trace from that series with plotly's own
-``Plotly.update`` when a control moves: no server round trip, the other components untouched. The same
-EMA as :func:`app.metrics.ema` (debiased, TensorBoard's) is computed there.
+the four x axes of its points (step, wall time as Unix milliseconds, seconds since the run started, training
+seconds with evals excluded). The page's script (:data:`SCRIPT`, in the page's head) recomputes a trace from
+that series with plotly's own ``Plotly.update`` when a control moves: no server round trip, the other
+components untouched. The same EMA as :func:`app.metrics.ema` (debiased, TensorBoard's) is computed there.
 
 Compare's reward level is applied in the page too (:data:`REACH_JS`): the time-to-reach sentence and table are
 computed from the eval traces' series (each point's training seconds are in the meta as ``train``), the same
@@ -42,8 +42,9 @@ def _numbers(values: pd.Series) -> list[float | None]:
 
 
 def axes_of(frame: pd.DataFrame, run: Mapping[str, Any] | None) -> dict[str, list[float | None]]:
-    """Each row's x on the three axes: ``step``, ``wall`` (Unix ms, what a plotly date axis takes) and
-    ``rel`` (seconds since the run started), as :func:`app.metrics.x_values` computes them."""
+    """Each row's x on three of the axes: ``step``, ``wall`` (Unix ms, what a plotly date axis takes) and
+    ``rel`` (seconds since the run started), as :func:`app.metrics.x_values` computes them (the fourth,
+    training seconds, adds up over the whole history: :func:`training_meta`)."""
     wall = metrics.x_values(frame, run, "wall time")
     if pd.api.types.is_datetime64_any_dtype(wall):  # any resolution (pandas may keep seconds)
         epoch = pd.Timestamp(0, tz="UTC") if wall.dt.tz is not None else pd.Timestamp(0)
@@ -77,15 +78,19 @@ def series_meta(
     values: pd.Series | None = None,
 ) -> dict[str, Any]:
     """The ``meta`` of a trace drawn from column ``key`` of ``frame`` (``values``: what it draws instead, on
-    the same rows, e.g. a trailing mean): the rows that logged ``key``, their values and their three x."""
+    the same rows, e.g. a trailing mean): the rows that logged ``key``, their values and their four x (the
+    training seconds, ``train``, from the whole history: they add up over every step); an eval trace's also
+    the run's total training seconds (``train_total``, the time to reach's share)."""
     if role not in ROLES:
         raise ValueError(f"role: must be one of {', '.join(ROLES)}, got {role!r}")
     keep = frame[key].notna() if key in frame.columns else pd.Series(False, index=frame.index)
     rows = frame[keep]
     axes = axes_of(rows, run)
     y = (values if values is not None else frame[key])[keep] if len(rows) else pd.Series([], dtype=float)
-    extra = training_meta(frame, rows.index) if key == metrics.EVAL_KEY else {}
-    return {META_KEY: {"run": label, "key": key, "role": role, "y": _numbers(y), **axes, **extra}}
+    train = training_meta(frame, rows.index)
+    if key != metrics.EVAL_KEY:
+        del train["train_total"]
+    return {META_KEY: {"run": label, "key": key, "role": role, "y": _numbers(y), **axes, **train}}
 
 
 def _split(name: str, labels: list[str]) -> tuple[str, str] | None:
@@ -209,8 +214,8 @@ def view_from_query(params: Mapping[str, str]) -> dict[str, Any]:
 # as they are), shown (null: every run; else the run labels to show).
 SCRIPT = r"""<style>.jagg-stale, .jagg-stale * { visibility: hidden !important; }</style><script>
 (() => {
-  const AXES = {"step": "step", "wall time": "wall", "relative time": "rel"};
-  const TITLES = {"step": "step", "wall time": "wall time", "relative time": "relative time (s)"};
+  const AXES = {"step": "step", "wall time": "wall", "relative time": "rel", "training time": "train"};
+  const TITLES = __AXIS_TITLES__;  // app.metrics.AXIS_TITLES
   const LOG_NOTE = __LOG_NOTE__;  // app.metrics.LOG_NOTE
   const ema = (ys, w) => {  // app.metrics.ema: debiased, gaps skipped
     const out = new Array(ys.length).fill(null);
@@ -575,8 +580,10 @@ SCRIPT = r"""<style>.jagg-stale, .jagg-stale * { visibility: hidden !important; 
 
 # The tabs' ids and labels (app.ui.build_layout), for the page's script.
 TAB_LABELS = {"new": "New run", "live": "Live", "compare": "Compare", "tryit": "Try it", "history": "History"}
-SCRIPT = SCRIPT.replace("__TAB_LABELS__", json.dumps(TAB_LABELS)).replace(
-    "__LOG_NOTE__", json.dumps(metrics.LOG_NOTE)
+SCRIPT = (
+    SCRIPT.replace("__TAB_LABELS__", json.dumps(TAB_LABELS))
+    .replace("__LOG_NOTE__", json.dumps(metrics.LOG_NOTE))
+    .replace("__AXIS_TITLES__", json.dumps(metrics.AXIS_TITLES))
 )
 
 

@@ -82,7 +82,9 @@ def confirm_row(prefix: str) -> SimpleNamespace:
     return SimpleNamespace(question=question, row=row, yes=yes, no=no, pending=gr.State(None))
 
 
-SHOWCASE_X = "relative time"  # the showcase opens on each run's seconds: the time JAGG saves shows first
+# The showcase opens on each run's training seconds (evals excluded): the time JAGG saves shows first, on the
+# clock of the sentence above the curves (showcase.headline).
+SHOWCASE_X = showcase.SHOWCASE_X
 
 
 def metric_controls(prefix: str, x_only: bool = False, x: str = "step") -> SimpleNamespace:
@@ -249,8 +251,8 @@ def compare_tab(
             )
             if headline:
                 gr.Markdown(headline, elem_id="showcase-headline")
-            # Drawn without plotly, against each run's seconds, so that the curves and the time saved are
-            # there at the first paint; Compare draws the interactive plot below (on the same time axis).
+            # Drawn without plotly, against each run's training seconds, so that the curves and the time saved
+            # are there at the first paint; Compare draws the interactive plot below (on the same time axis).
             gr.HTML(showcase.curves_over_time(store, list(showcase_ids)), elem_id="showcase-curves")
     with gr.Row():
         compare_runs = gr.Dropdown(

@@ -1,10 +1,11 @@
-"""The metrics view: any logged metric against step, wall time or relative time, smoothed, on a linear or log
-scale; and the time at which a run first reaches a reward level. Pure functions (metrics frame → figure or
-table), no gradio: the Live and Compare tabs and tests call them.
+"""The metrics view: any logged metric against step, wall time, relative time or training time (evals
+excluded), smoothed, on a linear or log scale; and the time at which a run first reaches a reward level. Pure
+functions (metrics frame → figure or table), no gradio: the Live and Compare tabs and tests call them.
 
 Conventions follow the trackers practitioners know: one line per run and metric, an exponential moving
 average with the raw curve faint behind it, x = Step | Wall time | Relative time (wandb's x-axis choices;
-trackio draws one plot per logged metric key, so a new key needs no UI code).
+trackio draws one plot per logged metric key, so a new key needs no UI code), and Training time: the clock
+of the time to reach a reward level, evals left out.
 """
 
 from __future__ import annotations
@@ -19,14 +20,16 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from jagg_engine.report.axes import (  # noqa: F401 (the app's names for them)
+    AXIS_TITLES,
     WALL_KEY,
     axis_title,
     empty_figure,
     integer_step_ticks,
+    training_seconds,
     x_values,
 )
 
-X_AXES = ("step", "wall time", "relative time")
+X_AXES = ("step", "wall time", "relative time", "training time")
 DEFAULT_METRICS = ("loss/clipfrac", "grad/norm")
 _COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 _DASHES = ("solid", "dash", "dot", "dashdot")
@@ -82,19 +85,6 @@ def ema(values: Sequence[float], smoothing: float) -> np.ndarray:
         last = smoothing * last + (1.0 - smoothing) * float(v)
         out[i] = last / (1.0 - smoothing**n) if smoothing > 0 else float(v)
     return out
-
-
-def training_seconds(frame: pd.DataFrame) -> pd.Series:
-    """Seconds of training up to and including each step, eval excluded: the trainer's
-    ``time/train_elapsed`` (the clock `jagg race` reads; 0 at step 0), or for a history logged before it the
-    running sum of ``time/step`` (sampling + reward + update). NaN where nothing is logged."""
-    if "time/train_elapsed" in frame.columns and frame["time/train_elapsed"].notna().any():
-        seconds = frame["time/train_elapsed"].astype(float).copy()
-        seconds[frame["step"] == 0] = 0.0
-        return seconds
-    if "time/step" not in frame.columns:
-        return pd.Series(np.nan, index=frame.index)
-    return frame["time/step"].fillna(0.0).cumsum()
 
 
 LOG_NOTE = "jagg-log-note"  # the name of a note "no positive values for a log axis" (the page's script's too)

@@ -85,7 +85,9 @@ def test_ema_is_debiased_and_zero_smoothing_is_the_raw_curve():
 def test_bad_view_controls_are_one_line_naming_the_control():
     with pytest.raises(ValueError, match=r"smoothing: must be a number from 0 to below 1, got 1\.0"):
         metrics.check_view(["grad/norm"], 1.0, False, "step")
-    with pytest.raises(ValueError, match="x axis: must be one of step, wall time, relative time, got 'time'"):
+    with pytest.raises(
+        ValueError, match="x axis: must be one of step, wall time, relative time, training time, got 'time'"
+    ):
         metrics.check_view(["grad/norm"], 0.5, False, "time")
     with pytest.raises(ValueError, match="metrics: must be a list of logged metric names"):
         metrics.check_view([3], 0.5, False, "step")
@@ -145,6 +147,7 @@ def test_log_scale_notes_a_metric_with_no_positive_values_in_its_plot_and_axes_k
             "loss/kl": [0.0, 0.0, 0.0],  # an all-zero metric (beta = 0)
             "grad/norm": [4.0, 1.0, 2.0],
             "time/unix": [110.0, 120.0, 135.0],
+            "time/step": [8.0, 8.0, 8.0],  # the training time axis
         }
     )
     run = {"started_at": 95.0}

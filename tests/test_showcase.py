@@ -274,3 +274,34 @@ def test_try_it_opens_on_the_finished_run_trained_longest_not_the_newest_test_ru
     longer = run_with_checkpoint("real", shipped[0] + 10, "finished")
     assert h.default_run() == longer and h.initial()[1:] == (longer, [shipped[0] + 10])
     store.close()
+
+
+def test_the_showcase_sentence_and_its_curves_are_on_one_clock_training_seconds_evals_excluded(tmp_path):
+    """The first screen's sentence gives each run's training seconds (evals excluded) to reach the level; the
+    static curves under it and the Compare plot it opens on have those seconds on their x axis, at the step
+    the sentence names (not each run's seconds since it started, which count its evals too)."""
+    from app import layout, metrics
+
+    with open_store(tmp_path) as store:
+        ids = showcase.install(store, tmp_path)
+        sentence = showcase.headline(store, ids, 1.8)
+        svg = showcase.curves_over_time(store, ids)
+        runs = {f"#{i} {store.get_run(i)['config']['strategy']}": store.get_run(i) for i in ids}
+        frames = {label: store.metrics_frame(run["id"]) for label, run in runs.items()}
+    assert layout.SHOWCASE_X == "training time" and "evals excluded" in sentence, sentence
+    fig = data.reward_figure(frames, x=layout.SHOWCASE_X, runs=runs)
+    title = "training time (s, evals excluded)"
+    assert fig.layout.xaxis.title.text == title and f">{title}</text>" in svg
+    for label, frame in frames.items():
+        found = re.search(rf"{re.escape(label)}(?: trains)? \*\*(\d+) s\*\* \(step (\d+)\)", sentence)
+        assert found, (label, sentence)
+        seconds, step = int(found.group(1)), int(found.group(2))
+        evals = frame.dropna(subset=["eval/reward/mean"])
+        trace = next(t for t in fig.data if t.name == f"{label} · eval")
+        at = list(evals["step"]).index(step)
+        assert round(trace.x[at]) == seconds, (label, trace.x[at], seconds)  # the curve's x at that step
+        wall = metrics.x_values(frame, runs[label], "relative time")[evals.index[at]]
+        assert wall - seconds > 10  # the relative-time axis would put that eval elsewhere (its evals)
+    ticks = [float(t) for t in re.findall(r'text-anchor="middle">([\d.]+)</text>', svg)]
+    last = max(float(metrics.training_seconds(f).iloc[-1]) for f in frames.values())
+    assert max(ticks) == float(f"{last:.4g}")  # the static curves end at the longest run's training seconds
