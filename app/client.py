@@ -2,10 +2,10 @@
 
 The server draws each Live and Compare plot once (and again when a run logs new steps); :func:`attach` puts,
 in each trace's ``meta``, the series it was drawn from: the run's label, the trace's role, its values and
-the three x axes of its points (step, wall time as Unix milliseconds, seconds since the run started). The
-page's script (:data:`SCRIPT`, in the page's head) recomputes a trace from that series with plotly's own
-``Plotly.update`` when a control moves: no server round trip, the other components untouched. The same
-EMA as :func:`app.metrics.ema` (debiased, TensorBoard's) is computed there.
+the four x axes of its points (step, wall time as Unix milliseconds, seconds since the run started, training
+seconds with evals excluded). The page's script (:data:`SCRIPT`, in the page's head) recomputes a trace from
+that series with plotly's own ``Plotly.update`` when a control moves: no server round trip, the other
+components untouched. The same EMA as :func:`app.metrics.ema` (debiased, TensorBoard's) is computed there.
 
 Compare's reward level is applied in the page too (:data:`REACH_JS`): the time-to-reach sentence and table are
 computed from the eval traces' series (each point's training seconds are in the meta as ``train``), the same
@@ -42,8 +42,9 @@ def _numbers(values: pd.Series) -> list[float | None]:
 
 
 def axes_of(frame: pd.DataFrame, run: Mapping[str, Any] | None) -> dict[str, list[float | None]]:
-    """Each row's x on the three axes: ``step``, ``wall`` (Unix ms, what a plotly date axis takes) and
-    ``rel`` (seconds since the run started), as :func:`app.metrics.x_values` computes them."""
+    """Each row's x on three of the axes: ``step``, ``wall`` (Unix ms, what a plotly date axis takes) and
+    ``rel`` (seconds since the run started), as :func:`app.metrics.x_values` computes them (the fourth,
+    training seconds, adds up over the whole history: :func:`training_meta`)."""
     wall = metrics.x_values(frame, run, "wall time")
     if pd.api.types.is_datetime64_any_dtype(wall):  # any resolution (pandas may keep seconds)
         epoch = pd.Timestamp(0, tz="UTC") if wall.dt.tz is not None else pd.Timestamp(0)
@@ -77,15 +78,19 @@ def series_meta(
     values: pd.Series | None = None,
 ) -> dict[str, Any]:
     """The ``meta`` of a trace drawn from column ``key`` of ``frame`` (``values``: what it draws instead, on
-    the same rows, e.g. a trailing mean): the rows that logged ``key``, their values and their three x."""
+    the same rows, e.g. a trailing mean): the rows that logged ``key``, their values and their four x (the
+    training seconds, ``train``, from the whole history: they add up over every step); an eval trace's also
+    the run's total training seconds (``train_total``, the time to reach's share)."""
     if role not in ROLES:
         raise ValueError(f"role: must be one of {', '.join(ROLES)}, got {role!r}")
     keep = frame[key].notna() if key in frame.columns else pd.Series(False, index=frame.index)
     rows = frame[keep]
     axes = axes_of(rows, run)
     y = (values if values is not None else frame[key])[keep] if len(rows) else pd.Series([], dtype=float)
-    extra = training_meta(frame, rows.index) if key == metrics.EVAL_KEY else {}
-    return {META_KEY: {"run": label, "key": key, "role": role, "y": _numbers(y), **axes, **extra}}
+    train = training_meta(frame, rows.index)
+    if key != metrics.EVAL_KEY:
+        del train["train_total"]
+    return {META_KEY: {"run": label, "key": key, "role": role, "y": _numbers(y), **axes, **train}}
 
 
 def _split(name: str, labels: list[str]) -> tuple[str, str] | None:
@@ -209,8 +214,9 @@ def view_from_query(params: Mapping[str, str]) -> dict[str, Any]:
 # as they are), shown (null: every run; else the run labels to show).
 SCRIPT = r"""<style>.jagg-stale, .jagg-stale * { visibility: hidden !important; }</style><script>
 (() => {
-  const AXES = {"step": "step", "wall time": "wall", "relative time": "rel"};
-  const TITLES = {"step": "step", "wall time": "wall time", "relative time": "relative time (s)"};
+  const AXES = {"step": "step", "wall time": "wall", "relative time": "rel", "training time": "train"};
+  const TITLES = __AXIS_TITLES__;  // app.metrics.AXIS_TITLES
+  const LOG_NOTE = __LOG_NOTE__;  // app.metrics.LOG_NOTE
   const ema = (ys, w) => {  // app.metrics.ema: debiased, gaps skipped
     const out = new Array(ys.length).fill(null);
     let last = 0, n = 0;
@@ -274,6 +280,20 @@ SCRIPT = r"""<style>.jagg-stale, .jagg-stale * { visibility: hidden !important; 
           layout[key + ".type"] = logged ? "log" : "linear";
           layout[key + ".autorange"] = true;
         }
+      }
+      if (kind === "metrics") {  // app.metrics.log_note: a plot with no positive value to place says so
+        const plots = {};
+        gd.data.forEach((t) => {
+          const m = (t.meta || {}).jagg;
+          if (!m) return;
+          const ya = t.yaxis || "y", p = plots[ya] || (plots[ya] = {key: m.key, xa: t.xaxis || "x", positive: false});
+          if (m.y.some((v) => v !== null && v > 0)) p.positive = true;
+        });
+        const notes = logged ? Object.entries(plots).filter(([, p]) => !p.positive).map(([ya, p]) => ({
+          text: p.key + ": no positive values for a log axis; untick log scale", name: LOG_NOTE, showarrow: false,
+          x: 0.5, y: 0.5, xref: p.xa + " domain", yref: ya + " domain"})) : [];
+        const kept = (gd.layout.annotations || []).filter((a) => a.name !== LOG_NOTE);
+        if (notes.length || kept.length !== (gd.layout.annotations || []).length) layout.annotations = [...kept, ...notes];
       }
       if (kind === "metrics" && gd.layout.title) {
         const text = String(gd.layout.title.text || gd.layout.title).replace(/ \(EMA [^)]*\)$/, "");
@@ -410,6 +430,7 @@ SCRIPT = r"""<style>.jagg-stale, .jagg-stale * { visibility: hidden !important; 
   const g4 = (v) => String(parseFloat(Number(v).toPrecision(4)));  // Python's :.4g for these magnitudes
   const fixed = (v, n) => Number(Number(v).toFixed(n));  // Python's round(v, n)
   const lastOf = (ys) => { for (let i = ys.length - 1; i >= 0; i--) if (ys[i] !== null) return ys[i]; return null; };
+  const firstOf = (ys) => { for (const y of ys) if (y !== null) return y; return null; };
   const mdMessage = (text) => String(text).replace(/([\\`])/g, "\\$1").replace(/<(?=[A-Za-z\/!?])/g, "\\<")
     .replace(/\](?=[(\[:])/g, "\\]").split("://").join(":\\/\\/").split("www.").join("www\\.")
     .split("@").join("\\@");  // app.text.md_message
@@ -425,13 +446,25 @@ SCRIPT = r"""<style>.jagg-stale, .jagg-stale * { visibility: hidden !important; 
     if (!evals.length) return [message, table];
     const text = level === null || level === undefined ? "" : String(level);
     let wanted, whose;
-    if (!text.trim()) {
-      const finals = evals.map((m) => [m.run, lastOf(m.y)]).filter(([, v]) => v !== null);
-      if (!finals.length) return ["", {headers: HEADERS, data: [], metadata: null}];
-      let [label, low] = finals[0];
-      for (const [l, v] of finals) if (v < low) [label, low] = [l, v];
+    if (!text.trim()) {  // app.metrics.default_level: the lowest final eval above every run's first eval
+      const none = {headers: HEADERS, data: [], metadata: null};
+      const withEval = evals.filter((m) => lastOf(m.y) !== null);
+      if (!withEval.length) return ["", none];
+      let start = null, first = null;
+      for (const m of withEval) {
+        const v = firstOf(m.y);
+        if (first === null || v > first) [start, first] = [m.run, v];
+      }
+      const above = withEval.map((m) => [m.run, lastOf(m.y)]).filter(([, v]) => v > first);
+      if (!above.length)
+        return ["No reward level by default: no final eval is above " + start + "'s first eval (" + g4(first) +
+                "), a level it has from its start; type a level.", none];
+      let [label, low] = above[0];
+      for (const [l, v] of above) if (v < low) [label, low] = [l, v];
       wanted = low;
-      whose = finals.length === 1 ? label + "'s final eval" : "the lower of the final evals, " + label + "'s";
+      whose = withEval.length === 1 ? label + "'s final eval"
+        : above.length === withEval.length ? "the lower of the final evals, " + label + "'s"
+        : "the lowest final eval above the runs' first evals, " + label + "'s";
     } else if (NUMBER.test(text) && Number.isFinite(Number(text))) {
       wanted = Number(text);
       whose = "the level asked";
@@ -547,7 +580,11 @@ SCRIPT = r"""<style>.jagg-stale, .jagg-stale * { visibility: hidden !important; 
 
 # The tabs' ids and labels (app.ui.build_layout), for the page's script.
 TAB_LABELS = {"new": "New run", "live": "Live", "compare": "Compare", "tryit": "Try it", "history": "History"}
-SCRIPT = SCRIPT.replace("__TAB_LABELS__", json.dumps(TAB_LABELS))
+SCRIPT = (
+    SCRIPT.replace("__TAB_LABELS__", json.dumps(TAB_LABELS))
+    .replace("__LOG_NOTE__", json.dumps(metrics.LOG_NOTE))
+    .replace("__AXIS_TITLES__", json.dumps(metrics.AXIS_TITLES))
+)
 
 
 # The step slider follows the newest step only while it sits on the last one the page was told of: decided

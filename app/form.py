@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,44 @@ FORM_FIELDS = ("name", "backbone", "model_path", "rewards", "algorithm", "window
                "jagg_until_step", "strategy", "steps", "group_size", "lr", "seed", "processes", "overrides")  # fmt: skip
 # The form's box for jagg_until_step shows 0 for "no switch" (a number box cannot stay empty), the config null.
 NO_SWITCH = 0
+
+
+# The New run form's boxes whose label (app.layout.new_run_tab) starts with other words than the config key they
+# set: a refusal of the form names the box (:func:`form_message`). Every other box is labelled by its key.
+FORM_LABELS = {
+    "model_path": "model path",
+    "window": "W (window)",
+    "jagg_until_step": "JAGG until step",
+    "group_size": "group size",
+    "overrides": "more settings",
+}
+
+
+def form_name(key: str) -> str:
+    """Config key ``key`` as the New run form names it: its box's label with the key in parentheses
+    (``group size (group_size)``), the label alone where it shows the key (``W (window)``) or is the box of
+    every other setting (``more settings``), the key itself where the box is labelled so (``steps``)."""
+    label = FORM_LABELS.get(key)
+    if label is None:
+        return key
+    return label if key in label or key == "overrides" else f"{label} ({key})"
+
+
+def form_message(message: Any) -> str:
+    """A refusal of the New run form in the form's words: a leading config key named as the form names it
+    (:func:`form_name`: ``group size (group_size): must be an integer >= 2, got 1``), a line about the text of
+    the more-settings box (an unknown field, an override that is not ``name=value``) headed by that box's
+    label. A pair's ``the pair's exact run:`` stays in front; anything else is as it was."""
+    text = str(message)
+    pair = re.match(r"the pair's \w+ run: ", text)
+    head = pair.group(0) if pair else ""
+    text = text[len(head) :]
+    if text.startswith(("unknown field ", "override ")):
+        return f"{head}{FORM_LABELS['overrides']}: {text}"
+    key, sep, rest = text.partition(": ")
+    if sep and key in FORM_LABELS:
+        return f"{head}{form_name(key)}: {rest}"
+    return head + text
 
 
 def has_gpu() -> bool:

@@ -22,6 +22,7 @@ from app.form import (
     FORM_FIELDS,
     config_form_values,
     form_config,
+    form_message,
     match_run,
     pair_configs,
     parse_ratio,
@@ -208,7 +209,9 @@ class NewRunHandlers(_Part):
         try:
             cfg = self.checked_config(form, sess, 1)
             run_id = self.manager.create(cfg.to_dict())
-        except (ConfigError, SpaceError, StoreError) as exc:
+        except ConfigError as exc:  # in the form's words: the box to change
+            return f"**Not launched.** {md_message(form_message(exc))}", None, gr.skip()
+        except (SpaceError, StoreError) as exc:
             return f"**Not launched.** {md_message(exc)}", None, gr.skip()
         self.guard.record(sess, [run_id])
         started = self.app.queue_tick()
@@ -221,7 +224,9 @@ class NewRunHandlers(_Part):
             cfg = self.checked_config(form, sess, 2)
             pair_configs(cfg)  # both runs' configs, before either is queued
             exact_id, jagg_id = self.manager.create_pair(cfg.to_dict())
-        except (ConfigError, SpaceError, StoreError) as exc:
+        except ConfigError as exc:
+            return f"**Not launched.** {md_message(form_message(exc))}", None, gr.skip()
+        except (SpaceError, StoreError) as exc:
             return f"**Not launched.** {md_message(exc)}", None, gr.skip()
         self.guard.record(sess, [exact_id, jagg_id])
         self.app.queue_tick()
@@ -527,9 +532,10 @@ class HistoryHandlers(_Part):
         at: Any = None,
     ) -> tuple[Any, ...]:
         """Only the picked runs: (one-line message, the showcase box shown only for the showcase's own runs,
-        reward curves over ``x``, the metrics view, time to reach ``level`` (empty: the lower of the
-        runs' final evals, a level every run reaches), summary, config diff, images at each run's own first and last eval (and at step ``at``), the
-        gallery's columns). An id that names no run is one line; the valid runs stay."""
+        reward curves over ``x``, the metrics view, time to reach ``level`` (empty:
+        :func:`app.metrics.default_level`, the lowest final eval above the runs' first evals), summary, config
+        diff, images at each run's own first and last eval (and at step ``at``), the gallery's columns). An id
+        that names no run is one line; the valid runs stay."""
         empty = (gr.update(visible=False), gr.update(visible=False), pd.DataFrame(), pd.DataFrame(),
                  pd.DataFrame(), gr.update(value=[]), gr.skip())  # fmt: skip
         ids, bad = self._picked(run_ids)
@@ -612,11 +618,11 @@ class HistoryHandlers(_Part):
         strategies = {label: run["config"].get("strategy") for label, run in by_label.items()}
         if wanted is None:
             found = metrics.default_level(frames, strategies)
-            wanted, whose = found if found else (None, "")
+            if found is None:  # no eval, or no final eval above the first evals: said so, no row
+                return metrics.no_default_level(frames), metrics.reach_frame({}, 0.0)
+            wanted, whose = found
         else:
             whose = "the level asked"
-        if wanted is None:
-            return "", pd.DataFrame()
         return f"Time to reach eval reward {wanted:.4g} ({whose}).", metrics.reach_frame(frames, wanted)
 
     def _picked_frames(self, run_ids: Any) -> tuple[dict[str, pd.DataFrame], dict[str, Any]] | None:

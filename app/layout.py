@@ -82,7 +82,9 @@ def confirm_row(prefix: str) -> SimpleNamespace:
     return SimpleNamespace(question=question, row=row, yes=yes, no=no, pending=gr.State(None))
 
 
-SHOWCASE_X = "relative time"  # the showcase opens on each run's seconds: the time JAGG saves shows first
+# The showcase opens on each run's training seconds (evals excluded): the time JAGG saves shows first, on the
+# clock of the sentence above the curves (showcase.headline).
+SHOWCASE_X = showcase.SHOWCASE_X
 
 
 def metric_controls(prefix: str, x_only: bool = False, x: str = "step") -> SimpleNamespace:
@@ -249,8 +251,8 @@ def compare_tab(
             )
             if headline:
                 gr.Markdown(headline, elem_id="showcase-headline")
-            # Drawn without plotly, against each run's seconds, so that the curves and the time saved are
-            # there at the first paint; Compare draws the interactive plot below (on the same time axis).
+            # Drawn without plotly, against each run's training seconds, so that the curves and the time saved
+            # are there at the first paint; Compare draws the interactive plot below (on the same time axis).
             gr.HTML(showcase.curves_over_time(store, list(showcase_ids)), elem_id="showcase-curves")
     with gr.Row():
         compare_runs = gr.Dropdown(
@@ -267,7 +269,9 @@ def compare_tab(
         report_btn = gr.Button("Report (HTML)", scale=1)
     with gr.Row():
         level = gr.Textbox(
-            label="reward level (empty: the exact run's final eval)", value="", elem_id="compare-level"
+            label="reward level (empty: the lowest final eval above the runs' first evals)",
+            value="",
+            elem_id="compare-level",
         )
         image_step = gr.Textbox(
             label="images also at step (empty: first and last only)", value="", elem_id="compare-step"
@@ -326,7 +330,7 @@ def tryit_tab(
             choices=choices, value=value, label="run (runs with a checkpoint)", scale=3,
             allow_custom_value=True, elem_id="tryit-run", elem_classes=["run-picker"],
             info="a run saves a checkpoint when it ends (and every checkpoint_every steps); the showcase's JAGG run"
-            " ships its aligned model, its exact run none",
+            " ships its aligned model, its exact run none. It opens on the finished run trained the most steps",
         )  # fmt: skip
         step = gr.Dropdown(
             choices=steps, value=steps[-1] if steps else None, label="step (a checkpoint)", scale=1,

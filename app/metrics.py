@@ -1,10 +1,11 @@
-"""The metrics view: any logged metric against step, wall time or relative time, smoothed, on a linear or log
-scale; and the time at which a run first reaches a reward level. Pure functions (metrics frame → figure or
-table), no gradio: the Live and Compare tabs and tests call them.
+"""The metrics view: any logged metric against step, wall time, relative time or training time (evals
+excluded), smoothed, on a linear or log scale; and the time at which a run first reaches a reward level. Pure
+functions (metrics frame → figure or table), no gradio: the Live and Compare tabs and tests call them.
 
 Conventions follow the trackers practitioners know: one line per run and metric, an exponential moving
 average with the raw curve faint behind it, x = Step | Wall time | Relative time (wandb's x-axis choices;
-trackio draws one plot per logged metric key, so a new key needs no UI code).
+trackio draws one plot per logged metric key, so a new key needs no UI code), and Training time: the clock
+of the time to reach a reward level, evals left out.
 """
 
 from __future__ import annotations
@@ -19,14 +20,16 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from jagg_engine.report.axes import (  # noqa: F401 (the app's names for them)
+    AXIS_TITLES,
     WALL_KEY,
     axis_title,
     empty_figure,
     integer_step_ticks,
+    training_seconds,
     x_values,
 )
 
-X_AXES = ("step", "wall time", "relative time")
+X_AXES = ("step", "wall time", "relative time", "training time")
 DEFAULT_METRICS = ("loss/clipfrac", "grad/norm")
 _COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 _DASHES = ("solid", "dash", "dot", "dashdot")
@@ -84,17 +87,16 @@ def ema(values: Sequence[float], smoothing: float) -> np.ndarray:
     return out
 
 
-def training_seconds(frame: pd.DataFrame) -> pd.Series:
-    """Seconds of training up to and including each step, eval excluded: the trainer's
-    ``time/train_elapsed`` (the clock `jagg race` reads; 0 at step 0), or for a history logged before it the
-    running sum of ``time/step`` (sampling + reward + update). NaN where nothing is logged."""
-    if "time/train_elapsed" in frame.columns and frame["time/train_elapsed"].notna().any():
-        seconds = frame["time/train_elapsed"].astype(float).copy()
-        seconds[frame["step"] == 0] = 0.0
-        return seconds
-    if "time/step" not in frame.columns:
-        return pd.Series(np.nan, index=frame.index)
-    return frame["time/step"].fillna(0.0).cumsum()
+LOG_NOTE = "jagg-log-note"  # the name of a note "no positive values for a log axis" (the page's script's too)
+
+
+def log_note(key: str) -> str:
+    """The note in the plot of metric ``key`` on a log scale when it has no positive value to place."""
+    return f"{key}: no positive values for a log axis; untick log scale"
+
+
+def _any_positive(frames: Mapping[str, pd.DataFrame], key: str) -> bool:
+    return any(key in f.columns and (f[key].astype(float) > 0).any() for f in frames.values())
 
 
 def metrics_figure(
@@ -106,25 +108,17 @@ def metrics_figure(
     """``view.metrics`` of each run (label → metrics frame; ``runs``: label → run row, for the time axes), one
     stacked plot per metric sharing the x axis (trackio's one plot per key: a clip fraction and a gradient
     norm do not share a scale): the smoothed line bold, the raw values faint behind it (only when smoothed),
-    a colour per run. Trace names: ``<label> · <metric>`` and ``… (raw)``."""
+    a colour per run. Trace names: ``<label> · <metric>`` and ``… (raw)``. On a log scale, a metric with no
+    positive value keeps its plot, empty, with a note saying so (:func:`log_note`)."""
     from plotly.subplots import make_subplots
 
     keys = [k for k in view.metrics if any(k in f.columns and f[k].notna().any() for f in frames.values())]
     if not keys:
         wanted = ", ".join(view.metrics)
         return empty_figure(title, f"not logged: {wanted}" if view.metrics else "pick a metric")
-    if view.log_y:  # a log scale has no place for 0 or below: a metric without a positive value is said so
-        positive = [
-            k for k in keys if any(k in f.columns and (f[k].astype(float) > 0).any() for f in frames.values())
-        ]
-        if not positive:
-            return empty_figure(
-                title, f"log scale: no positive values of {', '.join(keys)}; untick log scale"
-            )
-        skipped = [k for k in keys if k not in positive]
-        keys = positive
-    else:
-        skipped = []
+    # A log scale has no place for 0 or below: a metric without a positive value keeps its (empty) plot, with
+    # a note in it saying so (the page, app.client.SCRIPT, writes the same notes when log scale is ticked).
+    unplaced = [k for k in keys if view.log_y and not _any_positive(frames, k)]
     fig = make_subplots(rows=len(keys), cols=1, shared_xaxes=True, vertical_spacing=0.08, subplot_titles=keys)
     for i, (label, frame) in enumerate(frames.items()):
         color = _COLORS[i % len(_COLORS)]
@@ -153,14 +147,18 @@ def metrics_figure(
                 ),
                 row=row, col=1,
             )  # fmt: skip
+    for row, key in enumerate(keys, start=1):
+        if key in unplaced:
+            fig.add_annotation(
+                text=log_note(key), name=LOG_NOTE, showarrow=False, x=0.5, y=0.5,
+                xref="x domain", yref="y domain", row=row, col=1,
+            )  # fmt: skip
     fig.update_yaxes(type="log" if view.log_y else "linear")
     # The x axis's own type in every mode: dates for wall time, numbers otherwise (never plotly's guess from
     # an empty subplot, which reads −1…6).
     fig.update_xaxes(type="date" if view.x == "wall time" else "linear")
     fig.update_xaxes(title_text=axis_title(view.x), row=len(keys), col=1)
     title += f" (EMA {view.smoothing:g})" if view.smoothing else ""
-    if skipped:
-        title += f" — log scale: no positive values of {', '.join(skipped)}"
     fig.update_layout(
         title=title,
         height=120 + 200 * len(keys), margin={"l": 60, "r": 20, "t": 70, "b": 40},
@@ -218,20 +216,54 @@ def final_eval(frame: pd.DataFrame, key: str = EVAL_KEY) -> float | None:
     return None if values.empty else float(values.iloc[-1])
 
 
+def first_eval(frame: pd.DataFrame, key: str = EVAL_KEY) -> float | None:
+    """The run's first logged eval reward (its step-0 eval: the model before training)."""
+    if key not in frame.columns:
+        return None
+    values = frame[key].dropna()
+    return None if values.empty else float(values.iloc[0])
+
+
+def _levels(frames: Mapping[str, pd.DataFrame]) -> tuple[dict[str, float], str | None, float | None]:
+    """(label → final eval of the runs with an eval, the label of the highest first eval, that eval)."""
+    finals = {label: final_eval(frame) for label, frame in frames.items()}
+    finals = {label: value for label, value in finals.items() if value is not None}
+    firsts = {label: first_eval(frames[label]) for label in finals}
+    start = max(firsts, key=lambda k: firsts[k]) if firsts else None
+    return finals, start, (firsts[start] if start is not None else None)
+
+
 def default_level(
     frames: Mapping[str, pd.DataFrame], strategies: Mapping[str, str] | None = None
 ) -> tuple[float, str] | None:
-    """The reward level Compare measures time to by default: the lowest of the picked runs' final evals, a
-    level every run with an eval reaches (at its final eval at the latest), and a phrase saying whose it is.
-    ``strategies`` (label → strategy) is not needed to choose it; it is kept for callers that pass it."""
-    finals = {label: final_eval(frame) for label, frame in frames.items()}
-    finals = {label: value for label, value in finals.items() if value is not None}
-    if not finals:
+    """The reward level Compare measures time to by default, and a phrase saying whose it is: the lowest of
+    the picked runs' final evals above every run's first eval. No run has it at its first eval (a level one
+    run starts at would read "step 0, 0 s, 0 %"), and the run it is the final eval of reaches it (at its
+    final eval at the latest); when every final is above the first evals it is the lower of the final evals,
+    a level every run reaches. None without an eval, or when no final eval is above the first evals
+    (:func:`no_default_level` says why). ``strategies`` (label → strategy) is not needed to choose it; it is
+    kept for callers that pass it."""
+    finals, start, first = _levels(frames)
+    above = {label: value for label, value in finals.items() if first is not None and value > first}
+    if not above:
         return None
-    label = min(finals, key=lambda k: finals[k])
+    label = min(above, key=lambda k: above[k])
     if len(finals) == 1:
-        return finals[label], f"{label}'s final eval"
-    return finals[label], f"the lower of the final evals, {label}'s"
+        return above[label], f"{label}'s final eval"
+    if len(above) == len(finals):
+        return above[label], f"the lower of the final evals, {label}'s"
+    return above[label], f"the lowest final eval above the runs' first evals, {label}'s"
+
+
+def no_default_level(frames: Mapping[str, pd.DataFrame]) -> str:
+    """Why :func:`default_level` found none, in one line ("" when it found one, or no run has an eval)."""
+    finals, start, first = _levels(frames)
+    if not finals or default_level(frames) is not None:
+        return ""
+    return (
+        f"No reward level by default: no final eval is above {start}'s first eval ({first:.4g}), a level it "
+        "has from its start; type a level."
+    )
 
 
 def best_eval(frame: pd.DataFrame, key: str = EVAL_KEY) -> tuple[float, int, float] | None:

@@ -38,7 +38,7 @@ class LiveContext:
     """What a panel's render function may read: the run row, its metrics frame (one row per step, one column
     per metric key, read once for all panels), the store, the cost ratio r, the runs folder, ``publish``
     (gallery items → items gradio may serve) and ``view``, the metrics view's controls (metrics picked,
-    smoothing, log scale, x axis: step, wall time or relative time)."""
+    smoothing, log scale, x axis: step, wall time, relative time or training time)."""
 
     store: RunStore
     run: Mapping[str, Any]

@@ -326,16 +326,17 @@ def _labelled(store: RunStore, ids: list[int]) -> tuple[dict[str, Any], dict[str
 
 
 def headline(store: RunStore, ids: list[int], r: float) -> str:
-    """One sentence over the showcase's runs (exact first): the reward level (the lower of the final evals),
-    each run's training seconds (eval excluded) to reach it, how much sooner the JAGG run gets there, and
-    its measured update-phase speedup over its paired exact run. "" when a run or an eval is missing."""
+    """One sentence over the showcase's runs (exact first): the reward level
+    (:func:`app.metrics.default_level`), each run's training seconds (evals excluded, the curves' x axis:
+    :data:`SHOWCASE_X`) to reach it, how much sooner the JAGG run gets there, and its measured update-phase
+    speedup over its paired exact run. "" when a run or an eval is missing."""
     from app import data, metrics
 
     frames, runs = _labelled(store, ids)
     found = metrics.default_level(frames) if len(frames) == 2 else None
     if found is None:
         return ""
-    level, _ = found
+    level, whose = found
     (exact_label, jagg_label) = sorted(
         frames, key=lambda label: runs[label]["config"].get("strategy") != "exact"
     )
@@ -352,20 +353,24 @@ def headline(store: RunStore, ids: list[int], r: float) -> str:
         else ""
     )
     return (
-        f"To reach eval reward **{level:.3f}** (the lower of the two final evals), {jagg_label} trains "
-        f"**{jagg_s:.0f} s** (step {jagg_step}) and {exact_label} **{exact_s:.0f} s** (step {exact_step})"
-        f"{sooner}{speedup}."
+        f"To reach eval reward **{level:.3f}** ({whose}), {jagg_label} trains "
+        f"**{jagg_s:.0f} s** (step {jagg_step}) and {exact_label} **{exact_s:.0f} s** (step {exact_step}), "
+        f"evals excluded as on the curves' training-time axis{sooner}{speedup}."
     )
 
 
+SHOWCASE_X = "training time"  # the showcase's x axis: the clock of its sentence (evals excluded)
+
+
 def curves_over_time(store: RunStore, ids: list[int]) -> str:
-    """The static reward curves of the first screen (:func:`app.data.reward_svg`) against each run's seconds
-    since it started, so that the time a run saves shows at the first paint."""
+    """The static reward curves of the first screen (:func:`app.data.reward_svg`) against each run's training
+    seconds (evals excluded, :data:`SHOWCASE_X`: the time of :func:`headline`'s sentence), so that the time a
+    run saves shows at the first paint, and where the sentence says."""
     from app import data, metrics
 
     frames, runs = _labelled(store, ids)
     timed = {}
     for label, frame in frames.items():
-        seconds = metrics.x_values(frame, runs[label], "relative time")
+        seconds = metrics.x_values(frame, runs[label], SHOWCASE_X)
         timed[label] = frame.assign(step=seconds).dropna(subset=["step"])
-    return data.reward_svg(timed, x_title="seconds since the run started")
+    return data.reward_svg(timed, x_title=metrics.axis_title(SHOWCASE_X))

@@ -334,7 +334,7 @@ class TryIt:
     # ------------------------------------------------------------------ pickers
     def runs(self) -> list[dict[str, Any]]:
         """Runs with a complete checkpoint (or a shipped model), newest first, the showcase's after the user's
-        own (the picker opens on the user's newest run once there is one)."""
+        own (the picker's list; it opens on :meth:`default_run`)."""
         shipped = set(getattr(self.app, "showcase_ids", None) or [])
         found = [r for r in self.store.list_runs() if model_steps(r.get("run_dir"))]
         return sorted(found, key=lambda r: r["id"] in shipped)
@@ -342,18 +342,38 @@ class TryIt:
     def run_choices(self) -> list[tuple[str, int]]:
         return [(data.run_label(r), r["id"]) for r in self.runs()]
 
+    @staticmethod
+    def opening_run(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """The run the picker opens on, of ``runs`` (runs with a model): a finished run before any other, then
+        the one trained the most steps (its last checkpoint's or shipped model's step), then the newest. A
+        one-step test run does not hide the showcase's 40-step model, and a run of the user's that trained
+        longer comes before it."""
+        if not runs:
+            return None
+        return max(
+            runs,
+            key=lambda r: (
+                r.get("status") == "finished",
+                (model_steps(r.get("run_dir")) or [0])[-1],
+                r["id"],
+            ),
+        )
+
     def default_run(self) -> int | None:
-        runs = self.runs()
-        return runs[0]["id"] if runs else None
+        run = self.opening_run(self.runs())
+        return run["id"] if run else None
 
     def initial(self) -> tuple[list[tuple[str, int]], int | None, list[int]]:
-        """The pickers as the page opens: the choices, the newest run with a checkpoint and its steps."""
+        """The pickers as the page opens: the choices, the run it opens on (:meth:`opening_run`) and its
+        steps."""
         runs = self.runs()
-        steps = model_steps(runs[0].get("run_dir")) if runs else []
-        return [(data.run_label(r), r["id"]) for r in runs], (runs[0]["id"] if runs else None), steps
+        run = self.opening_run(runs)
+        steps = model_steps(run.get("run_dir")) if run else []
+        return [(data.run_label(r), r["id"]) for r in runs], (run["id"] if run else None), steps
 
     def load_pickers(self) -> tuple[Any, Any]:
-        """At each page load: the run picker (runs with a checkpoint now, on the newest) and its steps."""
+        """At each page load: the run picker (runs with a checkpoint now, on :meth:`opening_run`) and its
+        steps."""
         choices, value, steps = self.initial()
         return (
             gr.update(choices=choices, value=value),

@@ -246,11 +246,15 @@ def test_launch_restart_finish_and_cancel_through_the_api(app):
     message, run_id, _ = client.predict(*_form(window=1), api_name="/launch_run")
     assert (
         message.startswith("**Not launched.**")
-        and "window: must be an integer >= 2 for strategy jagg (a one-step window trains with strategy=exact), got 1"
+        and "W (window): must be an integer >= 2 for strategy jagg (a one-step window trains with strategy=exact),"
+        " got 1"
         in message
     )
     message, pair_id, _ = client.predict(*_form(group_size=1), api_name="/compare_exact_jagg")
-    assert message.startswith("**Not launched.**") and "group_size: must be an integer >= 2, got 1" in message
+    assert (
+        message.startswith("**Not launched.**")
+        and "group size (group_size): must be an integer >= 2, got 1" in message
+    )
     assert run_id is None and pair_id is None and set(_history(client)) == showcase, (
         "an invalid form launched"
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from app import ui
-from app.form import FORM_FIELDS, form_config, speedup_note
+from app.form import FORM_FIELDS, FORM_LABELS, form_config, form_name, speedup_note
 
 FIELDS = {"window": "W (window)", "steps": "steps", "group_size": "group size", "seed": "seed"}
 
@@ -32,7 +32,7 @@ def test_a_fraction_in_a_whole_number_field_is_refused_not_rounded(demo, key):
     assert box.preprocess(2.5) == 2.5  # what was typed reaches the app (precision=0 would make it 2)
     values[key] = 2.5
     message, run_id, _ = fn.fn(*values.values(), None)  # no request: a local session
-    assert message == f"**Not launched.** {key}: must be an int, got 2.5", message
+    assert message == f"**Not launched.** {form_name(key)}: must be an int, got 2.5", message
     assert run_id is None
     assert demo.jagg_manager.store.list_runs() == []
 
@@ -47,3 +47,27 @@ def test_a_whole_number_typed_as_a_float_is_taken(demo):
 def test_the_prediction_asks_for_a_whole_window():
     assert "needs W ≥ 2 (a whole number)" in speedup_note(2.5, 1.0, "jagg", 1.8)
     assert "needs W" not in speedup_note(4.0, 1.0, "jagg", 1.8)  # 4.0 is a whole window
+
+
+def test_a_refusal_names_the_forms_box_not_only_its_config_key(demo):
+    """A refusal of the New run form names the box as the form labels it, the config key in parentheses; a
+    line about the more-settings box's text is headed by that box's label."""
+    fn, values = _form(demo)
+    for key, label in FORM_LABELS.items():  # each name is how its box's label starts
+        assert fn.inputs[FORM_FIELDS.index(key)].label.startswith(label), key
+    pair = next(f for f in demo.fns.values() if f.api_name == "compare_exact_jagg")
+    for changes, expected in [
+        ({"group_size": 1}, "group size (group_size): must be an integer >= 2, got 1"),
+        ({"jagg_until_step": -1}, "JAGG until step (jagg_until_step): must be an integer >= 1"),
+        ({"window": 1}, "W (window): must be an integer >= 2 for strategy jagg"),
+        ({"overrides": "zzz=1"}, "more settings: unknown field 'zzz'"),
+        ({"overrides": "window"}, "more settings: override 'window': must look like name=value"),
+        ({"steps": 0}, "steps: must be an integer >= 1, got 0"),  # a box labelled by its key
+    ]:
+        for handler in (fn, pair):
+            message, run_id, _ = handler.fn(*{**values, **changes}.values(), None)
+            assert message.startswith(f"**Not launched.** {expected}"), (changes, message)
+            assert run_id is None
+    message, _, _ = pair.fn(*{**values, "overrides": "probe_every=2"}.values(), None)
+    assert message.startswith("**Not launched.** the pair's exact run: probe_every: "), message
+    assert demo.jagg_manager.store.list_runs() == []

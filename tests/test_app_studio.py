@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from app import data, form, metrics, panels, ui
+from app import client, data, form, metrics, panels, ui
 from app.report import _runs_section
 from jagg_engine.store import open_store
 from jagg_engine.train.config import ConfigError, TrainConfig
@@ -85,7 +85,9 @@ def test_ema_is_debiased_and_zero_smoothing_is_the_raw_curve():
 def test_bad_view_controls_are_one_line_naming_the_control():
     with pytest.raises(ValueError, match=r"smoothing: must be a number from 0 to below 1, got 1\.0"):
         metrics.check_view(["grad/norm"], 1.0, False, "step")
-    with pytest.raises(ValueError, match="x axis: must be one of step, wall time, relative time, got 'time'"):
+    with pytest.raises(
+        ValueError, match="x axis: must be one of step, wall time, relative time, training time, got 'time'"
+    ):
         metrics.check_view(["grad/norm"], 0.5, False, "time")
     with pytest.raises(ValueError, match="metrics: must be a list of logged metric names"):
         metrics.check_view([3], 0.5, False, "step")
@@ -138,33 +140,42 @@ def test_metrics_figure_smooths_over_a_faint_raw_curve_on_log_or_time_axes():
     assert metrics.metric_keys([frame]) == ["grad/norm", "loss/clipfrac", "time/step"]
 
 
-def test_log_scale_says_when_a_metric_has_no_positive_values_and_axes_keep_their_type():
+def test_log_scale_notes_a_metric_with_no_positive_values_in_its_plot_and_axes_keep_their_type():
     frame = pd.DataFrame(
         {
             "step": [1, 2, 3],
             "loss/kl": [0.0, 0.0, 0.0],  # an all-zero metric (beta = 0)
             "grad/norm": [4.0, 1.0, 2.0],
             "time/unix": [110.0, 120.0, 135.0],
+            "time/step": [8.0, 8.0, 8.0],  # the training time axis
         }
     )
     run = {"started_at": 95.0}
+    note = "loss/kl: no positive values for a log axis; untick log scale"
+
+    def notes(fig) -> list[tuple[str, str]]:  # (text, the plot it sits in) of each log-scale note
+        return [(a.text, a.yref) for a in fig.layout.annotations if a.name == metrics.LOG_NOTE]
+
     for x in metrics.X_AXES:
         alone = metrics.metrics_figure(
             {"#1": frame}, metrics.MetricView(("loss/kl",), 0.0, True, x), runs={"#1": run}
         )
-        assert (
-            not alone.data and "log scale: no positive values of loss/kl" in alone.layout.annotations[0].text
-        )
+        # its plot, empty, says why; its trace keeps the series the page redraws it from when log is unticked
+        assert [t.name for t in alone.data] == ["#1 · loss/kl"] and list(alone.data[0].y) == []
+        assert notes(alone) == [(note, "y domain")]
+        attached = client.attach(alone, {"#1": frame}, {"#1": run})
+        assert attached.data[0].meta[client.META_KEY]["y"] == [0.0, 0.0, 0.0]
         both = metrics.metrics_figure(
             {"#1": frame}, metrics.MetricView(("loss/kl", "grad/norm"), 0.0, True, x), runs={"#1": run}
         )
-        assert [t.name for t in both.data] == ["#1 · grad/norm"]  # no empty plot for loss/kl
-        assert both.layout.title.text.endswith("log scale: no positive values of loss/kl")
+        assert [t.name for t in both.data] == ["#1 · loss/kl", "#1 · grad/norm"]
+        assert notes(both) == [(note, "y domain")]  # in loss/kl's plot (the first), not grad/norm's
+        assert list(both.data[1].y) == [4.0, 1.0, 2.0] and both.layout.title.text == "Metrics"
         assert both.layout.xaxis.type == ("date" if x == "wall time" else "linear")  # never −1…6 numbers
         linear = metrics.metrics_figure(
             {"#1": frame}, metrics.MetricView(("loss/kl",), 0.0, False, x), runs={"#1": run}
         )
-        assert list(linear.data[0].y) == [0.0, 0.0, 0.0]
+        assert list(linear.data[0].y) == [0.0, 0.0, 0.0] and notes(linear) == []
         assert linear.layout.xaxis.type == ("date" if x == "wall time" else "linear")
         reward = data.reward_figure({"#1": frame.assign(**{"reward/mean": 0.0})}, x=x, runs={"#1": run})
         assert reward.layout.xaxis.type == ("date" if x == "wall time" else "linear")
@@ -195,6 +206,38 @@ def test_time_to_reach_counts_training_seconds_to_the_first_eval_at_the_level():
     assert never.at["#1 exact", "training time to reach (s)"] == "not reached"
     assert never.at["#2 jagg", "reaches at step"] == 4 and not never.isna().any().any()
     assert metrics.not_reached(exact.drop(columns=["eval/reward/mean"])) == "not reached (no eval logged)"
+
+
+def test_the_default_level_is_one_no_run_has_at_its_first_eval_or_none_said_so():
+    """A run that ends below where both started (0.25 < 0.3) makes no default level: both would "reach" it at
+    step 0 (0 s, 0 %). The level is the lowest final eval above every run's first eval; none such is said."""
+
+    def run(evals: list[float]) -> pd.DataFrame:
+        return pd.DataFrame(
+            {"step": [0, 2, 4], "time/train_elapsed": [0.0, 20.0, 40.0], "eval/reward/mean": evals}
+        )
+
+    worse, better = run([0.3, 0.28, 0.25]), run([0.3, 0.5, 0.6])
+    frames = {"#1 exact": worse, "#2 jagg": better}
+    assert metrics.default_level(frames) == (
+        0.6,
+        "the lowest final eval above the runs' first evals, #2 jagg's",
+    )
+    table = metrics.reach_frame(frames, 0.6).set_index("run")
+    assert table.at["#2 jagg", "reaches at step"] == 4 and table.at[
+        "#1 exact", "training time to reach (s)"
+    ] == ("not reached")
+    assert metrics.no_default_level(frames) == ""
+    # the higher start counts: a jagg run that starts at 0.4 and ends at 0.35 leaves only the exact run's 0.6
+    assert metrics.default_level({"#1 exact": better, "#2 jagg": run([0.4, 0.5, 0.35])})[0] == 0.6
+    flat = {"#1 exact": worse, "#2 jagg": run([0.3, 0.32, 0.29])}
+    assert metrics.default_level(flat) is None
+    assert metrics.no_default_level(flat) == (
+        "No reward level by default: no final eval is above #1 exact's first eval (0.3), a level it has from "
+        "its start; type a level."
+    )
+    assert metrics.default_level({"#1 exact": better}) == (0.6, "#1 exact's final eval")
+    assert metrics.default_level({"#1 exact": worse}) is None  # one run that got worse: no level either
 
 
 def test_step_axes_tick_whole_steps_memory_starts_at_zero_and_the_probe_is_its_own_phase():

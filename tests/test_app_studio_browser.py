@@ -190,8 +190,8 @@ def test_browser_compare_shows_the_picked_runs_only_with_wall_time_and_time_to_r
         assert not driver.find_elements(By.ID, "showcase-curves")  # no showcase chart for other runs
         reward = _plot(driver, "compare-plot")
         assert {n.split(" · ")[0] for n in reward["names"]} == {"#3 jagg", "#4 exact"}, reward["names"]
-        # the page opened on the showcase, on each run's seconds: the axis stays until another is picked
-        assert (reward["xtype"], reward["xtitle"]) == ("linear", "relative time (s)")
+        # the page opened on the showcase, on each run's training seconds: the axis stays until another is picked
+        assert (reward["xtype"], reward["xtitle"]) == ("linear", "training time (s, evals excluded)")
         # each run at its own first and last eval: #3 at step 6, #4 at step 4, side by side
         captions = driver.execute_script(
             "return [...document.querySelectorAll('#compare-gallery .caption-label')].map(c => c.textContent)"

@@ -13,6 +13,7 @@ The shipped showcase is runs #1–#2 (the first screen).
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -595,11 +596,25 @@ def test_the_first_screen_is_the_showcase_on_a_time_axis_with_its_headline_and_w
         assert headline.startswith("To reach eval reward ") and "#2 jagg trains" in headline, headline
         assert "× sooner" in headline and "× faster than its paired exact run" in headline, headline
         svg = driver.find_element(By.ID, "showcase-curves").text
-        assert "seconds since the run started" in svg and "step" not in svg.split("started")[-1], svg
+        assert "training time (s, evals excluded)" in svg and "step" not in svg.split("excluded)")[-1], svg
         checked = driver.execute_script(
             "return [...document.querySelectorAll('#compare-x input')].filter(i => i.checked).map(i => i.value)"
         )
-        assert checked == ["relative time"], checked
+        assert checked == ["training time"], checked
+        # the sentence's seconds are the plot's: Compare draws the showcase on the radio's axis, with JAGG's
+        # eval at the step the sentence names at the seconds it says
+        found = re.search(r"#2 jagg trains (\d+) s \(step (\d+)\)", headline)
+        assert found and "evals excluded" in headline, headline
+        driver.execute_script("document.querySelector('#compare-btn').click()")
+        wait.until(lambda d: ((d.execute_script(PLOT, "compare-plot") or {}).get("meta") or 0) > 0)
+        plot = driver.execute_script(PLOT, "compare-plot")
+        assert plot["xtitle"] == "training time (s, evals excluded)", plot["xtitle"]
+        steps = driver.execute_script(
+            "return document.querySelector('#compare-plot .js-plotly-plot').data"
+            ".find(t => t.name === '#2 jagg · eval').meta.jagg.step"
+        )
+        xs = next(x for n, x in zip(plot["names"], plot["xs"]) if n == "#2 jagg · eval")
+        assert round(xs[steps.index(int(found.group(2)))]) == int(found.group(1)), (xs, headline)
         wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#compare-gallery .caption-label")) >= 8)
         captions = driver.execute_script(
             "return [...document.querySelectorAll('#compare-gallery .caption-label')].map(c => "

@@ -344,7 +344,7 @@ FORM = {
 
 APP_FORM_CASES = [
     ("int range", {"steps": float(BIG)}, f"steps: must be an integer <= {INT_MAX}"),
-    ("int range", {"window": math.nan}, "window: must be an int, got nan"),
+    ("int range", {"window": math.nan}, "W (window): must be an int, got nan"),
     ("int range", {"seed": 1e30}, f"seed: must be an integer <= {INT_MAX}"),
     ("int range", {"processes": -1}, "processes: must be an integer >= 1, got -1"),
     ("int range", {"lr": math.inf}, "lr: must be a finite number, got inf"),
@@ -366,11 +366,19 @@ APP_FORM_CASES = [
     (
         "ignored",
         {"backbone": "tiny-flux", "model_path": str(ASSETS)},
-        "model_path: backbone 'tiny-flux' does not",
+        "model path (model_path): backbone 'tiny-flux' does not",
     ),
     ("utf-8", {"overrides": "prompts_file=<latin1.txt>"}, "prompts_file: <latin1.txt> is not UTF-8 text"),
-    ("model path", {"model_path": "<empty-dir>"}, "model_path: <empty-dir> holds no tiny-shapes weights"),
-    ("batch", {"group_size": 2048}, "group_size: group_size × prompts_per_step / processes = 36864"),
+    (
+        "model path",
+        {"model_path": "<empty-dir>"},
+        "model path (model_path): <empty-dir> holds no tiny-shapes weights",
+    ),
+    (
+        "batch",
+        {"group_size": 2048},
+        "group size (group_size): group_size × prompts_per_step / processes = 36864",
+    ),
 ]
 
 

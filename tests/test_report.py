@@ -26,7 +26,7 @@ from docs_pages import all_text as docs_text
 from faults import mount
 from PIL import Image
 
-from app import showcase
+from app import notes, showcase
 from app.report import (
     CSP,
     ReportError,
@@ -160,6 +160,24 @@ def test_names_and_prompts_are_escaped(store, tmp_path):
     page = write_report(store, [run_id], tmp_path / "esc.html").read_text(encoding="utf-8")
     assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "no eval images" in page
+
+
+def test_the_report_shows_the_notes_written_in_history(tmp_path):
+    """A run's note (History's Save note, ``notes.json``) is in the report's runs table, escaped; a report of
+    runs without a note has no note column."""
+    root = tmp_path / "runs"
+    with open_store(root) as s:
+        assert showcase.install(s, root) == [1, 2]
+        notes.set_note(root, 1, "the <b>baseline</b> & lr 1e-4")
+        page = write_report(s, [1, 2], tmp_path / "noted.html", r=1.8).read_text(encoding="utf-8")
+        bare = write_report(s, [2], tmp_path / "bare.html", r=1.8).read_text(encoding="utf-8")
+    runs = page.split('<section id="runs">', 1)[1].split("</section>", 1)[0]
+    heads = re.findall(r"<th>([^<]*)</th>", runs)
+    rows = [re.findall(r"<td>([^<]*)</td>", row) for row in runs.split("<tbody>", 1)[1].split("<tr>")[1:]]
+    assert "note" in heads and len(rows) == 2
+    note = heads.index("note")
+    assert rows[0][note] == "the &lt;b&gt;baseline&lt;/b&gt; &amp; lr 1e-4" and rows[1][note] == ""
+    assert "<th>note</th>" not in bare.split('<section id="runs">', 1)[1].split("</section>", 1)[0]
 
 
 def test_runs_without_a_shared_eval_step_are_shown_one_by_one(store, tmp_path):

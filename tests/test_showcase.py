@@ -240,3 +240,68 @@ def test_record_showcase_packs_runs_named_by_id(tmp_path, capsys):
         with pytest.raises(SystemExit) as exc:
             script.main([*bad, "--out", str(out)])
         assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_try_it_opens_on_the_finished_run_trained_longest_not_the_newest_test_run(tmp_path):
+    """Try it's picker opens on a finished run before any other, then on the one trained the most steps: a
+    one-step test run does not hide the showcase's 40-step model; a longer run of the user's comes before it."""
+    from types import SimpleNamespace
+
+    from app import tryit
+
+    root = tmp_path / "runs"
+    store = open_store(root)
+    ids = showcase.install(store, root)
+    shipped = showcase.shipped_model(store.get_run(ids[1])["run_dir"])
+    assert shipped is not None and shipped[0] >= 2  # the JAGG run ships its model (step 40)
+
+    def run_with_checkpoint(name: str, step: int, status: str) -> int:
+        run_dir = root / name
+        run_id = store.create_run(name, {"strategy": "jagg", "steps": step}, run_dir)
+        store.set_status(run_id, "running", pid=1)
+        store.set_status(run_id, status)
+        (run_dir / "checkpoints" / f"step_{step:05d}").mkdir(parents=True)
+        (run_dir / "checkpoints" / f"step_{step:05d}" / "manifest.json").write_text("{}")
+        return run_id
+
+    h = tryit.TryIt(SimpleNamespace(store=store, root=root, space=False, publish=str, showcase_ids=ids))
+    smoke = run_with_checkpoint("smoke", 1, "finished")  # the newest: a one-step test run
+    cut = run_with_checkpoint("cut", shipped[0] + 20, "cancelled")  # longer, but not finished
+    assert [run_id for _, run_id in h.run_choices()] == [cut, smoke, ids[1]]  # the user's first, newest first
+    assert h.default_run() == ids[1] and h.initial()[1:] == (ids[1], [shipped[0]])
+    run_picker, step_picker = h.load_pickers()
+    assert run_picker["value"] == ids[1] and step_picker["value"] == shipped[0]
+    longer = run_with_checkpoint("real", shipped[0] + 10, "finished")
+    assert h.default_run() == longer and h.initial()[1:] == (longer, [shipped[0] + 10])
+    store.close()
+
+
+def test_the_showcase_sentence_and_its_curves_are_on_one_clock_training_seconds_evals_excluded(tmp_path):
+    """The first screen's sentence gives each run's training seconds (evals excluded) to reach the level; the
+    static curves under it and the Compare plot it opens on have those seconds on their x axis, at the step
+    the sentence names (not each run's seconds since it started, which count its evals too)."""
+    from app import layout, metrics
+
+    with open_store(tmp_path) as store:
+        ids = showcase.install(store, tmp_path)
+        sentence = showcase.headline(store, ids, 1.8)
+        svg = showcase.curves_over_time(store, ids)
+        runs = {f"#{i} {store.get_run(i)['config']['strategy']}": store.get_run(i) for i in ids}
+        frames = {label: store.metrics_frame(run["id"]) for label, run in runs.items()}
+    assert layout.SHOWCASE_X == "training time" and "evals excluded" in sentence, sentence
+    fig = data.reward_figure(frames, x=layout.SHOWCASE_X, runs=runs)
+    title = "training time (s, evals excluded)"
+    assert fig.layout.xaxis.title.text == title and f">{title}</text>" in svg
+    for label, frame in frames.items():
+        found = re.search(rf"{re.escape(label)}(?: trains)? \*\*(\d+) s\*\* \(step (\d+)\)", sentence)
+        assert found, (label, sentence)
+        seconds, step = int(found.group(1)), int(found.group(2))
+        evals = frame.dropna(subset=["eval/reward/mean"])
+        trace = next(t for t in fig.data if t.name == f"{label} · eval")
+        at = list(evals["step"]).index(step)
+        assert round(trace.x[at]) == seconds, (label, trace.x[at], seconds)  # the curve's x at that step
+        wall = metrics.x_values(frame, runs[label], "relative time")[evals.index[at]]
+        assert wall - seconds > 10  # the relative-time axis would put that eval elsewhere (its evals)
+    ticks = [float(t) for t in re.findall(r'text-anchor="middle">([\d.]+)</text>', svg)]
+    last = max(float(metrics.training_seconds(f).iloc[-1]) for f in frames.values())
+    assert max(ticks) == float(f"{last:.4g}")  # the static curves end at the longest run's training seconds

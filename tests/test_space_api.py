@@ -27,6 +27,7 @@ import pytest
 
 import launch
 from app import ui
+from app.form import form_name
 from app.space import CAPS, MIN_EVERY, SpaceLimits, folder_size
 
 pytestmark = (
@@ -216,7 +217,7 @@ def test_visitor_over_cap_and_overrides_are_refused(app, field, changes):
     for endpoint in ("/launch_run", "/compare_exact_jagg"):
         message, run_id, _ = client.predict(*form(**changes), api_name=endpoint)
         reason = one_line_refusal(message, "**Not launched.**")
-        assert reason.startswith(f"{field}: this Space "), reason
+        assert reason.startswith(f"{form_name(field)}: this Space "), reason  # the form's name of it
         assert run_id is None
     assert set(history(client)) == before, "a refused launch created a run"
 

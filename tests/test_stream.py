@@ -132,7 +132,9 @@ def test_a_tick_sends_each_plot_only_its_new_points_which_rebuild_the_whole_redr
         assert change["from"] == drawn["panels"][name]["rev"] and change["to"] == held["panels"][name]["rev"]
         assert _applied(drawn["panels"][name]["figure"], change) == plain, name
     eval_trace = next(
-        t for t in delta["plots"]["live-reward"]["traces"] if "meta.jagg.train" in t["append"]
+        t
+        for t in delta["plots"]["live-reward"]["traces"]
+        if str(whole["reward"].data[t["i"]].name).endswith("eval")
     )  # the eval line: a point at step 30 with its training seconds
     appended = eval_trace["append"]
     assert appended["meta.jagg.step"] == [30] and appended["meta.jagg.train"] == [60.0]

@@ -1,6 +1,6 @@
 """Try it and Export model in headless Chromium: `python launch.py` over a runs folder holding one real
 tiny-shapes run with a checkpoint (one training step), beside the shipped showcase (whose JAGG run ships its
-model: the picker lists it after the user's run).
+model: the picker lists it after the user's run, and opens on it, the finished run trained longest).
 
 Try it: a typed prompt and seed through the base model and the run's weights, side by side, each image
 captioned with its reward, the worker's phases shown meanwhile; Cancel stops a second try. Export model: the
@@ -74,11 +74,21 @@ def test_browser_try_it_base_and_run_side_by_side_then_cancel_then_export_model(
         tab = "//button[@role='tab' and normalize-space()='Try it']"
         wait.until(lambda d: d.find_elements(By.XPATH, tab))
         driver.find_element(By.XPATH, tab).click()
-        picked = driver.find_element(By.CSS_SELECTOR, "#tryit-run input").get_attribute("value")
-        assert picked.startswith(f"#{app.run_id} tried (jagg, "), (
-            picked
-        )  # the user's run before the showcase's
-        assert driver.find_element(By.CSS_SELECTOR, "#tryit-step input").get_attribute("value") == "1"
+        box = driver.find_element(By.CSS_SELECTOR, "#tryit-run input")
+        step_box = driver.find_element(By.CSS_SELECTOR, "#tryit-step input")
+        # It opens on the finished run trained the most steps: the showcase's shipped 40-step model, not the
+        # user's newer one-step run.
+        picked = box.get_attribute("value")
+        assert picked.startswith("#") and " showcase-jagg (" in picked, picked
+        assert step_box.get_attribute("value") == "40"
+        box.click()
+        box.send_keys(Keys.CONTROL, "a")
+        box.send_keys(str(app.run_id))
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#tryit-run ul.option-list li[data-index]"))
+        box.send_keys(Keys.ENTER)
+        wait.until(lambda d: step_box.get_attribute("value") == "1")
+        picked = box.get_attribute("value")
+        assert picked.startswith(f"#{app.run_id} tried (jagg, "), picked
         prompts = driver.find_element(By.CSS_SELECTOR, "#tryit-prompts textarea")
         prompts.send_keys("red circle left")
         seeds = driver.find_element(By.CSS_SELECTOR, "#tryit-seeds textarea, #tryit-seeds input")

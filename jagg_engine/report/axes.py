@@ -1,5 +1,5 @@
-"""The x axes every run figure shares (step, wall time, relative time) and a figure with nothing to draw
-yet. Used by the report and by the app's views."""
+"""The x axes every run figure shares (step, wall time, relative time, training time) and a figure with
+nothing to draw yet. Used by the report and by the app's views."""
 
 from __future__ import annotations
 
@@ -13,18 +13,36 @@ import plotly.graph_objects as go
 WALL_KEY = "time/unix"  # Unix seconds at the end of the step's update (the trainer's TrainingClock)
 
 
+def training_seconds(frame: pd.DataFrame) -> pd.Series:
+    """Seconds of training up to and including each step, eval excluded: the trainer's
+    ``time/train_elapsed`` (the clock `jagg race` reads; 0 at step 0), or for a history logged before it the
+    running sum of ``time/step`` (sampling + reward + update). NaN where nothing is logged."""
+    if "time/train_elapsed" in frame.columns and frame["time/train_elapsed"].notna().any():
+        seconds = frame["time/train_elapsed"].astype(float).copy()
+        seconds[frame["step"] == 0] = 0.0
+        return seconds
+    if "time/step" not in frame.columns:
+        return pd.Series(np.nan, index=frame.index)
+    return frame["time/step"].fillna(0.0).cumsum()
+
+
 def x_values(frame: pd.DataFrame, run: Mapping[str, Any] | None, x: str) -> pd.Series:
-    """The x of each row of ``frame`` (one row per step):
+    """The x of each row of ``frame`` (one row per step, the whole history: the training time adds up):
 
     - ``step``: the step number;
     - ``wall time``: the clock time the step was logged (``time/unix``), as datetimes;
-    - ``relative time``: seconds since the run started (``time/unix`` − the run's ``started_at``).
+    - ``relative time``: seconds since the run started (``time/unix`` − the run's ``started_at``), evals
+      included;
+    - ``training time``: seconds of training, evals excluded (:func:`training_seconds`): the clock of
+      Compare's time to reach a reward level and of `jagg race`.
 
     A run logged before ``time/unix`` existed falls back to its training time: the running sum of
     ``time/step`` (eval excluded), added to ``started_at`` for wall time. Rows without a time are NaN.
     """
     if x == "step":
         return frame["step"].astype(float)
+    if x == "training time":
+        return training_seconds(frame)
     started = float((run or {}).get("started_at") or 0.0)
     if WALL_KEY in frame.columns and frame[WALL_KEY].notna().any():
         stamps = frame[WALL_KEY].astype(float)
@@ -39,8 +57,16 @@ def x_values(frame: pd.DataFrame, run: Mapping[str, Any] | None, x: str) -> pd.S
     return pd.to_datetime(stamps, unit="s", utc=True)
 
 
+AXIS_TITLES = {
+    "step": "step",
+    "wall time": "wall time",
+    "relative time": "relative time (s)",
+    "training time": "training time (s, evals excluded)",
+}
+
+
 def axis_title(x: str) -> str:
-    return {"step": "step", "wall time": "wall time", "relative time": "relative time (s)"}[x]
+    return AXIS_TITLES[x]
 
 
 def integer_step_ticks(fig: go.Figure) -> None:

@@ -1,10 +1,10 @@
 """One self-contained HTML report of one or more runs, to share or archive without a server.
 
-``write_report(store, run_ids, out)`` writes ONE file that opens offline in any browser: the runs' summary,
-their config (and, for several runs, the fields that differ), the reward curves, the speedup table, the
-step-time breakdown of each run, and the eval images of the same prompts and seeds at each run's own first and
-last eval step. Every table and figure is the one the app shows (:mod:`.tables`, :mod:`.figures`,
-:mod:`.images`).
+``write_report(store, run_ids, out)`` writes ONE file that opens offline in any browser: the runs' summary
+(with their notes, written in the app's History), their config (and, for several runs, the fields that
+differ), the reward curves, the speedup table, the step-time breakdown of each run, and the eval images of
+the same prompts and seeds at each run's own first and last eval step. Every table and figure is the one the
+app shows (:mod:`.tables`, :mod:`.figures`, :mod:`.images`).
 
 Offline by construction: plotly.js (its basic partial bundle, assets/plotly) is inlined once, images are ``data:`` URIs, no font, no MathJax, and a
 Content-Security-Policy meta (``default-src 'none'``, images only from ``data:``) stops the page from
@@ -36,6 +36,7 @@ import plotly.io as pio
 
 from jagg_engine.processes import gpu_present
 from jagg_engine.store import DB_NAME, RunStore, StoreError, open_store
+from jagg_engine.store.notes import read_notes
 
 from . import figures, images, tables
 
@@ -251,9 +252,12 @@ def _table(frame: pd.DataFrame) -> str:
 
 
 def _runs_section(store: RunStore, ids: Sequence[int]) -> str:
-    frame = tables.history_frame(store)
+    """The runs' rows of History's table, their notes (History's, ``notes.json``) included; the note and
+    error columns only where a run has one."""
+    frame = tables.history_frame(store, read_notes(store.runs_root))
     frame = frame[frame["id"].isin(ids)].set_index("id").loc[list(ids)].reset_index()
-    return _table(frame.drop(columns=["error"]) if not frame["error"].any() else frame)
+    empty = [column for column in ("note", "error") if not frame[column].any()]
+    return _table(frame.drop(columns=empty))
 
 
 def _config_section(runs: Sequence[Mapping[str, Any]]) -> str:
