@@ -378,7 +378,7 @@ def test_browser_launch_shows_reward_plot_and_samples(app):
         driver.find_element(By.XPATH, "//button[normalize-space()='Launch']").click()
         wait.until(lambda d: "Not launched" in d.page_source)
         assert (
-            "window: must be an integer &gt;= 2 for strategy jagg (a one-step window trains with strategy=exact), got 1"
+            "W (window): must be an integer &gt;= 2 for strategy jagg (a one-step window trains with strategy=exact), got 1"
             in driver.page_source
         )
         ARTIFACTS.mkdir(exist_ok=True)
