@@ -130,7 +130,10 @@ def tensor_fingerprints(tensors: tuple[torch.Tensor, ...]) -> torch.Tensor:
             part = bits[start : start + _CHUNK].to(work)  # a no-op for 4- and 8-byte elements
             h = h + (part * _multipliers(start, part.numel(), flat.device, work)).sum(dtype=torch.int64)
         out.append(h)
-    return torch.stack(out).cpu() if out else torch.zeros(0, dtype=torch.int64)
+    if not out:
+        return torch.zeros(0, dtype=torch.int64)
+    # A model may hold tensors on several devices (FLUX keeps its RoPE tables on the CPU): one device to stack.
+    return torch.stack([h.to(out[0].device) for h in out]).cpu()
 
 
 _SCALARS = (bool, int, float, str, type(None))

@@ -159,6 +159,7 @@ class CheckModel(torch.nn.Module):
         if spec.name == "flux-dev":
             side = resolution // 16  # VAE ÷ 8, then 2×2 packing
             self.flux = FluxVelocity(transformer, (side, side), text_len, guidance=3.5)
+            self.flux.to(next(transformer.parameters()).device)  # its position ids beside the weights
             self.latent_shape: tuple[int, ...] = self.flux.latent_shape
         else:
             side = resolution // 8
@@ -413,6 +414,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=360.0,
         help="start no new phase after this many seconds (default 360)",
     )
+    p.add_argument(
+        "--cudnn-attention",
+        action="store_true",
+        help="let scaled_dot_product_attention use cuDNN's kernels (off by default: see main())",
+    )
     p.add_argument("--device", default="cuda", help="cuda (the check) or cpu (a dry run of the script)")
     p.add_argument(
         "--depth", type=int, default=None, help="joint blocks (tests); default: the published depth"
@@ -444,6 +450,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     dtype = default_dtype(device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
+        # FLUX.1-dev's backward hit an illegal memory access on an H200 (torch 2.11, cu130) with cuDNN's
+        # attention enabled; the flash and memory-efficient kernels are the default here, cuDNN's on request.
+        torch.backends.cuda.enable_cudnn_sdp(args.cudnn_attention)
     import diffusers
     import peft
 

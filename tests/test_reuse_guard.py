@@ -309,3 +309,14 @@ def test_fingerprint_sees_any_single_bit():
         assert not torch.equal(tensor_fingerprints((y,)), h)
         assert not torch.equal(tensor_fingerprints((x.roll(1),)), h)  # the positions count
         assert torch.equal(tensor_fingerprints((x.clone(),)), h)
+
+
+@pytest.mark.gpu
+def test_fingerprints_of_a_model_on_two_devices():
+    """FLUX keeps position ids on the CPU beside weights on the GPU: one fingerprint vector, on the CPU."""
+    from jagg_engine.sde import tensor_fingerprints
+
+    on_cpu, on_gpu = torch.randn(10), torch.randn(10, device="cuda")
+    both = tensor_fingerprints((on_cpu, on_gpu))
+    assert both.device.type == "cpu"
+    assert torch.equal(both, torch.cat([tensor_fingerprints((on_cpu,)), tensor_fingerprints((on_gpu,))]))
