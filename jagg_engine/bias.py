@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from .backbones.base import VelocityFn
-from .jagg import UpdateConfig, UpdateState, group_plan, interpolation_weights
+from .jagg import UpdateConfig, UpdateState, group_plan, jagg_alpha
 from .sde import SamplerConfig, Trajectory
 
 
@@ -105,7 +105,7 @@ def rollout_gradients(
             vs = {j: state.forward([j], grad=True) for j in steps}  # (b, *S) each
             ss = {j: state.upstream(vs[j], j) for j in steps}
             routed = kind == "jagg" and len(steps) > 2
-            alpha = interpolation_weights(traj.sigmas[steps]) if routed else None
+            alpha = jagg_alpha(traj.sigmas[steps], update.alpha_scale) if routed else None
             for k, j in enumerate(steps):
                 c = _vjp(vs[j], ss[j], params)
                 exact += c

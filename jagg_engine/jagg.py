@@ -23,6 +23,15 @@ Strategies of one group (all accumulate into ``.grad`` of the model's parameters
               → 1 forward with grad (2B), 1 backward
 A group of one step is always exact; a group of two is the same gradient under every strategy.
 
+Where the far endpoint's weight goes (``alpha_scale`` = c): the far endpoint's state z_{W−1} contains the noise
+ε_j that every inner step j injected, while an inner step's upstream s_j is proportional to A·ε_j at ratio 1
+(∂ log π_j/∂v̂_j). So J_{W−1}ᵀ s_j pairs ε_j with a Jacobian that depends on it, and its expectation gains
+E[A·(∂J_{W−1}/∂ε_j)ᵀ(…)], a term of the reward's curvature in the noise that the exact pairing J_jᵀ s_j (J_j
+comes before ε_j) does not have; J_0 comes before every ε_j of the window. c scales the inner weights,
+α_j ← c·α_j (:func:`jagg_alpha`): c = 1 is the paper's interpolation, c = 0 credits every inner step to the
+near endpoint (s_base = Σ_{j < W−1} s_j, s_corr = s_{W−1}), at the same cost. Theorem 1's exactness needs
+c = 1 (at c < 1 the estimate is exact where J does not depend on t or z).
+
 Control variate (``cv_frac`` = p > 0, strategy jagg): JAGG's estimate is biased wherever the inner Jacobians
 are not the interpolation of the endpoints' (its EXPECTED gradient differs from the exact one by
 Σ_j E[((1 − α_j)·J_0 + α_j·J_{W−1} − J_j)ᵀ s_j]), and an optimiser, which averages the batch noise away,
@@ -80,6 +89,10 @@ class UpdateConfig:
                        (default) is Flow-GRPO's, so its β carries over
     micro_batch:       samples per model call in the update (None = the whole batch); the gradient is the
                        whole batch's, accumulated over micro-batches
+    alpha_scale:       c ∈ [0, 1], the inner steps' share at the far endpoint: α_j ← c·α_j (:func:`jagg_alpha`);
+                       1 = the paper's interpolation, 0 = every inner step credited to the near endpoint J_0,
+                       whose state comes before any of the window's injected noise (module docstring, "Where
+                       the far endpoint's weight goes"); the same cost at every c
     cv_frac:           control variate (strategy jagg): the fraction p of the samples of each JAGG group whose
                        exact − JAGG correction is added, weighted B / m (module docstring); 0 = plain JAGG,
                        1 = the exact gradient; the draw comes from ``policy_update``'s ``generator``
@@ -103,6 +116,7 @@ class UpdateConfig:
     kl_form: str = "flow-grpo"
     micro_batch: int | None = None
     cv_frac: float = 0.0
+    alpha_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -130,6 +144,8 @@ class UpdateConfig:
             raise ValueError(f"micro_batch: must be an integer >= 1 or None, got {self.micro_batch}")
         if not 0.0 <= self.cv_frac <= 1.0:
             raise ValueError(f"cv_frac: must be in [0, 1], got {self.cv_frac}")
+        if not 0.0 <= self.alpha_scale <= 1.0:
+            raise ValueError(f"alpha_scale: must be in [0, 1], got {self.alpha_scale}")
         if self.cv_frac > 0 and self.strategy != "jagg":
             raise ValueError(
                 f"cv_frac: only with strategy jagg (got strategy {self.strategy}); use cv_frac=0"
@@ -149,6 +165,18 @@ def interpolation_weights(t: torch.Tensor) -> torch.Tensor:
     if t.numel() < 2:
         raise ValueError("interpolation_weights: a group needs at least 2 timesteps")
     return (t[0] - t) / (t[0] - t[-1])
+
+
+def jagg_alpha(t: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """The weights JAGG gives the far endpoint: α_j of :func:`interpolation_weights` with the inner ones scaled by
+    ``scale`` (``UpdateConfig.alpha_scale``): α'_0 = 0, α'_{W−1} = 1 (each endpoint keeps its own credit) and
+    α'_j = scale·α_j for 0 < j < W − 1. Shape: t (W,) → (W,)."""
+    alpha = interpolation_weights(t)
+    if scale == 1.0:
+        return alpha
+    inner = torch.zeros_like(alpha, dtype=torch.bool)
+    inner[1:-1] = True
+    return torch.where(inner, scale * alpha, alpha)
 
 
 def aggregate_upstream(s: torch.Tensor, alpha: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -447,7 +475,7 @@ class UpdateState:
 
     def jagg_group(self, steps: list[int], sequential: bool) -> None:
         first, last, inner = steps[0], steps[-1], steps[1:-1]
-        alpha = interpolation_weights(self.traj.sigmas[steps])  # (W,)
+        alpha = jagg_alpha(self.traj.sigmas[steps], self.update.alpha_scale)  # (W,)
         drawn = self.drawn(steps)
         if drawn is not None and any(len(rows) for rows in drawn):
             self.control_variate_group(steps, alpha, drawn, sequential)

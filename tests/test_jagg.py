@@ -51,10 +51,10 @@ def sde_rollout(model, sampler, batch=4, seed=0, cond=None, perturb=0.05):
     return traj, adv
 
 
-def jagg_by_definition(model, traj, adv, sampler, clip_range, steps):
+def jagg_by_definition(model, traj, adv, sampler, clip_range, steps, alpha_scale=1.0):
     """JAGG's surrogate of one group written out: v̂_0ᵀ s_base + v̂_{W−1}ᵀ s_corr, with every s_j = ∂L/∂v̂_j taken by
-    plain autograd on the group's full graph (L = (1/K) Σ_{j ∈ steps} L_j) and α from the steps' σ. Its
-    gradient is G_jagg of the group."""
+    plain autograd on the group's full graph (L = (1/K) Σ_{j ∈ steps} L_j) and α from the steps' σ, the inner
+    ones times ``alpha_scale``. Its gradient is G_jagg of the group."""
     K = len(traj.sde_steps)
     vs = [model(traj.latents[j], traj.sigmas[j].expand(traj.batch_size), traj.cond) for j in steps]
     total = 0
@@ -63,6 +63,7 @@ def jagg_by_definition(model, traj, adv, sampler, clip_range, steps):
         total = total + ppo_clip_loss(out.log_prob, traj.log_probs[j], adv, clip_range)[0] / K
     s = torch.stack(torch.autograd.grad(total, vs, retain_graph=True))  # (W, B, N, C)
     alpha = interpolation_weights(traj.sigmas[steps])
+    alpha = torch.cat([alpha[:1], alpha_scale * alpha[1:-1], alpha[-1:]])
     s_base = sum((1 - a) * s_j for a, s_j in zip(alpha, s))
     s_corr = sum(a * s_j for a, s_j in zip(alpha, s))
     return (vs[0] * s_base).sum() + (vs[-1] * s_corr).sum()

@@ -262,6 +262,12 @@ class TrainConfig:
         " get the exact - JAGG correction, weighted so that the expected gradient is the exact one (0 = plain"
         " JAGG, biased where the Jacobian is not linear in t; 1 = exact).",
     )
+    alpha_scale: float = _f(
+        1.0,
+        "JAGG's weight of the inner steps at the far endpoint, as a fraction of the paper's alpha_j (strategy"
+        " jagg): 1 = the paper's interpolation; 0 = every inner step credited to the near endpoint, whose state"
+        " holds none of the window's injected noise. The same cost at every value.",
+    )
     jagg_until_step: int | None = _f(
         None,
         "Strategy jagg up to and including this training step, then the exact backward of the same window with"
@@ -470,6 +476,7 @@ class TrainConfig:
             window=self.window,
             jagg_frac=self.jagg_frac,
             cv_frac=self.cv_frac,
+            alpha_scale=self.alpha_scale,
             endpoint_backward=self.endpoint_backward,
             reuse_rollout_velocity=self.reuse_rollout_velocity,
             micro_batch=self.train_micro_batch,

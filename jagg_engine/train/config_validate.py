@@ -61,6 +61,7 @@ FLOAT_BOUNDS: dict[str, tuple[float, float, bool]] = {
     "lora_alpha": (0.0, 1e5, False),
     "jagg_frac": (0.0, 1.0, True),
     "cv_frac": (0.0, 1.0, True),
+    "alpha_scale": (0.0, 1.0, True),
     "auto_route_threshold": (-1.0, 1.0, True),
 }
 REWARD_WEIGHT_MAX = 1e3  # |weight| of each reward
@@ -279,6 +280,12 @@ def validate_update(cfg: TrainConfig) -> None:
         )
     _bounded("jagg_frac", cfg.jagg_frac)
     _bounded("cv_frac", cfg.cv_frac)
+    _bounded("alpha_scale", cfg.alpha_scale)
+    if cfg.alpha_scale != 1.0 and cfg.strategy != "jagg":
+        raise ConfigError(
+            f"alpha_scale: weighs JAGG's endpoints; needs strategy jagg, got strategy {cfg.strategy!r}"
+            " (use alpha_scale=1)"
+        )
     if cfg.jagg_until_step is not None and cfg.strategy != "jagg":
         raise ConfigError(
             f"jagg_until_step: switches from jagg to exact; needs strategy jagg, got strategy {cfg.strategy!r}"
