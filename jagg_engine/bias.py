@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from .backbones.base import VelocityFn
-from .jagg import UpdateConfig, UpdateState, group_plan, jagg_alpha
+from .jagg import UpdateConfig, UpdateState, group_plan, interpolation_weights, jagg_alpha
 from .sde import SamplerConfig, Trajectory
 
 
@@ -54,10 +54,12 @@ class InnerStep:
     group: int
     step: int
     t: float
-    alpha: float
+    alpha: float  # the weight the run's update gives the far endpoint (the paper's α_j times alpha_scale)
+    alpha_paper: float  # the paper's α_j = (t_0 − t_j) / (t_0 − t_{W−1})
     c: torch.Tensor
     a: torch.Tensor
     b: torch.Tensor
+    b_rep: torch.Tensor | None = None  # J(z̃_{W−1})ᵀ s_j at a replica of the far state (``replicas``)
 
 
 @dataclass
@@ -79,6 +81,28 @@ def _vjp(output: torch.Tensor, upstream: torch.Tensor, params: list[torch.nn.Par
     )
 
 
+def replica_far_velocity(
+    state: UpdateState, steps: list[int], k: int, v_k: torch.Tensor, generator: torch.Generator
+) -> torch.Tensor:
+    """v̂ with grad at a replica z̃_{W−1} of the group's far state: from the rollout's own z_j (j = ``steps[k]``,
+    velocity ``v_k``) the SDE steps j … W−2 re-sampled with fresh noise from ``generator`` (no-grad forwards
+    in between). z̃_{W−1} follows the path up to z_j and is independent of the noise ε_j … ε_{W−2} the rollout
+    injected, which s_j is correlated with: J(z̃_{W−1})ᵀ s_j is the far endpoint's credit without that coupling.
+    Shape: (b, *S)."""
+    traj = state.traj
+    if steps != list(range(steps[0], steps[-1] + 1)):
+        raise ValueError(f"replicas: a group of consecutive grid steps, got {steps}")
+    z, v = traj.latents[steps[k]], v_k.detach()
+    for i in range(k, len(steps) - 1):
+        j = steps[i]
+        if i > k:
+            with torch.no_grad():
+                v = state.model(z, state.t(j), traj.cond)
+        noise = torch.randn(z.shape, generator=generator, dtype=z.dtype, device="cpu").to(z.device)
+        z = state.sampler.step(v, z, j, traj.sigmas, noise=noise).prev_sample.detach()
+    return state.model(z, state.t(steps[-1]), traj.cond)
+
+
 def rollout_gradients(
     model: VelocityFn,
     params: list[torch.nn.Parameter],
@@ -87,11 +111,13 @@ def rollout_gradients(
     update: UpdateConfig,
     sampler: SamplerConfig,
     ref_model: VelocityFn | None = None,
+    replicas: torch.Generator | None = None,
 ) -> RolloutGradients:
     """The exact and JAGG gradients of one rollout under ``update``'s grouping and routing (JAGG's own estimate:
     no control variate), and each inner step's c, a, b (:class:`InnerStep`). Every trained step is forwarded
     once with grad per micro-batch; g_exact = Σ_j c_j, g_jagg = Σ_ends c + Σ_inner (1 − α_j)·a_j + α_j·b_j
-    (exact groups count c_j in both)."""
+    (exact groups count c_j in both). ``replicas``: a generator; each inner step also gets b_rep, the far
+    endpoint's product at a replica of z_{W−1} (:func:`replica_far_velocity`)."""
     update = dataclasses.replace(update, cv_frac=0.0)
     state = UpdateState(model, traj, advantages, update, sampler, ref_model, rollout_policy=False)
     plan = group_plan(traj.sde_steps, update)
@@ -106,6 +132,7 @@ def rollout_gradients(
             ss = {j: state.upstream(vs[j], j) for j in steps}
             routed = kind == "jagg" and len(steps) > 2
             alpha = jagg_alpha(traj.sigmas[steps], update.alpha_scale) if routed else None
+            paper = interpolation_weights(traj.sigmas[steps]) if routed else None
             for k, j in enumerate(steps):
                 c = _vjp(vs[j], ss[j], params)
                 exact += c
@@ -118,10 +145,17 @@ def rollout_gradients(
                 jagg += (1 - w) * a + w * b
                 if j not in inner:  # summed over the micro-batches, as the gradients
                     zero = torch.zeros_like(c)
-                    inner[j] = InnerStep(g, j, float(traj.sigmas[j]), w, zero.clone(), zero.clone(), zero)
+                    rep = None if replicas is None else zero.clone()
+                    inner[j] = InnerStep(
+                        g, j, float(traj.sigmas[j]), w, float(paper[k]), zero.clone(), zero.clone(), zero, rep
+                    )
                 inner[j].c += c
                 inner[j].a += a
                 inner[j].b += b
+                if replicas is not None:
+                    v_rep = replica_far_velocity(state, steps, k, vs[j], replicas)
+                    inner[j].b_rep += _vjp(v_rep, ss[j], params)
+                    del v_rep
             del vs, ss
     return RolloutGradients(exact, jagg, [inner[j] for j in sorted(inner)])
 
@@ -135,6 +169,7 @@ def _dot(x: torch.Tensor, y: torch.Tensor) -> float:
     return float(x.double() @ y.double())
 
 
+ALPHA_SCALES = (0.0, 0.25, 0.5, 0.75, 1.0)  # the alpha_scale values whose estimators the study reports
 GROUPS = 8  # rollouts are summed in this many interleaved groups (k mod 8): the jackknife's and halves' unit
 
 
@@ -153,6 +188,7 @@ class BiasAccumulator:
 
     def __init__(self) -> None:
         self.k = 0
+        self.keys: list[str] = []  # the vectors kept, in a fixed order: E, d, then per inner step u, w (, x)
         self.sums: dict[str, list[torch.Tensor | None]] = {}
         self.own: dict[tuple[str, str], list[list[float]]] = {}  # per group, the rollouts' ⟨x_k, y_k⟩
         self.steps: dict[str, dict[str, Any]] = {}
@@ -171,8 +207,17 @@ class BiasAccumulator:
         vecs = {"E": r.exact, "d": d}
         for s in r.inner:
             key = f"s{s.step}"
-            self.steps.setdefault(key, {"group": s.group, "step": s.step, "t": s.t, "alpha": s.alpha})
+            row = {"group": s.group, "step": s.step, "t": s.t, "alpha": s.alpha, "alpha_paper": s.alpha_paper}
+            self.steps.setdefault(key, row)
             vecs[f"{key}.u"], vecs[f"{key}.w"] = s.b - s.a, s.c - s.a
+            if s.b_rep is not None:
+                vecs[f"{key}.x"] = s.b - s.b_rep  # the far credit's coupling to the step's own noise
+        if not self.keys:
+            self.keys = list(vecs)
+        elif list(vecs) != self.keys:
+            raise ValueError(
+                f"rollouts: every rollout needs the same inner steps, got {list(vecs)} after {self.keys}"
+            )
         for key, x in vecs.items():
             self._add(key, x, g)
         for x, y in self._pairs():
@@ -181,16 +226,8 @@ class BiasAccumulator:
         self.k += 1
 
     def _pairs(self) -> list[tuple[str, str]]:
-        pairs = [("E", "E"), ("E", "d"), ("d", "d")]
-        for key in self.steps:
-            pairs += [
-                (f"{key}.u", f"{key}.u"),
-                (f"{key}.u", f"{key}.w"),
-                (f"{key}.w", f"{key}.w"),
-                ("E", f"{key}.u"),
-            ]
-            pairs += [("E", f"{key}.w")]
-        return pairs
+        """Every pair of kept vectors (with itself): any linear combination's figures come from them."""
+        return [(x, y) for i, x in enumerate(self.keys) for y in self.keys[i:]]
 
     # -- estimates over a set of groups (all of them, or all but one for the jackknife)
     def _total(self, key: str, groups: list[int]) -> torch.Tensor:
@@ -204,9 +241,48 @@ class BiasAccumulator:
         n = len(own)
         return (float(totals[x] @ totals[y]) - sum(own)) / (n * (n - 1))
 
+    def _estimators(
+        self, u: dict[tuple[str, str], float], own: dict[tuple[str, str], float]
+    ) -> dict[str, float]:
+        """Per alpha_scale c of :data:`ALPHA_SCALES`, JAGG at c (its deviation from exact is
+        d_c = Σ_j (c·α_j·u_j − w_j), α_j the paper's): rel_bias, bias_along and noise (tr Cov g_c / ‖E g_exact‖²);
+        with replicas, the coupling part ‖E Σ_j c·α_j·x_j‖ / ‖E g_exact‖ and the bias of the replica estimator
+        (the far credit at z̃_{W−1}: d_c − Σ_j c·α_j·x_j)."""
+
+        def quad(a: dict[str, float], b: dict[str, float], table: dict[tuple[str, str], float]) -> float:
+            return sum(
+                ca * cb * (table[(x, y)] if (x, y) in table else table[(y, x)])
+                for x, ca in a.items()
+                for y, cb in b.items()
+            )
+
+        ee = u[("E", "E")]
+        out: dict[str, float] = {}
+        replicas = all(f"{key}.x" in self.keys for key in self.steps)
+        for c in ALPHA_SCALES:
+            d = {
+                k: v
+                for key, row in self.steps.items()
+                for k, v in ((f"{key}.u", c * row["alpha_paper"]), (f"{key}.w", -1.0))
+            }
+            x = {f"{key}.x": c * row["alpha_paper"] for key, row in self.steps.items()} if replicas else {}
+            g = {"E": 1.0, **d}
+            dd, ed = quad(d, d, u), quad({"E": 1.0}, d, u)
+            name = f"c{c:g}"
+            out[f"{name}.rel_bias_u"] = math.sqrt(max(dd, 0.0) / ee) if ee > 0 else math.nan
+            out[f"{name}.bias_along_u"] = ed / ee if ee > 0 else math.nan
+            out[f"{name}.noise_u"] = (quad(g, g, own) - quad(g, g, u)) / ee if ee > 0 else math.nan
+            if replicas:
+                xx, xd = quad(x, x, u), quad(x, d, u)
+                out[f"{name}.coupling_u"] = math.sqrt(max(xx, 0.0) / ee) if ee > 0 else math.nan
+                rep = dd - 2 * xd + xx  # ‖E(d − x)‖²
+                out[f"{name}.rel_bias_replica_u"] = math.sqrt(max(rep, 0.0) / ee) if ee > 0 else math.nan
+        return out
+
     def _figures(self, groups: list[int]) -> dict[str, float]:
         totals = {key: self._total(key, groups) for key in self.sums}
         u = {pair: self._u(*pair, groups, totals) for pair in self._pairs()}
+        own = {pair: sum(v := self._own_values(*pair, groups)) / len(v) for pair in self._pairs()}
         ee, ed, dd = u[("E", "E")], u[("E", "d")], u[("d", "d")]
         jj, je = ee + 2 * ed + dd, ee + ed  # J = E + d
         out = {
@@ -230,6 +306,12 @@ class BiasAccumulator:
             out[f"{key}.credit_along_u"] = along / ee if ee > 0 else math.nan
             out[f"{key}.alpha_best_u"] = best
             out[f"{key}.credit_error_best_u"] = math.sqrt(max(best2, 0.0) / ee) if ee > 0 else math.nan
+            if f"{key}.x" in self.keys:  # the best α of the far credit taken at the replica: u − x
+                x = f"{key}.x"
+                rr = uu - 2 * u[(f"{key}.u", x)] + u[(x, x)]
+                rw = uw - u[(x, f"{key}.w") if (x, f"{key}.w") in u else (f"{key}.w", x)]
+                out[f"{key}.alpha_best_replica_u"] = rw / rr if rr > 0 else math.nan
+        out.update(self._estimators(u, own))
         return out
 
     def summary(self) -> dict[str, Any]:
@@ -276,8 +358,22 @@ class BiasAccumulator:
                         f"{name}_se": se.get(f"{key}.{name}", nan)
                         for name in ("credit_error_u", "credit_along_u", "alpha_best_u")
                     },
+                    **{
+                        name: whole.get(f"{key}.{name}", nan)
+                        if suffix == ""
+                        else se.get(f"{key}.{name[:-3]}", nan)
+                        for name, suffix in (("alpha_best_replica_u", ""), ("alpha_best_replica_u_se", "se"))
+                    },
                 }
             )
+        estimators = []
+        for c in ALPHA_SCALES:
+            row: dict[str, Any] = {"alpha_scale": c}
+            for name in ("rel_bias_u", "bias_along_u", "noise_u", "coupling_u", "rel_bias_replica_u"):
+                key = f"c{c:g}.{name}"
+                if key in whole:
+                    row[name], row[f"{name}_se"] = whole[key], se.get(key, nan)
+            estimators.append(row)
         return {
             "rollouts": K,
             "cos_expected": _cos(g + d, g),
@@ -297,6 +393,7 @@ class BiasAccumulator:
             "per_batch_cos_mean": sum(self.batch_cos) / K,
             "per_batch_cos_min": min(self.batch_cos),
             "inner_steps": steps,
+            "estimators": estimators,
         }
 
 

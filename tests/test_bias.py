@@ -86,7 +86,9 @@ def synthetic(K: int, seed: int, mu, delta, noise: float, inner_alpha: float, be
         a, b = ea + n(), eb + n()
         c = (1 - best) * ea + best * eb + n()
         out.append(
-            RolloutGradients(exact, exact + delta + 0.3 * n(), [InnerStep(0, 1, 0.9, inner_alpha, c, a, b)])
+            RolloutGradients(
+                exact, exact + delta + 0.3 * n(), [InnerStep(0, 1, 0.9, inner_alpha, inner_alpha, c, a, b)]
+            )
         )
     return out
 
@@ -114,6 +116,39 @@ def test_the_unbiased_figures_find_a_known_bias_the_means_figures_misstate():
     assert abs(step["alpha_best_u"] - 0.8) <= 4 * step["alpha_best_u_se"]
     # credit error at α = 0.5 where the best is 0.8: ‖0.3·(E b − E a)‖ / ‖μ‖
     assert step["credit_error_u"] > step["credit_error_best_u"]
+
+
+def test_the_estimator_table_finds_a_known_coupling_bias_and_noise():
+    """One inner step (α = 0.5) whose far credit b carries a coupling x̄ = E(b − b_rep) and whose exact credit is
+    c = a + 0.5·(b_rep − a) on average: JAGG at alpha_scale c' deviates by E d = c'·α·(E b − E a) − (E c − E a),
+    the replica estimator by that minus c'·α·x̄; the noise of g_c' is the sum of its parts' variances."""
+    P, K, noise, alpha = 200, 400, 0.05, 0.5
+    g = torch.Generator().manual_seed(4)
+    mu, ea, xbar = (torch.randn(P, generator=g, dtype=F64) for _ in range(3))
+    mu, xbar = mu / mu.norm(), 0.4 * xbar / xbar.norm()
+    eb_rep = ea + 0.6 * torch.randn(P, generator=g, dtype=F64) / math.sqrt(P)
+    eb, ec = eb_rep + xbar, ea + 0.5 * (eb_rep - ea)
+    acc = BiasAccumulator()
+    for _ in range(K):
+        n = lambda: noise * torch.randn(P, generator=g, dtype=F64)  # noqa: E731
+        exact, a, b, c = mu + n(), ea + n(), eb + n(), ec + n()
+        step = InnerStep(0, 1, 0.9, alpha, alpha, c, a, b, b_rep=eb_rep + n())
+        acc.add(RolloutGradients(exact, exact + alpha * (b - a) - (c - a), [step]))
+    rows = {row["alpha_scale"]: row for row in acc.summary()["estimators"]}
+    assert set(rows) == {0.0, 0.25, 0.5, 0.75, 1.0}
+    for scale, row in rows.items():
+        d = scale * alpha * (eb - ea) - (ec - ea)
+        assert abs(row["rel_bias_u"] - float(d.norm())) <= 4 * row["rel_bias_u_se"] + 1e-3
+        assert abs(row["bias_along_u"] - float(d @ mu)) <= 4 * row["bias_along_u_se"] + 1e-3
+        assert abs(row["coupling_u"] - scale * alpha * float(xbar.norm())) <= 4 * row["coupling_u_se"] + 1e-3
+        rep = d - scale * alpha * xbar
+        assert abs(row["rel_bias_replica_u"] - float(rep.norm())) <= 4 * row["rel_bias_replica_u_se"] + 1e-3
+        var = noise**2 * P * (1 + (scale * alpha) ** 2 + (1 - scale * alpha) ** 2 + 1)
+        assert row["noise_u"] == pytest.approx(var, rel=0.15)
+    assert rows[1.0]["coupling_u_se"] < 0.1 * rows[1.0]["coupling_u"]  # resolved at this K
+    (step_row,) = acc.summary()["inner_steps"]
+    # the far credit at the replica, b_rep: E c = a + 0.5·(b_rep − a), so its best α is 0.5
+    assert abs(step_row["alpha_best_replica_u"] - 0.5) <= 4 * step_row["alpha_best_replica_u_se"] + 1e-2
 
 
 def test_no_bias_reads_as_none_within_its_standard_error():
@@ -184,9 +219,55 @@ def test_study_bias_json_on_a_tiny_shapes_run(shapes_run: Path, tmp_path: Path, 
     assert code == 0 and json.loads(text0)["rel_bias"] != result["rel_bias"]
 
 
+def test_study_bias_replicas_and_eta(shapes_run: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "bias"
+    code, text, _ = jagg(
+        capsys, "study", "bias", "--runs-dir", str(shapes_run), "--run", "1", "--step", "2", "--rollouts", "3",
+        "--replicas", "--eta", "0.3", "--json", "--out", str(out),
+    )  # fmt: skip
+    assert code == 0, text
+    result = json.loads(text, parse_constant=_not_json)
+    assert result["eta"] == 0.3 and result["replicas"] is True
+    rows = result["estimators"]
+    assert [r["alpha_scale"] for r in rows] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert rows[0]["coupling_u"] == 0.0  # c = 0 puts nothing at the far endpoint
+    assert all("rel_bias_replica_u" in r and "noise_u" in r for r in rows)
+    assert "| c | rel_bias | bias_along | noise | coupling |" in (out / "bias-run1-step2.md").read_text()
+    code, text7, _ = jagg(
+        capsys, "study", "bias", "--runs-dir", str(shapes_run), "--run", "1", "--step", "2", "--rollouts", "3",
+        "--json",
+    )  # fmt: skip
+    assert (
+        code == 0 and json.loads(text7)["eta"] == 0.7 and json.loads(text7)["rel_bias"] != result["rel_bias"]
+    )
+
+
+def test_the_replica_coupling_vanishes_where_the_jacobian_ignores_z() -> None:
+    """v = A·z + θ_0 + t·θ_1 with A fixed: ∂v/∂θ does not depend on z, so the far credit at a replica of z_{W−1}
+    is the far credit (x = b − b_rep = 0); with A trained it depends on z and the replica moves it."""
+    from jagg_engine.backbones.linear_toy import LinearToy
+    from jagg_engine.bias import rollout_gradients
+    from jagg_engine.jagg import UpdateConfig
+    from jagg_engine.sde import SamplerConfig, rollout
+
+    for train_a, vanishes in ((False, True), (True, False)):
+        model = LinearToy(train_a=train_a)
+        sampler = SamplerConfig(num_steps=6, eta=0.7, sde_window=(0, 4))
+        g = torch.Generator().manual_seed(0)
+        traj = rollout(model, None, torch.randn(6, 16, generator=g, dtype=F64), sampler, generator=g)
+        adv = torch.randn(6, generator=g, dtype=F64)
+        params = model.trainable_parameters()
+        r = rollout_gradients(model, params, traj, adv, UpdateConfig(window=4), sampler, replicas=g)
+        assert len(r.inner) == 2
+        for step in r.inner:
+            gap = float((step.b - step.b_rep).norm() / step.b.norm())
+            assert (gap <= 1e-12) if vanishes else (gap > 1e-3)
+
+
 @pytest.mark.parametrize(
     ("argv", "line"),
     [
+        (["--run", "1", "--eta", "0"], "--eta: must be in (0, 10]"),
         (["--run", "1", "--rollouts", "1"], "--rollouts: must be an integer >= 2"),
         (["--run", "2"], "--run: run 2 trains strategy exact with W = 4; the bias is JAGG's"),
         (["--run", "1", "--step", "7"], "--step: run 1 has no checkpoint at step 7; its checkpoints: 1, 2"),
