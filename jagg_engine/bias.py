@@ -257,6 +257,7 @@ class BiasAccumulator:
             )
 
         ee = u[("E", "E")]
+        gg = own[("E", "E")]  # mean ‖g_exact‖² of one rollout: resolved at any K, unlike ‖E g‖²
         out: dict[str, float] = {}
         replicas = all(f"{key}.x" in self.keys for key in self.steps)
         for c in ALPHA_SCALES:
@@ -272,9 +273,13 @@ class BiasAccumulator:
             out[f"{name}.rel_bias_u"] = math.sqrt(max(dd, 0.0) / ee) if ee > 0 else math.nan
             out[f"{name}.bias_along_u"] = ed / ee if ee > 0 else math.nan
             out[f"{name}.noise_u"] = (quad(g, g, own) - quad(g, g, u)) / ee if ee > 0 else math.nan
+            # the squared bias in units of one rollout's ‖g_exact‖² (no ‖E g‖² in it, so it is resolved where
+            # the signal is not; compare with signal_share_u, the same units for ‖E g_exact‖²)
+            out[f"{name}.bias_share_u"] = dd / gg
             if replicas:
                 xx, xd = quad(x, x, u), quad(x, d, u)
                 out[f"{name}.coupling_u"] = math.sqrt(max(xx, 0.0) / ee) if ee > 0 else math.nan
+                out[f"{name}.coupling_share_u"] = xx / gg
                 rep = dd - 2 * xd + xx  # ‖E(d − x)‖²
                 out[f"{name}.rel_bias_replica_u"] = math.sqrt(max(rep, 0.0) / ee) if ee > 0 else math.nan
         return out
@@ -369,7 +374,15 @@ class BiasAccumulator:
         estimators = []
         for c in ALPHA_SCALES:
             row: dict[str, Any] = {"alpha_scale": c}
-            for name in ("rel_bias_u", "bias_along_u", "noise_u", "coupling_u", "rel_bias_replica_u"):
+            for name in (
+                "rel_bias_u",
+                "bias_along_u",
+                "noise_u",
+                "bias_share_u",
+                "coupling_u",
+                "coupling_share_u",
+                "rel_bias_replica_u",
+            ):
                 key = f"c{c:g}.{name}"
                 if key in whole:
                     row[name], row[f"{name}_se"] = whole[key], se.get(key, nan)
@@ -390,6 +403,7 @@ class BiasAccumulator:
             "bias_along_u": whole["bias_along_u"],
             "bias_along_u_se": se.get("bias_along_u", nan),
             "signal_share_u": whole["signal_share_u"],
+            "signal_share_u_se": se.get("signal_share_u", nan),
             "per_batch_cos_mean": sum(self.batch_cos) / K,
             "per_batch_cos_min": min(self.batch_cos),
             "inner_steps": steps,

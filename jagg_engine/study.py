@@ -358,7 +358,7 @@ def _bias_lines(r: dict[str, Any]) -> list[str]:
     def pm(key: str, row: dict[str, Any] | None = None, fmt: str = ".4f") -> str:
         row = r if row is None else row
         se = row.get(f"{key}_se", math.nan)
-        return f"{row[key]:{fmt}}" + ("" if math.isnan(se) else f" ± {se:.4f}")
+        return f"{row[key]:{fmt}}" + ("" if math.isnan(se) else f" ± {se:{'.2e' if 'e' in fmt else '.4f'}}")
 
     lines = [
         f"JAGG's expected-gradient bias: {r['subject']} ({r['backbone']}), W = {r['window']}, trained steps "
@@ -399,7 +399,9 @@ def _bias_lines(r: dict[str, Any]) -> list[str]:
         lines += [
             "",
             "JAGG at each alpha_scale c (the inner steps' far weight c·α_j; the same cost), unbiased ± jackknife SE;"
-            " noise = tr Cov(g) / ‖E g_exact‖²"
+            " noise = tr Cov(g) / ‖E g_exact‖²; bias share = ‖E(g_c − g_exact)‖² / mean ‖g_exact‖², in the units"
+            " of the signal share above (no ‖E g‖² in it, so resolved where rel_bias is not: a bias share"
+            " beside the signal share is a bias as large as the signal)"
             + (
                 "; coupling = the part of the bias from pairing ε_j with a far state that holds it, replica = the"
                 " bias left with the far credit at a replica of that state"
@@ -407,17 +409,17 @@ def _bias_lines(r: dict[str, Any]) -> list[str]:
                 else ""
             ),
             "",
-            "| c | rel_bias | bias_along | noise |"
-            + (" coupling | replica's rel_bias |" if replicas else ""),
-            "|---|---|---|---|" + ("---|---|" if replicas else ""),
+            "| c | rel_bias | bias_along | noise | bias share |"
+            + (" coupling | coupling share | replica's rel_bias |" if replicas else ""),
+            "|---|---|---|---|---|" + ("---|---|---|" if replicas else ""),
         ]
         for e in r["estimators"]:
             line = (
                 f"| {e['alpha_scale']:g} | {pm('rel_bias_u', e)} | {pm('bias_along_u', e, '+.4f')} |"
-                f" {e['noise_u']:.1f} |"
+                f" {e['noise_u']:.1f} | {pm('bias_share_u', e, '.2e')} |"
             )
             if replicas:
-                line += f" {pm('coupling_u', e)} | {pm('rel_bias_replica_u', e)} |"
+                line += f" {pm('coupling_u', e)} | {pm('coupling_share_u', e, '.2e')} | {pm('rel_bias_replica_u', e)} |"
             lines.append(line)
     return lines
 

@@ -145,6 +145,11 @@ def test_the_estimator_table_finds_a_known_coupling_bias_and_noise():
         assert abs(row["rel_bias_replica_u"] - float(rep.norm())) <= 4 * row["rel_bias_replica_u_se"] + 1e-3
         var = noise**2 * P * (1 + (scale * alpha) ** 2 + (1 - scale * alpha) ** 2 + 1)
         assert row["noise_u"] == pytest.approx(var, rel=0.15)
+        # the shares: ‖E d‖² and ‖E x‖² over one rollout's mean ‖g_exact‖² (= ‖μ‖² + noise² P = 1.5 here)
+        gg = 1.0 + noise**2 * P
+        assert abs(row["bias_share_u"] - float(d @ d) / gg) <= 4 * row["bias_share_u_se"] + 1e-3
+        xs = (scale * alpha) ** 2 * float(xbar @ xbar) / gg
+        assert abs(row["coupling_share_u"] - xs) <= 4 * row["coupling_share_u_se"] + 1e-3
     assert rows[1.0]["coupling_u_se"] < 0.1 * rows[1.0]["coupling_u"]  # resolved at this K
     (step_row,) = acc.summary()["inner_steps"]
     # the far credit at the replica, b_rep: E c = a + 0.5·(b_rep − a), so its best α is 0.5
