@@ -370,3 +370,30 @@ def test_a_run_that_fails_stops_the_race_in_one_line(tmp_path):
     pids = [int(pid) for pid in re.findall(r"\(pid (\d+)\)", proc.stderr)]  # the heat's line: both trainers
     assert len(pids) == 2 and not any(pid_alive(pid) for pid in pids)
     assert json.loads((out / "race.json").read_text())["status"] == "failed"
+
+
+def test_the_paired_table_counts_seeds_below_and_averages_the_batch_spread():
+    import pandas as pd
+
+    from jagg_engine.race.summary import batch_spread, markdown_table
+
+    frame = pd.DataFrame({"step": range(1, 31), "reward/std": [0.4] * 10 + [0.45] * 10 + [0.5] * 10})
+    assert batch_spread(frame) == pytest.approx((0.4, 0.5))
+    assert batch_spread(pd.DataFrame({"step": [1]})) is None
+
+    def curve(final: float) -> Curve:
+        return Curve((0, 10), (0.0, 100.0), (1.0, final))
+
+    curves = {
+        "exact": {0: curve(1.10), 1: curve(1.20), 2: curve(1.30)},
+        "jagg": {0: curve(1.05), 1: curve(1.21)},
+    }
+    spreads = {"exact": {0: (0.4, 0.38), 1: (0.4, 0.36)}, "jagg": {0: (0.4, 0.5), 1: (0.42, 0.46)}}
+    s = summarise(curves, "exact", spreads)
+    p = s["variants"][1]["paired"]
+    assert p["seeds_paired"] == 2 and p["seeds_below"] == 1  # seed 2 has no jagg run: not paired
+    assert p["final_gap_mean"] == pytest.approx((-0.05 + 0.01) / 2)
+    assert p["final_gap_se"] == pytest.approx(0.06 / 2**0.5 / 2**0.5)  # stdev of (−0.05, 0.01) over √2
+    assert (p["spread_first"], p["spread_last"]) == pytest.approx((0.41, 0.48))
+    assert "| jagg | -0.0200 ± 0.0300 | 1/2 | 0.410 → 0.480 |" in markdown_table(s)
+    assert "paired" not in summarise(curves, "exact")["variants"][1]

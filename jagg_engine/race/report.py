@@ -25,7 +25,7 @@ from jagg_engine.store import DB_NAME, HISTORY_FILE, RUN_FILE, RunStore, open_st
 from .figure import race_svg
 from .folder import _read_plan, _write_atomic, race_state
 from .plan import HISTORY_DIR, RACE_JSON, RACE_MD, RACE_SVG, RaceError
-from .summary import Curve, eval_curve, markdown_table, summarise
+from .summary import Curve, batch_spread, eval_curve, markdown_table, summarise
 
 _THREADS_LOG = re.compile(r"torch CPU threads: (\d+)")
 
@@ -48,6 +48,7 @@ def report(
         raise UsageError(f"--baseline: {baseline!r} is not a variant of this race; one of {', '.join(names)}")
     with race_store(out) as (store, live):
         curves: dict[str, dict[int, Curve]] = {name: {} for name in names}
+        spreads: dict[str, dict[int, tuple[float, float]]] = {name: {} for name in names}
         for entry in plan["runs"]:
             run = store.get_run(entry["run_id"])
             if run is None:
@@ -60,6 +61,9 @@ def report(
             if run["status"] == "finished":
                 try:
                     curves[entry["variant"]][entry["seed"]] = eval_curve(frame)
+                    spread = batch_spread(frame)
+                    if spread is not None:
+                        spreads[entry["variant"]][entry["seed"]] = spread
                 except RaceError as exc:
                     raise RaceError(
                         f"run {run['id']} ({entry['variant']}, seed {entry['seed']}): {exc}"
@@ -69,7 +73,7 @@ def report(
             save_history(out, store, plan)
     against = baseline if baseline is not None else names[0]
     try:
-        summary = summarise(curves, against)
+        summary = summarise(curves, against, spreads)
     except RaceError as exc:
         raise RaceError(f"{unfinished}; {exc}" if unfinished else str(exc)) from None
     summary["partial"] = f"{unfinished}; this report covers only them (partial)" if unfinished else None

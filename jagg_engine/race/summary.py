@@ -92,10 +92,54 @@ def _spread(values: Mapping[int, float | None]) -> dict[str, Any]:
     }
 
 
-def summarise(curves: Mapping[str, Mapping[int, Curve]], baseline: str) -> dict[str, Any]:
+SPREAD_STEPS = 10  # the training steps at each end of a run over which its batch reward spread is averaged
+
+
+def batch_spread(frame: Any) -> tuple[float, float] | None:
+    """A run's batch reward spread (``reward/std``: the standard deviation of the rewards of one step's
+    samples) averaged over its first and last :data:`SPREAD_STEPS` training steps; None without it."""
+    if frame.empty or "reward/std" not in frame:
+        return None
+    values = [float(v) for v in frame["reward/std"].dropna()]
+    if len(values) < 2:
+        return None
+    n = min(SPREAD_STEPS, len(values) // 2)
+    return statistics.fmean(values[:n]), statistics.fmean(values[-n:])
+
+
+def paired(
+    finals: Mapping[int, float], base_finals: Mapping[int, float], spreads: Mapping[int, tuple[float, float]]
+) -> dict[str, Any]:
+    """A variant against the baseline seed by seed: the final eval's difference (mean, its standard error
+    over seeds, the seeds below the baseline's final), and the batch reward spread at the start and the end
+    (seed means): the signature of a run that stops learning while its samples grow apart."""
+    common = sorted(set(finals) & set(base_finals))
+    gaps = {seed: finals[seed] - base_finals[seed] for seed in common}
+    values = list(gaps.values())
+    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
+    got = [spreads[s] for s in sorted(spreads)]
+    return {
+        "final_gap_per_seed": {str(k): v for k, v in gaps.items()},
+        "final_gap_mean": statistics.fmean(values) if values else None,
+        "final_gap_se": se,
+        "seeds_below": sum(v < 0 for v in values),
+        "seeds_paired": len(values),
+        "spread_first": statistics.fmean(a for a, _ in got) if got else None,
+        "spread_last": statistics.fmean(b for _, b in got) if got else None,
+        "spread_per_seed": {str(k): list(v) for k, v in spreads.items()},
+    }
+
+
+def summarise(
+    curves: Mapping[str, Mapping[int, Curve]],
+    baseline: str,
+    spreads: Mapping[str, Mapping[int, tuple[float, float]]] | None = None,
+) -> dict[str, Any]:
     """Time to quality of every variant from its per-seed curves (variant → seed → curve, baseline among
     them): the level, the baseline's training time, and per variant the seed-mean crossing, the per-seed
-    crossings, the ratio, the final eval and the training time. Variants keep their order."""
+    crossings, the ratio, the final eval and the training time; with ``spreads`` (variant → seed → the
+    batch reward spread at the start and the end, :func:`batch_spread`), the variant against the baseline
+    seed by seed (:func:`paired`). Variants keep their order."""
     if not curves.get(baseline) or not any(c.steps for c in curves[baseline].values()):
         raise RaceError(
             f"variant {baseline!r}: the baseline has no finished run with an eval to race against"
@@ -105,6 +149,7 @@ def summarise(curves: Mapping[str, Mapping[int, Curve]], baseline: str) -> dict[
         raise RaceError(f"variant {baseline!r}: its seeds share no eval step")
     level, base_time = base_mean.values[-1], base_mean.times[-1]
     base_final_time = {seed: c.times[-1] for seed, c in curves[baseline].items() if c.steps}
+    base_finals = {seed: c.values[-1] for seed, c in curves[baseline].items() if c.steps}
     results = []
     for name, per_seed in curves.items():
         per_seed = {seed: c for seed, c in per_seed.items() if c.steps}
@@ -132,6 +177,10 @@ def summarise(curves: Mapping[str, Mapping[int, Curve]], baseline: str) -> dict[
                 "curves_per_seed": {str(seed): c.to_dict() for seed, c in per_seed.items()},
             }
         )
+        if spreads is not None:
+            finals = {seed: c.values[-1] for seed, c in per_seed.items()}
+            kept = {seed: v for seed, v in spreads.get(name, {}).items() if seed in per_seed}
+            results[-1]["paired"] = paired(finals, base_finals, kept)
     start = base_mean.values[0] if base_mean.steps[0] == 0 else None
     return {
         "baseline": baseline,
@@ -189,4 +238,25 @@ def markdown_table(summary: Mapping[str, Any]) -> str:
             f"| {name} | {reach} | {ratio} | {span} ({per['reached']}/{per['seeds']}) | {final} |"
             f" {_secs(r['training_time_s']['mean'])} |"
         )
+    rows = [r for r in summary["variants"] if r.get("paired")]
+    if rows:
+        lines += [
+            "",
+            f"Seed by seed against {base}: the final eval's difference (mean ± its standard error over seeds; the"
+            f" seeds that end below {base}), and the batch reward spread (the std of one step's rewards) over the"
+            f" first and the last {SPREAD_STEPS} training steps, seed means.",
+            "",
+            f"| variant | final − {base}'s | seeds below | reward spread: first → last |",
+            "|---|---|---|---|",
+        ]
+        for r in rows:
+            pr = r["paired"]
+            gap = "—" if pr["final_gap_mean"] is None else f"{pr['final_gap_mean']:+.4f}"
+            if pr["final_gap_se"] is not None and not r["baseline"]:
+                gap += f" ± {pr['final_gap_se']:.4f}"
+            spread = (
+                "—" if pr["spread_first"] is None else f"{pr['spread_first']:.3f} → {pr['spread_last']:.3f}"
+            )
+            below = "—" if r["baseline"] else f"{pr['seeds_below']}/{pr['seeds_paired']}"
+            lines.append(f"| {r['variant']} | {gap} | {below} | {spread} |")
     return "\n".join(lines) + "\n"
