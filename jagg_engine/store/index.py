@@ -34,10 +34,12 @@ import threading
 import urllib.parse
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import sqlite_utils
+
+if TYPE_CHECKING:  # pandas is imported where a frame is built: `jagg runs` starts without it
+    import pandas as pd
 
 from .base import (
     BUSY_TIMEOUT_S,
@@ -494,6 +496,8 @@ class Index:
 
     def metrics_frame(self, run_id: int) -> pd.DataFrame:
         """Wide frame: one row per step (column ``step``, ascending), one column per metric key."""
+        import pandas as pd
+
         with self.lock:
             rows = self.db.execute(
                 "SELECT step, key, value FROM metrics WHERE run_id = ? ORDER BY step", [run_id]

@@ -17,10 +17,12 @@ import shutil
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import sqlite_utils
+
+if TYPE_CHECKING:  # pandas is imported where a frame is built: `jagg runs` starts without it
+    import pandas as pd
 
 from . import history, locks
 from .base import (
