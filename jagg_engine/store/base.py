@@ -33,7 +33,7 @@ RUN_FOLDER = re.compile(r"^run-(\d{4,})$")
 REINDEX_HINT = "rebuild it from the run folders with `jagg reindex --runs-dir {root}`"
 INDEX_LOCK = ".jagg.db.lock"  # writers of jagg.db hold it shared for each transaction; reindex exclusively
 REINDEX_WAIT_S = 300.0  # how long a write waits for a reindex to finish
-BUSY_TIMEOUT_S = 10.0
+BUSY_TIMEOUT_S = 30.0  # SQLite's busy timeout: how long one statement waits on another process's lock
 LOG_TAIL_LINES = 20
 RUN_FILE_FORMAT = 1
 

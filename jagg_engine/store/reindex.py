@@ -109,7 +109,9 @@ def _old_index_rows(db: Path) -> dict[int, dict[str, Any]]:
     if not db.is_file():
         return {}
     try:
-        conn = sqlite3.connect("file:" + urllib.parse.quote(str(db.resolve())) + "?mode=ro", uri=True)
+        conn = sqlite3.connect(
+            "file:" + urllib.parse.quote(str(db.resolve())) + "?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S
+        )
         try:
             conn.row_factory = sqlite3.Row
             return {int(r["id"]): dict(r) for r in conn.execute("SELECT * FROM runs")}
