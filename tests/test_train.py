@@ -186,7 +186,7 @@ def test_bad_config_exit_2_one_line_nothing_written(tmp_path, override, field):
 def test_non_finite_reward_stops_the_run_and_keeps_the_checkpoint(tmp_path):
     from jagg_engine.rewards.registry import register_reward
     from jagg_engine.train.config import load_config
-    from jagg_engine.train.trainer import train
+    from jagg_engine.train.process import train
 
     calls = {"n": 0}
 
@@ -213,7 +213,7 @@ def test_training_time_leaves_evals_out_and_goes_on_after_a_resume(tmp_path):
     """time/train_elapsed (the `jagg race` axis): wall time of training only, carried over a crash and resume."""
     from jagg_engine.rewards.registry import register_reward
     from jagg_engine.train.config import load_config
-    from jagg_engine.train.trainer import train
+    from jagg_engine.train.process import train
 
     state = {"calls": 0, "crash": True}
 

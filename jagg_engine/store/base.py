@@ -6,6 +6,7 @@ A runs root holds ``jagg.db`` (the index, :mod:`.index`) and one ``run-NNNN`` fo
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -167,3 +168,13 @@ def file_tail(path: str | os.PathLike[str], lines: int = LOG_TAIL_LINES, max_byt
 def slug(name: str) -> str:
     """A run name as a file-name part."""
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "run"
+
+
+def storage_refusal(exc: BaseException) -> bool:
+    """An error that means "this storage takes no writes now" (read-only, full, no permission)."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT)
+    text = str(exc).lower()
+    return any(
+        s in text for s in ("readonly", "read-only", "disk is full", "unable to open", "disk i/o error")
+    )

@@ -26,7 +26,6 @@ cannot be made) the index opens read-only (``mode=ro``, else ``immutable=1``).
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
 import sqlite3
@@ -56,8 +55,10 @@ from .base import (
     one_line,
     resolve_dir,
     run_folders_with_files,
+    storage_refusal,
     stored_dir,
 )
+from .locks import index_shared
 
 WAL_SIZE_LIMIT = 1 << 20  # bytes the -wal file is truncated to after a checkpoint
 METRIC_TABLES = ("metrics", "latest", "probes", "samples")
@@ -159,8 +160,6 @@ class Index:
         The outermost one starts with ``BEGIN IMMEDIATE`` (:func:`begin_immediate`): SQLite's write lock is
         taken first, waiting on another process's write, so no statement inside ever has to upgrade a read
         to a write (the one case where SQLite answers "database is locked" without waiting)."""
-        from .locks import index_shared
-
         with self.lock:
             outer = self.depth == 0
             if outer and self._index_fd is not None:
@@ -622,16 +621,6 @@ def _unwritable(db_path: Path) -> bool:
         if path.exists():
             return not os.access(path, os.W_OK)
     return False
-
-
-def storage_refusal(exc: BaseException) -> bool:
-    """An error that means "this storage takes no writes now" (read-only, full, no permission)."""
-    if isinstance(exc, OSError):
-        return exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT)
-    text = str(exc).lower()
-    return any(
-        s in text for s in ("readonly", "read-only", "disk is full", "unable to open", "disk i/o error")
-    )
 
 
 WRITE_WAIT_S = 4 * BUSY_TIMEOUT_S  # how long a write (or an open) waits on other processes in all

@@ -1,4 +1,4 @@
-"""One trainer process: ``python -m jagg_engine.train.trainer`` (started by ``jagg train``, alone or under
+"""One trainer process: ``python -m jagg_engine.train.process`` (started by ``jagg train``, alone or under
 ``accelerate launch``) runs :func:`main` → :func:`train`.
 
 :func:`train` takes the run's lock (one trainer per run), sets up logging (``train.log`` in the run folder;
@@ -28,6 +28,7 @@ from jagg_engine.store import ClaimError, RunLock, RunStore, open_store
 from jagg_engine.train.config import ConfigError, TrainConfig
 from jagg_engine.train.files import reserve_space
 from jagg_engine.train.steps import TrainingError
+from jagg_engine.train.trainer import Trainer
 
 log = logging.getLogger("jagg.train")
 
@@ -187,8 +188,6 @@ def _train_locked(
             reserve = reserve_space(Path(run["run_dir"]))
         from accelerate import Accelerator
 
-        from jagg_engine.train.trainer import Trainer  # lazy: that module re-exports this one's names
-
         acc = Accelerator(cpu=not torch.cuda.is_available())
         _mark_started()
         cfg, run_id, resume, from_scratch, run_dir = share_run(
@@ -241,3 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--machine-rank", type=int, default=0)
     args = parser.parse_args(argv)
     return train(args.run_id, args.runs_dir, args.resume, args.machine_rank, args.from_scratch)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
