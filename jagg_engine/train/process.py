@@ -210,6 +210,7 @@ def _train_locked(
             reserve.unlink(missing_ok=True)  # room for the final status, whatever the disk holds now
             store.set_status(run_id, status)
             log.info("run %d %s", run_id, status)
+        close_process_group(acc, together=True)
         return 0
     except ClaimError as exc:  # another trainer has the run: say so, and leave its status alone
         log.error("jagg train: refused: %s", exc)
@@ -229,6 +230,22 @@ def _train_locked(
     finally:
         if reserve is not None:
             reserve.unlink(missing_ok=True)
+        close_process_group(None, together=False)  # a failed rank: its own, at once (the others fail too)
+
+
+def close_process_group(acc: Any, together: bool) -> None:
+    """End this process's part of the process group (several processes): ``together`` waits at a barrier for
+    every rank first (a finished run: rank 0 has written the status), then destroys the group, so that no
+    rank's exit tears down a communicator another still uses (gloo's "Connection closed by peer" abort at
+    exit). A no-op in one process or once destroyed."""
+    if not torch.distributed.is_available() or not torch.distributed.is_initialized():
+        return
+    try:
+        if together and acc is not None:
+            acc.wait_for_everyone()
+        torch.distributed.destroy_process_group()
+    except Exception as exc:  # a peer already gone: nothing left to end cleanly
+        log.warning("process group: %s", " ".join(str(exc).split())[:300])
 
 
 def main(argv: list[str] | None = None) -> int:
