@@ -46,11 +46,17 @@ def form_name(key: str) -> str:
     return label if key in label or key == "overrides" else f"{label} ({key})"
 
 
+# The config's null as a form's box says it (the box's label names it: "0 = throughout"): a refusal that offers
+# "or null" offers this instead.
+FORM_NULLS = {"jagg_until_step": f"{NO_SWITCH} (jagg throughout)"}
+
+
 def form_message(message: Any) -> str:
     """A refusal of the New run form in the form's words: a leading config key named as the form names it
     (:func:`form_name`: ``group size (group_size): must be an integer >= 2, got 1``), a line about the text of
     the more-settings box (an unknown field, an override that is not ``name=value``) headed by that box's
-    label. A pair's ``the pair's exact run:`` stays in front; anything else is as it was."""
+    label; a box whose null the form shows as a number offers that number (:data:`FORM_NULLS`). A pair's
+    ``the pair's exact run:`` stays in front; anything else is as it was."""
     text = str(message)
     pair = re.match(r"the pair's \w+ run: ", text)
     head = pair.group(0) if pair else ""
@@ -58,6 +64,8 @@ def form_message(message: Any) -> str:
     if text.startswith(("unknown field ", "override ")):
         return f"{head}{FORM_LABELS['overrides']}: {text}"
     key, sep, rest = text.partition(": ")
+    if sep and key in FORM_NULLS:
+        rest = rest.replace(" or null", f", or {FORM_NULLS[key]}", 1)
     if sep and key in FORM_LABELS:
         return f"{head}{form_name(key)}: {rest}"
     return head + text

@@ -34,7 +34,7 @@ from app.runs import RunManager
 from app.space import FilePublisher, SpaceError, SpaceGuard, prune_exports, session_export_dir
 from app.text import cannot_write, md_message, md_text
 from jagg_engine.safe_yaml import brief
-from jagg_engine.store import DB_NAME, StoreError
+from jagg_engine.store import BUSY_TIMEOUT_S, DB_NAME, StoreError
 from jagg_engine.train.config import ConfigError, TrainConfig
 
 TICK_S = 2.0  # the Live tab's timer and the queue ticker
@@ -813,7 +813,10 @@ class HistoryHandlers(_Part):
             return f"**Refused.** {md_message(exc)}", None
         if path.name == DB_NAME:  # a consistent copy of a live database (WAL): SQLite's backup
             copy = Path(tempfile.mkdtemp(prefix="jagg-owner-")) / DB_NAME
-            with closing(sqlite3.connect(path)) as src, closing(sqlite3.connect(copy)) as dst:
+            with (
+                closing(sqlite3.connect(path, timeout=BUSY_TIMEOUT_S)) as src,
+                closing(sqlite3.connect(copy)) as dst,
+            ):
                 src.backup(dst)
             return f"{md_text(rel_path)}: {copy.stat().st_size:,} bytes.", str(copy)
         return f"{md_text(rel_path)}: {path.stat().st_size:,} bytes.", self.publish(path)

@@ -206,7 +206,8 @@ def install(
     """Make the showcase runs part of this runs folder's history; returns their ids (exact first).
 
     Idempotent: a folder that already holds this showcase (``<runs_dir>/showcase/installed.json`` names
-    ids whose rows still exist) is left as it is. A missing showcase gives []. An error while loading rolls
+    ids whose rows still exist, each a finished run in ``<runs_dir>/showcase/`` with the uid the record names)
+    is left as it is; a record naming any other run (a user's run that took a freed id) is not believed. A missing showcase gives []. An error while loading rolls
     back what was loaded and is printed; the app starts without the showcase.
     """
     manifest_path = Path(showcase_dir) / MANIFEST
@@ -222,19 +223,25 @@ def install(
         previous = json.loads(marker.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
         pass
-    ids = [int(i) for i in previous.get("ids", [])]
-    present = [store.get_run(i) for i in ids]
+    ids = [int(i) for i in previous.get("ids", []) if isinstance(i, int)]
+    uids = previous.get("uids") or []
+    # A row is the installed showcase run only when it lives in the showcase folder (and carries the uid the
+    # record names): an id alone could be a user's run that took a freed number.
+    present = [_installed_run(store, i, folder) for i in ids]
     if (
         previous.get("digest") == digest
         and ids
-        and all(r is not None and r["status"] == "finished" for r in present)
+        and all(r is not None and r["status"] == "finished" and r["last_step"] is not None for r in present)
+        and (not uids or [r["uid"] for r in present] == uids)  # a record of an older version names no uids
     ):
         return ids
     if getattr(store, "read_only", False):  # a read-only history is shown as it is
         print("jagg app: the runs folder is read-only; the showcase is not loaded into it", flush=True)
         return []
-    for run in present:  # an older showcase, or one half deleted: replace it
-        if run is not None and str(run.get("run_dir") or "").startswith(str(folder)):
+    # An older showcase, one half deleted, or rows the record lost: every row of the showcase folder goes
+    # (a user's run is never touched), then the folder.
+    for run in store.list_runs():
+        if _installed_run(store, run["id"], folder) is not None:
             store.delete_run(run["id"])
     shutil.rmtree(folder, ignore_errors=True)
     manifest = json.loads(raw)
@@ -249,7 +256,8 @@ def install(
             store.set_paired(created[0], created[1])
         folder.mkdir(parents=True, exist_ok=True)
         tmp = marker.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"digest": digest, "ids": created}), encoding="utf-8")
+        record = {"digest": digest, "ids": created, "uids": [store.uid(i) for i in created]}
+        tmp.write_text(json.dumps(record), encoding="utf-8")
         os.replace(tmp, marker)
     except (OSError, ValueError, KeyError, StoreError, sqlite3.Error) as exc:
         for run_id in created:
@@ -263,8 +271,18 @@ def install(
     return created
 
 
+def _installed_run(store: RunStore, run_id: int, folder: Path) -> dict[str, Any] | None:
+    """Run ``run_id``'s row when its folder lies in the installed showcase's ``folder``, else None."""
+    run = store.get_run(run_id)
+    run_dir = (run or {}).get("run_dir")
+    if not run_dir or not Path(run_dir).resolve().is_relative_to(folder):
+        return None
+    return run
+
+
 def _load_run(store: RunStore, folder: Path, showcase_dir: Path, entry: Mapping[str, Any]) -> int:
     run_dir = folder / str(entry["key"])
+    run_dir.mkdir(parents=True, exist_ok=True)  # first: its run.json and history.jsonl hold every row
     run_id = store.create_run(str(entry["name"]), entry["config"], run_dir)
     store.set_status(run_id, "running")
     by_step: dict[int, dict[str, Any]] = {}

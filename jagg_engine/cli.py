@@ -200,18 +200,25 @@ def _commands() -> dict[str, tuple[str, Callable, Callable]]:
     return cmds
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The whole parser; ``commands`` names the subcommands whose arguments are added (None = all). Every
+    subcommand is listed with its help either way, so ``jagg --help`` builds none and imports nothing heavy."""
     parser = _Parser(
         prog="jagg", description="JAGG Studio: GRPO for flow-matching transformers, made cheaper."
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, (help_, add, _run) in _commands().items():
-        add(sub.add_parser(name, help=help_, description=help_))
+        command = sub.add_parser(name, help=help_, description=help_)
+        if commands is None or name in commands:
+            add(command)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Only the named command's arguments are built: its module (and torch, where it needs it) is imported
+    # for that command alone, so `jagg --help`, `jagg runs` and `jagg report` start without torch.
+    parser = build_parser(argv[:1])
     args = parser.parse_args(argv)
     run = _commands()[args.command][2]
     try:

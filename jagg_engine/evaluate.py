@@ -233,7 +233,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _fail(message: str) -> int:
-    print(f"jagg eval: {message}", file=sys.stderr)
+    print(f"jagg eval: error: {message}", file=sys.stderr)
     return 2
 
 

@@ -25,9 +25,10 @@ string a user chose are written as their literal text, never as Markdown or HTML
 settings), ``reward_curve.png`` and, when the run logged eval images, ``before_after.png``. Everything is written
 into a hidden folder beside ``--out`` (``.NAME.partial-PID``) and renamed onto it at the end, so a failure leaves
 nothing half-written, and one killed mid-write (``kill -9``) leaves a partial folder that the next export into the
-same folder, or ``jagg reindex``, removes;
-a full disk is one line, ``jagg export-model: error: disk full: <what was being written>`` (exit code 1), as a
-run's failure on a full disk reads.
+same folder, or ``jagg reindex`` of the runs folder (the export leaves a note of its partial folder there while it
+writes: :func:`jagg_engine.export_format.begin_partial`), removes;
+a full disk is one line, ``jagg export-model: error: disk full: <what was being written, named in --out>`` (exit
+code 1), as a run's failure on a full disk reads.
 
 Loading back: :func:`model_config` turns an export into the config that builds it (``model_path=DIR``; for a
 LoRA export the base as ``model_path`` and ``lora_path=DIR``), which ``jagg train``, ``jagg eval --model`` and
@@ -54,9 +55,9 @@ from .export_format import (
     INFO,
     LORA_WEIGHTS,
     ExportFormatError,
-    partial_path,
+    begin_partial,
+    end_partial,
     read_export,
-    remove_stale_partials,
 )
 from .markup import md_cell, md_code_block, md_text
 from .train.config import TrainConfig
@@ -376,10 +377,9 @@ def export_model(
     parent = out.absolute().parent
     made = [p for p in (parent, *parent.parents) if not p.exists()]
     parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_partials(parent)  # an export killed mid-write (kill -9) left its partial folder here
-    partial = partial_path(parent, out.name)
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir()
+    # an export killed mid-write (kill -9) left its partial folder here: removed, and this one noted in the
+    # runs folder, where `jagg reindex` looks for it
+    partial = begin_partial(parent, out.name, runs_dir)
     try:
         if kind == "tiny-shapes":
             model.save_pretrained(partial)
@@ -412,9 +412,20 @@ def export_model(
             except OSError:
                 break
         if isinstance(exc, Exception) and is_disk_full(exc):  # `disk full: <what was being written>`
-            raise DiskFullError(disk_full_path(exc, partial)) from exc
+            raise DiskFullError(_as_out(disk_full_path(exc, partial), partial, out)) from exc
         raise
+    finally:
+        end_partial(partial, runs_dir)
     return ExportResult(out, kind, step)
+
+
+def _as_out(path: str, partial: Path, out: Path) -> str:
+    """A path inside the hidden partial folder (gone by now) named as the user will find it: in ``--out``."""
+    try:
+        inside = Path(path).absolute().relative_to(partial.absolute())
+    except ValueError:
+        return path
+    return str(out.absolute() / inside) if inside.parts else str(out.absolute())
 
 
 def _logged(frame: Any, key: str, step: int) -> float | None:

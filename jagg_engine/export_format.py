@@ -16,6 +16,8 @@ One export is one folder::
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import re
@@ -70,6 +72,74 @@ def remove_stale_partials(folder: str | os.PathLike[str]) -> list[Path]:
                 pass
         if not entry.exists():
             removed.append(entry)
+    return removed
+
+
+# An export whose ``--out`` lies outside the runs folder leaves a note in it while it writes, naming its partial
+# folder, so that ``jagg reindex`` finds a partial that a killed export left anywhere (:func:`begin_partial`).
+PENDING = ".exports-being-written"  # under the runs folder: one file ``PID-<hash>`` per export being written
+
+
+def _note_of(runs_dir: str | os.PathLike[str], partial: Path) -> Path:
+    digest = hashlib.sha256(str(partial.absolute()).encode()).hexdigest()[:12]
+    return Path(runs_dir) / PENDING / f"{os.getpid()}-{digest}"
+
+
+def begin_partial(parent: Path, name: str, runs_dir: str | os.PathLike[str] | None) -> Path:
+    """A new, empty partial folder for ``parent/name`` (:func:`partial_path`): the stale partials of
+    ``parent`` removed first, and a note naming it left in ``runs_dir`` (:data:`PENDING`) until
+    :func:`end_partial`, where ``jagg reindex`` looks (:func:`remove_noted_partials`). A runs folder that
+    takes no note (read-only) only loses that: the next export into ``parent`` still removes the partial."""
+    remove_stale_partials(parent)
+    partial = partial_path(parent, name)
+    shutil.rmtree(partial, ignore_errors=True)
+    if runs_dir is not None:
+        note = _note_of(runs_dir, partial)
+        try:
+            note.parent.mkdir(exist_ok=True)
+            note.write_text(str(partial.absolute()), encoding="utf-8")
+        except OSError:
+            pass
+    partial.mkdir()
+    return partial
+
+
+def end_partial(partial: Path, runs_dir: str | os.PathLike[str] | None) -> None:
+    """The export of ``partial`` ended (renamed onto its ``--out``, or removed): its note goes."""
+    if runs_dir is not None:
+        note = _note_of(runs_dir, partial)
+        note.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # the last export out: no empty folder left in the runs folder
+            note.parent.rmdir()
+
+
+def remove_noted_partials(runs_dir: str | os.PathLike[str]) -> list[Path]:
+    """The partial folders named by the notes in ``runs_dir`` (:data:`PENDING`) whose export process is gone,
+    removed with their notes. Only a folder named as a partial of that process (``.NAME.partial-PID``) is
+    ever removed. Returns the folders removed."""
+    from .store import pid_alive
+
+    removed = []
+    try:
+        notes = sorted((Path(runs_dir) / PENDING).iterdir())
+    except OSError:
+        return []
+    for note in notes:
+        pid = note.name.split("-", 1)[0]
+        try:
+            alive = not pid.isdigit() or int(pid) == os.getpid() or pid_alive(int(pid), note.stat().st_mtime)
+            folder = Path(note.read_text(encoding="utf-8").strip())
+        except (OSError, ValueError):
+            continue
+        if alive:
+            continue
+        match = PARTIAL.match(folder.name)
+        if match and match.group("pid") == pid and folder.is_dir() and not folder.is_symlink():
+            shutil.rmtree(folder, ignore_errors=True)
+            if not folder.exists():
+                removed.append(folder)
+        if not folder.exists():
+            note.unlink(missing_ok=True)
     return removed
 
 

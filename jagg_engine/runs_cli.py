@@ -71,13 +71,16 @@ def run_reindex(args: argparse.Namespace) -> int:
 
 def remove_partial_exports(runs_dir: Path) -> list[Path]:
     """The partial exports (``.NAME.partial-PID``) of processes that are gone, removed from the runs folder, its
-    ``exports/`` (the app's zips) and each run folder (where an export could be written before ``--out`` was
-    refused there)."""
-    from .export_format import remove_stale_partials
+    ``exports/`` (the app's zips), each run folder (where an export could be written before ``--out`` was
+    refused there) and wherever a ``jagg export-model --out`` elsewhere wrote one (the notes it leaves in the
+    runs folder: :func:`.export_format.remove_noted_partials`)."""
+    from .export_format import remove_noted_partials, remove_stale_partials
 
     folders = [runs_dir, runs_dir / "exports"]
     folders += sorted(p for p in runs_dir.glob("run-*") if p.is_dir() and not p.is_symlink())
-    return [path for folder in folders for path in remove_stale_partials(folder)]
+    return [path for folder in folders for path in remove_stale_partials(folder)] + remove_noted_partials(
+        runs_dir
+    )
 
 
 def run_runs(args: argparse.Namespace) -> int:

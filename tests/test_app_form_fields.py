@@ -58,7 +58,10 @@ def test_a_refusal_names_the_forms_box_not_only_its_config_key(demo):
     pair = next(f for f in demo.fns.values() if f.api_name == "compare_exact_jagg")
     for changes, expected in [
         ({"group_size": 1}, "group size (group_size): must be an integer >= 2, got 1"),
-        ({"jagg_until_step": -1}, "JAGG until step (jagg_until_step): must be an integer >= 1"),
+        (  # the box's label says "0 = throughout": the refusal offers 0, not the config's null
+            {"jagg_until_step": -1},
+            "JAGG until step (jagg_until_step): must be an integer >= 1, or 0 (jagg throughout), got -1",
+        ),
         ({"window": 1}, "W (window): must be an integer >= 2 for strategy jagg"),
         ({"overrides": "zzz=1"}, "more settings: unknown field 'zzz'"),
         ({"overrides": "window"}, "more settings: override 'window': must look like name=value"),

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-import jagg_engine.train.trainer as trainer
+import jagg_engine.train.process as trainer
 from jagg_engine import cli
 from jagg_engine.store import open_store
 from jagg_engine.train.config import INT_MAX, ConfigError, TrainConfig

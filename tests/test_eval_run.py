@@ -155,6 +155,7 @@ def test_bad_input_is_one_line_exit_2_nothing_written(
     argv = [a.format(out=out, full=full, runs=runs) for a in argv]
     code, stdout, err = jagg(capsys, *argv, "--runs-dir", str(runs))
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"jagg {argv[0]}: error: "), err
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["full"]
     assert [p.name for p in full.iterdir()] == ["keep.txt"]
 
@@ -168,10 +169,9 @@ def test_export_model_on_a_full_disk_is_one_line_and_leaves_nothing(runs: Path, 
         capsys, "export-model", "1", "--out", str(full / "a" / "model"), "--runs-dir", str(runs)
     )
     assert code == 1 and stdout == "", (code, err)
-    assert err.startswith(
-        f"jagg export-model: error: disk full: {full / 'a' / '.model.partial-'}{os.getpid()}"
-    )
-    assert len(err.splitlines()) == 1, err
+    # the line names the user's --out (what was being written, there), not the hidden folder it was removed from
+    assert err.startswith(f"jagg export-model: error: disk full: {full / 'a' / 'model'}"), err
+    assert ".partial-" not in err and len(err.splitlines()) == 1, err
     assert sorted(p.name for p in full.iterdir()) == ["keep.txt"]  # nor the folder a/ it made
 
 
@@ -248,6 +248,45 @@ def test_a_partial_export_left_by_kill_9_is_removed_by_the_next_export(runs: Pat
     assert sorted(p.name for p in folder.iterdir()) == sorted(
         [live.name, "b", *(f"a{i}" for i in range(attempt) if (folder / f"a{i}").exists())]
     )
+
+
+def test_reindex_removes_a_partial_export_left_by_kill_9_beside_out(
+    runs: Path, tmp_path: Path, capsys
+) -> None:
+    """`jagg export-model --out` outside the runs folder, killed with SIGKILL while it writes, leaves
+    ``.NAME.partial-PID/`` beside --out; `jagg reindex` of the runs folder removes it (the export left a note of
+    it in the runs folder), naming it in one line, and leaves a live export's partial alone."""
+    import signal
+    import subprocess
+    import sys
+
+    from polling import wait_for
+
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    argv = [sys.executable, "-m", "jagg_engine.cli", "export-model", "1", "--runs-dir", str(runs), "--out"]
+    for attempt in range(5):  # the kill lands once the weights are written and before the rename
+        proc = subprocess.Popen([*argv, str(folder / f"a{attempt}")], stderr=subprocess.PIPE)
+        partial = folder / f".a{attempt}.partial-{proc.pid}"
+        written = lambda p=partial, w=proc: (p / "transformer").is_dir() or w.poll() is not None  # noqa: E731
+        wait_for(written, timeout=300, every=0.005)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if partial.is_dir():
+            break
+    assert partial.is_dir() and proc.returncode == -signal.SIGKILL, "no kill landed mid-export in 5 tries"
+    live = folder / f".b.partial-{os.getppid()}"  # a live process's partial, noted as an export notes one
+    from jagg_engine import export_format
+
+    pending = runs / export_format.PENDING
+    (pending / f"{os.getppid()}-live").write_text(str(live))
+    live.mkdir()
+    code, out, err = jagg(capsys, "reindex", "--runs-dir", str(runs))
+    assert code == 0, err
+    assert f"removed {partial}: the partial export of a process that is gone" in out.splitlines()
+    assert not partial.exists() and live.is_dir()
+    assert [p.name for p in pending.iterdir()] == [f"{os.getppid()}-live"]  # the gone export's note went too
+    (pending / f"{os.getppid()}-live").unlink()
 
 
 def test_reindex_removes_the_apps_zip_left_by_kill_9(runs: Path, tmp_path: Path) -> None:

@@ -74,7 +74,7 @@ def test_bad_input_exits_2_with_one_line(
 ) -> None:
     assert evaluate.run(_args(tmp_path, *extra)) == 2
     err = capsys.readouterr().err.strip()
-    assert message in err and "\n" not in err
+    assert err.startswith("jagg eval: error: ") and message in err and "\n" not in err
 
 
 def test_unknown_word_in_prompts_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,7 +19,8 @@ from jagg_engine.rewards.simple import brightness_score
 from jagg_engine.store import open_store
 from jagg_engine.train import checkpoint
 from jagg_engine.train.config import load_config
-from jagg_engine.train.trainer import SPACE_RESERVE, train
+from jagg_engine.train.process import train
+from jagg_engine.train.trainer import SPACE_RESERVE
 
 TINY = [
     "prompts_per_step=2",

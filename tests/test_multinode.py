@@ -214,6 +214,7 @@ def test_ranks_agree_on_routing_and_the_log_says_which(data_parallel):
 def test_probe_is_taken_at_the_parameters_before_the_step(tmp_path, monkeypatch):
     """The logged probe of step 1 equals a direct probe of the same rollout at the pre-step parameters, and
     not the one at the parameters after the step."""
+    import jagg_engine.train.process as process_mod
     import jagg_engine.train.trainer as trainer_mod
     from jagg_engine.probe import probe_groups
     from jagg_engine.train.config import load_config
@@ -235,7 +236,7 @@ def test_probe_is_taken_at_the_parameters_before_the_step(tmp_path, monkeypatch)
     )
     store = open_store(tmp_path)
     run_id = store.create_run("probe", cfg.to_dict(), tmp_path / "run")
-    assert trainer_mod.train(run_id, str(tmp_path)) == 0
+    assert process_mod.train(run_id, str(tmp_path)) == 0
     logged = sorted(store.probes(run_id), key=lambda p: p["group_index"])
     assert [p["step"] for p in logged] == [1, 1]
 
@@ -330,7 +331,7 @@ def test_accelerate_config_file_is_passed_through(tmp_path):
     argv = accelerate_argv(topo.processes, None, "runs", False, topo, join_timeout=42)
     launch = argv[argv.index("accelerate.commands.launch") + 1 : argv.index("-m", 3)]
     assert launch == ["--config_file", str(path), "--rdzv_conf", "timeout=42"]  # nothing overrides the file
-    trainer = argv[argv.index("jagg_engine.train.trainer") + 1 :]
+    trainer = argv[argv.index("jagg_engine.train.process") + 1 :]
     assert trainer == ["--runs-dir", "runs", "--machine-rank", "1"]  # the run id comes from machine 0
 
     flags = accelerate_argv(2, 7, "runs", True, topology_of(2, 2, 0, "10.0.0.1", 29500), join_timeout=5)

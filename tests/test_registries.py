@@ -83,7 +83,7 @@ def registered(registries) -> None:
 
 def test_registered_sde_reward_and_backbone_train_one_step_in_process(registered, tmp_path: Path) -> None:
     from jagg_engine.backbones import build_backbone
-    from jagg_engine.train.trainer import train
+    from jagg_engine.train.process import train
 
     overrides = [
         f"backbone={BACKBONE}",

@@ -28,7 +28,7 @@ from jagg_engine.rewards.registry import register_reward
 from jagg_engine.store import DB_NAME, HISTORY_FILE, RUN_FILE, CorruptIndexError, RunStore, open_store
 from jagg_engine.train import checkpoint
 from jagg_engine.train.config import TrainConfig, load_config
-from jagg_engine.train.trainer import train
+from jagg_engine.train.process import train
 
 REPO = Path(__file__).resolve().parents[1]
 TOY = [

@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from app import data, showcase
-from jagg_engine.store import open_store
+from jagg_engine.store import open_store, reindex
 from jagg_engine.train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,6 +99,61 @@ def test_pack_then_install_gives_the_same_history(tmp_path):
         again = showcase.install(store, runs, tmp_path / "showcase")
         assert len(again) == 2 and not set(again) & set(installed)
         assert {r["id"] for r in store.list_runs()} == set(again)
+
+
+def _packed(tmp_path: Path) -> Path:
+    ids = _recorded(tmp_path / "recorded")
+    with open_store(tmp_path / "recorded") as store:
+        showcase.pack(store, ids, tmp_path / "showcase")
+    return tmp_path / "showcase"
+
+
+def test_reindex_keeps_the_showcase_and_a_users_new_runs_never_become_it(tmp_path):
+    """The reported steps: the app installs the showcase on a fresh runs folder, `jagg reindex`, two runs are
+    trained, the app starts again. The showcase keeps its rows and ids; the user's runs take new ids and are
+    never named the showcase."""
+    shipped = _packed(tmp_path)
+    runs = tmp_path / "runs"
+    with open_store(runs) as store:
+        installed = showcase.install(store, runs, shipped)
+        before = {i: (store.get_run(i)["uid"], store.metrics_frame(i)) for i in installed}
+    report = reindex(runs)
+    assert sorted(report.runs) == sorted(installed)
+    with open_store(runs) as store:
+        mine = [store.create_run_folder(f"mine-{k}", {"name": f"mine-{k}"})[0] for k in range(2)]
+        assert not set(mine) & set(installed)  # no showcase id handed out again
+        again = showcase.install(store, runs, shipped)
+        assert again == installed and not set(again) & set(mine)
+        for run_id, (uid, frame) in before.items():
+            run = store.get_run(run_id)
+            assert run["uid"] == uid and store.metrics_frame(run_id).equals(frame)
+            assert Path(run["run_dir"]).is_relative_to((runs / showcase.INSTALL_DIR).resolve())
+        assert {store.get_run(i)["name"] for i in mine} == {"mine-0", "mine-1"}
+
+
+def test_a_showcase_record_naming_a_users_runs_is_not_believed(tmp_path):
+    """installed.json naming ids that are the user's runs now (their showcase rows gone, the ids taken again):
+    the showcase is installed anew beside them, and the user's runs are kept as they are."""
+    shipped = _packed(tmp_path)
+    runs = tmp_path / "runs"
+    with open_store(runs) as store:
+        installed = showcase.install(store, runs, shipped)
+        marker = runs / showcase.INSTALL_DIR / showcase.MARKER
+        record = json.loads(marker.read_text())
+        mine = [store.create_run_folder(f"mine-{k}", {"name": f"mine-{k}"})[0] for k in range(2)]
+        for run_id in mine:
+            store.set_status(run_id, "running", pid=None)
+            store.set_status(run_id, "finished")
+        for variant in (
+            {**record, "ids": mine},
+            {"digest": record["digest"], "ids": mine},
+        ):  # with, without uids
+            marker.write_text(json.dumps(variant))
+            again = showcase.install(store, runs, shipped)
+            assert len(again) == 2 and not set(again) & set(mine)
+            assert [store.get_run(i)["name"] for i in mine] == ["mine-0", "mine-1"]
+            assert json.loads(marker.read_text())["ids"] == again
+        assert store.get_run(installed[0]) is None  # the replaced showcase's rows, not the user's
 
 
 def test_pack_keeps_a_longer_runs_first_steps_and_thins_its_images(tmp_path):

@@ -46,7 +46,7 @@ def test_schema_is_idempotent_and_wal(store: RunStore) -> None:
         assert again.db.schema == schema
         assert again.get_run(run_id)["name"] == "r"
     assert store.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert store.db.execute("PRAGMA busy_timeout").fetchone()[0] == 10_000
+    assert store.db.execute("PRAGMA busy_timeout").fetchone()[0] == 30_000
     assert set(store.db.table_names()) >= {"runs", "metrics", "probes", "samples"}
 
 

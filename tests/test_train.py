@@ -1,6 +1,7 @@
 """The trainer through `jagg train`, as the app and users start it: history, checkpoints, resume, cancel."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -98,6 +99,28 @@ def test_three_step_run_writes_history_and_learns_something(tmp_path):
     assert any(not torch.equal(a.detach(), b) for a, b in zip(initial, final)), "no parameter changed"
 
 
+def test_the_process_group_is_ended_after_a_barrier(tmp_path):
+    """close_process_group: a finished run waits for every rank, then destroys the group; a failed one
+    destroys its own at once; in one process (no group) it does nothing."""
+    import torch.distributed as dist
+
+    from jagg_engine.train.process import close_process_group
+
+    calls = []
+
+    class Acc:
+        def wait_for_everyone(self):
+            calls.append(("barrier", dist.is_initialized()))
+
+    close_process_group(Acc(), together=True)
+    assert calls == []  # no group: nothing to wait for
+    for together, expected in ((True, [("barrier", True)]), (False, [])):
+        calls.clear()
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg-{together}", rank=0, world_size=1)
+        close_process_group(Acc(), together=together)
+        assert calls == expected and not dist.is_initialized()
+
+
 def test_two_processes_write_one_history(tmp_path):
     proc = jagg(
         "steps=2",
@@ -110,6 +133,8 @@ def test_two_processes_write_one_history(tmp_path):
         runs_dir=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # both ranks end the process group together: no gloo abort ("terminate called …", "Aborted") at exit
+    assert not re.search(r"abort|terminate", proc.stderr, re.IGNORECASE), proc.stderr[-3000:]
     store = open_store(tmp_path)
     (run,) = store.list_runs()
     assert run["status"] == "finished"
@@ -186,7 +211,7 @@ def test_bad_config_exit_2_one_line_nothing_written(tmp_path, override, field):
 def test_non_finite_reward_stops_the_run_and_keeps_the_checkpoint(tmp_path):
     from jagg_engine.rewards.registry import register_reward
     from jagg_engine.train.config import load_config
-    from jagg_engine.train.trainer import train
+    from jagg_engine.train.process import train
 
     calls = {"n": 0}
 
@@ -213,7 +238,7 @@ def test_training_time_leaves_evals_out_and_goes_on_after_a_resume(tmp_path):
     """time/train_elapsed (the `jagg race` axis): wall time of training only, carried over a crash and resume."""
     from jagg_engine.rewards.registry import register_reward
     from jagg_engine.train.config import load_config
-    from jagg_engine.train.trainer import train
+    from jagg_engine.train.process import train
 
     state = {"calls": 0, "crash": True}
 

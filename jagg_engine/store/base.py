@@ -6,6 +6,7 @@ A runs root holds ``jagg.db`` (the index, :mod:`.index`) and one ``run-NNNN`` fo
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -33,7 +34,7 @@ RUN_FOLDER = re.compile(r"^run-(\d{4,})$")
 REINDEX_HINT = "rebuild it from the run folders with `jagg reindex --runs-dir {root}`"
 INDEX_LOCK = ".jagg.db.lock"  # writers of jagg.db hold it shared for each transaction; reindex exclusively
 REINDEX_WAIT_S = 300.0  # how long a write waits for a reindex to finish
-BUSY_TIMEOUT_S = 10.0
+BUSY_TIMEOUT_S = 30.0  # SQLite's busy timeout: how long one statement waits on another process's lock
 LOG_TAIL_LINES = 20
 RUN_FILE_FORMAT = 1
 
@@ -167,3 +168,13 @@ def file_tail(path: str | os.PathLike[str], lines: int = LOG_TAIL_LINES, max_byt
 def slug(name: str) -> str:
     """A run name as a file-name part."""
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "run"
+
+
+def storage_refusal(exc: BaseException) -> bool:
+    """An error that means "this storage takes no writes now" (read-only, full, no permission)."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT)
+    text = str(exc).lower()
+    return any(
+        s in text for s in ("readonly", "read-only", "disk is full", "unable to open", "disk i/o error")
+    )

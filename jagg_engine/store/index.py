@@ -26,18 +26,20 @@ cannot be made) the index opens read-only (``mode=ro``, else ``immutable=1``).
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
 import sqlite3
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import sqlite_utils
+
+if TYPE_CHECKING:  # pandas is imported where a frame is built: `jagg runs` starts without it
+    import pandas as pd
 
 from .base import (
     BUSY_TIMEOUT_S,
@@ -53,11 +55,15 @@ from .base import (
     one_line,
     resolve_dir,
     run_folders_with_files,
+    storage_refusal,
     stored_dir,
 )
+from .locks import index_shared
 
 WAL_SIZE_LIMIT = 1 << 20  # bytes the -wal file is truncated to after a checkpoint
 METRIC_TABLES = ("metrics", "latest", "probes", "samples")
+# what ensure_schema makes: the tables and the indexes
+SCHEMA_OBJECTS = ("runs", *METRIC_TABLES, "runs_uid", "runs_status", "samples_step", "latest_key")
 
 
 class Index:
@@ -87,27 +93,32 @@ class Index:
             raise CorruptIndexError(missing_index_message(self.path.parent, found))
         self.read_only = bool(read_only) or (read_only is None and _unwritable(self.path))
         if not self.read_only:
+            waited = _BusyWait(self.path)
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 if self.path.name == DB_NAME and self._index_fd is None:  # the index's own store: see reindex
                     self._index_fd = os.open(self.path.parent / INDEX_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-                conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
-                conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-                self._db = sqlite_utils.Database(conn)
-                self._ident = _file_id(self.path)
-                self._check_integrity()
-                self._db.enable_wal()
-                self._db.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
-                self.ensure_schema()
-                self.relocate_run_dirs()
-                return
+                while True:
+                    conn = _connect(self.path)
+                    try:
+                        self._db = sqlite_utils.Database(conn)
+                        self._ident = _file_id(self.path)
+                        self._check_integrity()
+                        self._db.enable_wal()
+                        self._db.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
+                        self.ensure_schema()
+                        self.relocate_run_dirs()
+                        return
+                    except sqlite3.OperationalError as exc:
+                        if not is_busy(exc):
+                            raise
+                        conn.close()  # another process creates or converts the file: open again after it
+                        waited.backoff()
             except sqlite3.DatabaseError as exc:
                 if isinstance(exc, sqlite3.OperationalError) and storage_refusal(exc) and self.path.is_file():
                     if read_only is False:
                         raise
                     self.read_only = True
-                elif isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
-                    raise
                 else:
                     raise CorruptIndexError(self._corrupt(one_line(exc))) from None
             except OSError as exc:
@@ -144,9 +155,11 @@ class Index:
     def writing(self) -> Iterator[None]:
         """One write transaction, under the lock and a shared lock of the runs root's index
         (:data:`INDEX_LOCK`): ``jagg reindex`` holds it exclusively while it reads the folders and swaps the
-        file, so a write waits for the new index and goes into it, never into the one being replaced."""
-        from .locks import index_shared
+        file, so a write waits for the new index and goes into it, never into the one being replaced.
 
+        The outermost one starts with ``BEGIN IMMEDIATE`` (:func:`begin_immediate`): SQLite's write lock is
+        taken first, waiting on another process's write, so no statement inside ever has to upgrade a read
+        to a write (the one case where SQLite answers "database is locked" without waiting)."""
         with self.lock:
             outer = self.depth == 0
             if outer and self._index_fd is not None:
@@ -156,6 +169,8 @@ class Index:
                 self.depth += 1
                 try:
                     with conn:
+                        if outer and not self.read_only and not conn.in_transaction:
+                            begin_immediate(conn, self.path)
                         yield
                 finally:
                     self.depth -= 1
@@ -193,7 +208,10 @@ class Index:
 
     # ------------------------------------------------------------------ schema
     def ensure_schema(self) -> None:
-        """Create the tables and indexes if they do not exist; safe to call any number of times."""
+        """Create the tables and indexes if they do not exist; safe to call any number of times. A current
+        schema is only read (no write lock: opening a store never waits on a trainer's write)."""
+        if self._schema_current():
+            return
         with self.writing():
             # Plain DDL for runs: AUTOINCREMENT so a deleted run's id (and so its folder name) is never reused,
             # and a CHECK on the status values.
@@ -270,6 +288,16 @@ class Index:
             self.db.execute("CREATE UNIQUE INDEX IF NOT EXISTS runs_uid ON runs (uid)")
             self.db.execute("CREATE INDEX IF NOT EXISTS runs_status ON runs (status)")
             self.db.execute("CREATE INDEX IF NOT EXISTS samples_step ON samples (run_id, step)")
+
+    def _schema_current(self) -> bool:
+        """Whether every table, column and index :meth:`ensure_schema` makes is there, and every run has a uid."""
+        names = {row[0] for row in self.db.execute("SELECT name FROM sqlite_master").fetchall()}
+        if not set(SCHEMA_OBJECTS) <= names:
+            return False
+        columns = {row[1] for row in self.db.execute("PRAGMA table_info(runs)").fetchall()}
+        if not {"pid_at", "launcher", "pair_mode", "uid"} <= columns:
+            return False
+        return self.db.execute("SELECT 1 FROM runs WHERE uid IS NULL LIMIT 1").fetchone() is None
 
     def _ensure_latest(self) -> None:
         """The ``latest`` summary table; a history written before it existed is filled from metrics once."""
@@ -494,6 +522,8 @@ class Index:
 
     def metrics_frame(self, run_id: int) -> pd.DataFrame:
         """Wide frame: one row per step (column ``step``, ascending), one column per metric key."""
+        import pandas as pd
+
         with self.lock:
             rows = self.db.execute(
                 "SELECT step, key, value FROM metrics WHERE run_id = ? ORDER BY step", [run_id]
@@ -593,14 +623,56 @@ def _unwritable(db_path: Path) -> bool:
     return False
 
 
-def storage_refusal(exc: BaseException) -> bool:
-    """An error that means "this storage takes no writes now" (read-only, full, no permission)."""
-    if isinstance(exc, OSError):
-        return exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT)
+WRITE_WAIT_S = 4 * BUSY_TIMEOUT_S  # how long a write (or an open) waits on other processes in all
+
+
+def is_busy(exc: BaseException) -> bool:
+    """SQLite's SQLITE_BUSY or SQLITE_LOCKED ("database is locked"): another connection holds the lock."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
     text = str(exc).lower()
-    return any(
-        s in text for s in ("readonly", "read-only", "disk is full", "unable to open", "disk i/o error")
-    )
+    return "database is locked" in text or "database is busy" in text or "table is locked" in text
+
+
+class _BusyWait:
+    """Backoff between tries of an operation SQLite refused as busy: 50 ms doubling to 1 s, for up to
+    :data:`WRITE_WAIT_S` in all; past that one :class:`StoreError` line naming the file."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.deadline = time.monotonic() + WRITE_WAIT_S
+        self.delay = 0.05
+
+    def backoff(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise StoreError(
+                f"{self.path}: another process has held its write lock for over {WRITE_WAIT_S:.0f} s;"
+                " nothing was written, try again"
+            )
+        time.sleep(self.delay)
+        self.delay = min(2 * self.delay, 1.0)
+
+
+def begin_immediate(conn: sqlite3.Connection, path: Path) -> None:
+    """``BEGIN IMMEDIATE`` on ``conn``: each try waits up to :data:`BUSY_TIMEOUT_S` (the busy timeout) for
+    another process's write to end, and a busy answer is tried again with backoff (:class:`_BusyWait`)."""
+    waited = _BusyWait(path)
+    while True:
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            return
+        except sqlite3.OperationalError as exc:
+            if not is_busy(exc):
+                raise
+            waited.backoff()
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    """A read-write connection that waits :data:`BUSY_TIMEOUT_S` on a busy database before answering."""
+    conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
+    conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+    return conn
 
 
 def _connect_read_only(path: Path) -> sqlite3.Connection:

@@ -29,8 +29,8 @@ from .base import (
     ClaimError,
     StoreError,
     file_tail,
+    storage_refusal,
 )
-from .index import storage_refusal
 
 
 def _flock_waiting(fd: int, mode: int, wait_s: float, refusal: str) -> None:

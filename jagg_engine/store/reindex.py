@@ -1,4 +1,6 @@
-"""``jagg reindex``: rebuild a runs root's ``jagg.db`` from its run folders (``run.json`` + ``history.jsonl``).
+"""``jagg reindex``: rebuild a runs root's ``jagg.db`` from its run folders (``run.json`` + ``history.jsonl``):
+the ``run-NNNN`` folders and the named ones (:func:`named_run_folders`, e.g. the app's ``showcase/<key>``),
+each under the id its ``run.json`` carries, so that no id is handed out again.
 
 Each folder's history is replayed (:func:`.history.read_history` skips a torn, garbage, foreign or flipped
 line, each listed); a run whose ``run.json`` is unreadable is rebuilt from the ``run`` records its history
@@ -33,6 +35,7 @@ from .base import (
     folder_number,
     new_uid,
     one_line,
+    stored_dir,
 )
 from .history import History, read_history, rewrite_uid, write_run_file
 from .locks import RunLock, index_exclusive
@@ -109,7 +112,9 @@ def _old_index_rows(db: Path) -> dict[int, dict[str, Any]]:
     if not db.is_file():
         return {}
     try:
-        conn = sqlite3.connect("file:" + urllib.parse.quote(str(db.resolve())) + "?mode=ro", uri=True)
+        conn = sqlite3.connect(
+            "file:" + urllib.parse.quote(str(db.resolve())) + "?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S
+        )
         try:
             conn.row_factory = sqlite3.Row
             return {int(r["id"]): dict(r) for r in conn.execute("SELECT * FROM runs")}
@@ -135,10 +140,11 @@ def reindex(runs_dir: str | os.PathLike[str]) -> ReindexReport:
         raise StoreError(f"runs dir: {root} is not a folder")
 
     def folders() -> list[Path]:
-        return sorted(
+        numbered = sorted(
             (p for p in root.iterdir() if RUN_FOLDER.match(p.name) and p.is_dir() and not p.is_symlink()),
             key=lambda p: int(RUN_FOLDER.match(p.name).group(1)),
         )
+        return numbered + named_run_folders(root)
 
     def refuse_busy(found: list[Path]) -> None:
         busy = [p.name for p in found if RunLock.held_elsewhere(p)]
@@ -185,6 +191,30 @@ def reindex(runs_dir: str | os.PathLike[str]) -> ReindexReport:
             Path(f"{building}{suffix}").unlink(missing_ok=True)
         _swap_in(building, db, report)
     return report
+
+
+def named_run_folders(root: Path) -> list[Path]:
+    """The run folders of ``root`` not named ``run-NNNN``: a folder that holds a ``run.json``, directly in the
+    root or one level down in another folder (the app's showcase runs: ``showcase/<key>``; a run made with
+    ``run_dir=`` a named folder). Hidden folders, symlinks and the inside of ``run-NNNN`` folders are not
+    looked at."""
+
+    def visible_dirs(folder: Path) -> list[Path]:
+        try:
+            children = sorted(folder.iterdir())
+        except OSError:
+            return []
+        return [p for p in children if not p.name.startswith(".") and p.is_dir() and not p.is_symlink()]
+
+    found = []
+    for top in visible_dirs(root):
+        if RUN_FOLDER.match(top.name):
+            continue
+        if (top / RUN_FILE).is_file():
+            found.append(top)
+            continue
+        found += [sub for sub in visible_dirs(top) if (sub / RUN_FILE).is_file()]
+    return found
 
 
 @dataclass
@@ -303,7 +333,7 @@ def _index_folder(store: RunStore, folder: Path, doc: dict[str, Any], records: l
     """Insert one folder's run and replay its history log into ``store``; returns its metric rows."""
     columns = [c for c in store.db["runs"].columns_dict if c not in ("run_dir", "config", "last_step")]
     row = {c: doc.get(c) for c in columns}
-    row.update(config=json.dumps(doc.get("config") or {}), run_dir=folder.name)
+    row.update(config=json.dumps(doc.get("config") or {}), run_dir=stored_dir(store.runs_root, folder))
     row["status"] = row["status"] if row.get("status") in STATUSES else "failed"
     row["cancel_requested"] = int(bool(row.get("cancel_requested")))
     row["created_at"] = row.get("created_at") or 0.0

@@ -17,10 +17,12 @@ import shutil
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import sqlite_utils
+
+if TYPE_CHECKING:  # pandas is imported where a frame is built: `jagg runs` starts without it
+    import pandas as pd
 
 from . import history, locks
 from .base import (
@@ -102,7 +104,6 @@ class RunStore:
         ``pid`` the creator's process, recorded in the same insert (never "queued, no pid")."""
         self._check_new(launcher, paired_run_id)
         with self._writing():
-            self.db.execute("BEGIN IMMEDIATE")  # the id read and the insert in one write transaction
             run_id = self.index.insert_run(
                 self._new_row(
                     self._next_id(), name, config, self._stored_dir(run_dir), paired_run_id, launcher, pid
@@ -129,7 +130,6 @@ class RunStore:
         for _ in range(1000):
             try:
                 with self._writing():
-                    self.db.execute("BEGIN IMMEDIATE")
                     run_id = self._next_id()
                     folder = root / f"run-{run_id:04d}"
                     self.index.insert_run(

@@ -12,7 +12,7 @@ the CLI and the app. Values from YAML and from overrides go through the same typ
 (:mod:`jagg_engine.train.config_parse`), so ``lr=1e-4`` on the command line and ``lr: 1e-4`` in YAML (which
 PyYAML reads as a string) both become a float.
 
-All checks run from :meth:`TrainConfig.validate`, one function a section (run, model, reward, sampler, batches,
+All checks run from :meth:`TrainConfig.validate`, one method a section (run, model, reward, sampler, batches,
 update, environment) in :mod:`jagg_engine.train.config_validate`, and raise :class:`ConfigError` with a
 one-line message that names the field and the allowed values (diffusers: "concise error messages are preferred
 to silently correcting erroneous input"; TRL's ``_config_check``). ``validate(check_environment=False)`` runs
@@ -66,15 +66,8 @@ from jagg_engine.train.config_validate import (
     SCHEDULES,
     STRATEGIES,
     WINDOW_SCHEDULES,
+    ConfigChecks,
     _one_of,
-    check_ranges,
-    validate_batches,
-    validate_environment,
-    validate_model,
-    validate_reward,
-    validate_run,
-    validate_sampler,
-    validate_update,
 )
 
 __all__ = [
@@ -108,7 +101,7 @@ def _f(default: Any, help: str, *, low: int | None = None, high: int | None = No
     """A dataclass field with a help string; mutable defaults are copied per instance.
 
     ``low`` / ``high`` bound an integer field (or the integers inside a list field); without them every
-    integer must lie in 0..INT_MAX (:func:`jagg_engine.train.config_validate.check_ranges`), so a new field
+    integer must lie in 0..INT_MAX (:meth:`jagg_engine.train.config_validate.ConfigChecks.check_ranges`), so a new field
     is range-checked with no code.
     """
     meta: dict[str, Any] = {"help": help}
@@ -122,7 +115,7 @@ def _f(default: Any, help: str, *, low: int | None = None, high: int | None = No
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(ConfigChecks):
     """One GRPO training run. Defaults are the tiny-shapes CPU setting that learned
     (/work/shared/TINY-SHAPES-NOTES.md, "A GRPO setting that did learn")."""
 
@@ -532,24 +525,24 @@ class TrainConfig:
         ``check_environment=False`` skips what depends on this machine: file existence and the reward
         registry's dependency/weight checks. Reward *names* are always checked. The ``plugins`` modules are
         imported first, so the SDE kinds, rewards and backbones they register are known by name. The checks run
-        by section (run, model, reward, sampler, batches, update), each a function of
-        :mod:`jagg_engine.train.config_validate`, in this order.
+        by section (run, model, reward, sampler, batches, update), each a method this class inherits from
+        :class:`jagg_engine.train.config_validate.ConfigChecks`, in this order.
         """
         from jagg_engine.plugins import import_plugins
 
-        check_ranges(self)
+        self.check_ranges()
         try:  # first: what the plugins register is then known by name below
             import_plugins(self.plugins)
         except ValueError as exc:
             raise ConfigError(_one_line(str(exc))) from None
-        validate_run(self)
-        validate_model(self)
-        validate_reward(self)
-        validate_sampler(self)
-        validate_batches(self)
-        validate_update(self)
+        self.validate_run()
+        self.validate_model()
+        self.validate_reward()
+        self.validate_sampler()
+        self.validate_batches()
+        self.validate_update()
         if check_environment:
-            validate_environment(self)
+            self.validate_environment()
         return self
 
 

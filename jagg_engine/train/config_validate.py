@@ -1,10 +1,10 @@
 """The checks of a config, by section, and the values each field allows.
 
-:meth:`jagg_engine.train.config.TrainConfig.validate` runs them in this order: :func:`check_ranges` (types and
-ranges every field gets from its declaration), then one function a section — :func:`validate_run`,
-:func:`validate_model`, :func:`validate_reward`, :func:`validate_sampler`, :func:`validate_batches`,
-:func:`validate_update` — and, unless ``check_environment=False``, :func:`validate_environment` (what depends
-on this machine). Each raises :class:`ConfigError` with a one-line message that names the field and the
+:meth:`jagg_engine.train.config.TrainConfig.validate` runs them in this order (each a method of
+:class:`ConfigChecks`, which TrainConfig inherits): ``check_ranges`` (types and ranges every field gets from its
+declaration), then one method a section — ``validate_run``, ``validate_model``, ``validate_reward``,
+``validate_sampler``, ``validate_batches``, ``validate_update`` — and, unless ``check_environment=False``,
+``validate_environment`` (what depends on this machine). Each raises :class:`ConfigError` with a one-line message that names the field and the
 allowed values on the first bad one.
 """
 
@@ -16,7 +16,7 @@ import math
 import os
 import typing
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jagg_engine.sde_kinds import SDE_KINDS
 from jagg_engine.train.config_files import PROMPT_SUFFIXES, model_path_kind, read_prompts
@@ -29,10 +29,6 @@ from jagg_engine.train.config_parse import (
     _split_optional,
     check_options,
 )
-
-if TYPE_CHECKING:
-    from jagg_engine.train.config import TrainConfig
-
 
 # The registered SDE kinds (a live view of jagg_engine.sde_kinds.SDE_KINDS: a kind registered later is in it).
 ALGORITHMS = SDE_KINDS.keys()
@@ -74,280 +70,290 @@ MODEL_FIELDS = ("model_path", "lora_rank", "lora_alpha", "lora_targets", "gradie
 # ---------------------------------------------------------------------- the sections
 
 
-def validate_run(cfg: TrainConfig) -> None:
-    """name, output_dir."""
-    _nonempty_str("name", cfg.name)
-    if len(cfg.name) > NAME_MAX or not cfg.name.isprintable():
-        raise ConfigError(
-            f"name: must be one line of at most {NAME_MAX} printable characters, got {cfg.name[:40]!r}"
-        )
-    _nonempty_str("output_dir", cfg.output_dir)
-    if not cfg.output_dir.isprintable():
-        raise ConfigError(
-            "output_dir: must be a folder path of printable characters (no newline, tab or control"
-            f" character), got {_brief(cfg.output_dir)}"
-        )
+class ConfigChecks:
+    """The checks of a config, one method a section; :class:`jagg_engine.train.config.TrainConfig` inherits
+    them and :meth:`~jagg_engine.train.config.TrainConfig.validate` runs them (so this module never needs the
+    config class: the config is ``self``)."""
 
-
-def validate_model(cfg: TrainConfig) -> None:
-    """backbone (a registered name), LoRA fields, precision, and the model fields this backbone reads."""
-    cfg._backbone_spec()
-    _bounded("lora_alpha", cfg.lora_alpha)
-    if cfg.lora_targets and cfg.lora_rank == 0:
-        raise ConfigError("lora_targets: only used with LoRA; set lora_rank > 0 or leave lora_targets empty")
-    _one_of("precision", cfg.precision, PRECISIONS)
-    check_backbone_fields(cfg)
-    if cfg.lora_path is not None and cfg.lora_rank == 0:
-        raise ConfigError("lora_path: a LoRA to start from needs LoRA; set lora_rank to its rank")
-    if cfg.fsdp and cfg.processes == 1:
-        raise ConfigError("fsdp: shards the model across processes; needs processes > 1, got processes 1")
-
-
-def check_backbone_fields(cfg: TrainConfig) -> None:
-    """Refuse model fields the backbone would ignore and backbone_options it does not take."""
-    from jagg_engine.backbones import BACKBONES
-
-    mapped = cfg._backbone_spec().options
-    defaults = type(cfg)()
-    for name in MODEL_FIELDS:
-        if getattr(cfg, name) != getattr(defaults, name) and name not in mapped.values():
-            users = [b for b, spec in BACKBONES.items() if name in spec.options.values()]
+    def validate_run(self) -> None:
+        """name, output_dir."""
+        _nonempty_str("name", self.name)
+        if len(self.name) > NAME_MAX or not self.name.isprintable():
             raise ConfigError(
-                f"{name}: backbone {cfg.backbone!r} does not use it (only {', '.join(users) or 'none'}); "
-                f"leave it at {_show(getattr(defaults, name))}"
+                f"name: must be one line of at most {NAME_MAX} printable characters, got {self.name[:40]!r}"
             )
-    if cfg.backbone_options:
-        factory = cfg._backbone_spec().factory_fn()
-        check_options("backbone_options", factory, cfg.backbone_options, reserved=dict(mapped))
+        _nonempty_str("output_dir", self.output_dir)
+        if not self.output_dir.isprintable():
+            raise ConfigError(
+                "output_dir: must be a folder path of printable characters (no newline, tab or control"
+                f" character), got {_brief(self.output_dir)}"
+            )
 
+    def validate_model(self) -> None:
+        """backbone (a registered name), LoRA fields, precision, and the model fields this backbone reads."""
+        self._backbone_spec()
+        _bounded("lora_alpha", self.lora_alpha)
+        if self.lora_targets and self.lora_rank == 0:
+            raise ConfigError(
+                "lora_targets: only used with LoRA; set lora_rank > 0 or leave lora_targets empty"
+            )
+        _one_of("precision", self.precision, PRECISIONS)
+        self.check_backbone_fields()
+        if self.lora_path is not None and self.lora_rank == 0:
+            raise ConfigError("lora_path: a LoRA to start from needs LoRA; set lora_rank to its rank")
+        if self.fsdp and self.processes == 1:
+            raise ConfigError("fsdp: shards the model across processes; needs processes > 1, got processes 1")
 
-def validate_reward(cfg: TrainConfig) -> None:
-    """Prompt sources, eval seeds and prompt count, reward names and weights, reward_options."""
-    from jagg_engine.rewards.registry import _REGISTRY, available_rewards
-
-    backbone = cfg._backbone_spec()
-    for key in ("prompts_file", "eval_prompts_file"):
-        path = getattr(cfg, key)
-        if path is not None and not str(path).endswith(PROMPT_SUFFIXES):
-            raise ConfigError(f"{key}: must be a .txt or .jsonl file, got {_brief(path)}")
-    if cfg.prompts_file is None and not backbone.procedural_prompts:
+    def check_backbone_fields(self) -> None:
+        """Refuse model fields the backbone would ignore and backbone_options it does not take."""
         from jagg_engine.backbones import BACKBONES
 
-        procedural = [name for name, spec in BACKBONES.items() if spec.procedural_prompts]
-        raise ConfigError(
-            f"prompts_file: required for backbone {cfg.backbone!r} (procedural prompts only suit "
-            f"{', '.join(procedural)})"
-        )
-    if not cfg.eval_seeds:
-        raise ConfigError("eval_seeds: must be a non-empty list of integers, got []")
-    if len(set(cfg.eval_seeds)) != len(cfg.eval_seeds):
-        raise ConfigError(f"eval_seeds: must not repeat a seed, got {cfg.eval_seeds}")
-    if backbone.prompts is not None and cfg.eval_prompts_file is None and cfg.prompts_file is None:
-        from jagg_engine.plugins import resolve
-
-        n_prompts = len(resolve(backbone.prompts)())
-        if cfg.eval_num_prompts > n_prompts:
-            raise ConfigError(
-                f"eval_num_prompts: must be at most the {n_prompts} {cfg.backbone} prompts, "
-                f"got {cfg.eval_num_prompts}"
-            )
-
-    if not cfg.rewards:
-        raise ConfigError("rewards: must name at least one reward, e.g. rewards={shapes-dense: 1.0}")
-    known = available_rewards()
-    for reward, weight in cfg.rewards.items():
-        if reward not in known:
-            raise ConfigError(
-                f"rewards: unknown reward {_brief(reward)}; allowed: {', '.join(known) or '(none)'}"
-            )
-        if not (math.isfinite(weight) and abs(weight) <= REWARD_WEIGHT_MAX):
-            raise ConfigError(
-                f"rewards: weight of {_brief(reward)} must be a number in [-{REWARD_WEIGHT_MAX:g},"
-                f" {REWARD_WEIGHT_MAX:g}], got {weight}"
-            )
-    if all(w == 0 for w in cfg.rewards.values()):
-        raise ConfigError("rewards: at least one weight must be non-zero")
-    for reward in cfg.reward_options:
-        if reward not in cfg.rewards:
-            raise ConfigError(
-                f"reward_options: {_brief(reward)} is not in rewards; allowed: {', '.join(cfg.rewards)}"
-            )
-    for reward, options in cfg.reward_options.items():
-        check_options(f"reward_options.{reward}", _REGISTRY[reward].factory, options)
-
-
-def validate_sampler(cfg: TrainConfig) -> None:
-    """algorithm (a registered SDE kind), eta, shift, cfg_scale, the SDE window."""
-    kind = cfg._sde_kind()
-    _bounded("eta", cfg.eta)
-    if kind.max_eta is not None and cfg.eta > kind.max_eta:
-        raise ConfigError(f"eta: {cfg.algorithm} needs 0 < eta <= {kind.max_eta:g}, got {cfg.eta}")
-    _bounded("shift", cfg.shift)
-    if cfg.schedule is not None:
-        _one_of("schedule", cfg.schedule, SCHEDULES)
-    if cfg.resolved_schedule() == "pipeline":
-        if not cfg._backbone_spec().pipeline_schedule:
-            raise ConfigError(
-                f"schedule: backbone {cfg.backbone!r} has no diffusers pipeline scheduler; allowed: shifted-linear"
-            )
-        if cfg.shift != 1.0:
-            raise ConfigError(
-                f"shift: the pipeline schedule takes its shift from the model's scheduler; leave shift at 1"
-                f" or set schedule=shifted-linear, got shift {cfg.shift:g}"
-            )
-    _bounded("cfg_scale", cfg.cfg_scale)
-    start, end = cfg.sde_window()
-    if not 0 <= start < cfg.sampling_steps:
-        raise ConfigError(
-            f"sde_window_start: must be in 0..{cfg.sampling_steps - 1} (sampling_steps - 1), got {start}"
-        )
-    last = cfg.sampling_steps - (0 if kind.last_step_stochastic else 1)
-    if not start < end <= last:
-        limit = (
-            "sampling_steps"
-            if kind.last_step_stochastic
-            else f"sampling_steps - 1 for {cfg.algorithm}, whose last step is not stochastic"
-        )
-        raise ConfigError(
-            f"sde_window_end: must be in {start + 1}..{last} (after sde_window_start, at most {limit}), got {end}"
-        )
-    _one_of("sde_window_schedule", cfg.sde_window_schedule, WINDOW_SCHEDULES)
-    _one_of("group_noise", cfg.group_noise, GROUP_NOISES)
-    from jagg_engine.sde import ODE_SOLVERS
-
-    _one_of("ode_solver", cfg.ode_solver, ODE_SOLVERS)
-    if cfg.window_last_start is not None and cfg.sde_window_schedule not in MOVING_WINDOWS:
-        raise ConfigError(
-            "window_last_start: only used with sde_window_schedule sliding or random; set it to null or use"
-            " one of them"
-        )
-    if cfg.sde_window_schedule in MOVING_WINDOWS and cfg.window <= end - start:
-        first, fits = start, end - cfg.window
-        if not first <= cfg.window_last() <= fits:
-            raise ConfigError(
-                f"window_last_start: must be in {first}..{fits} (sde_window_start .. sde_window_end - window),"
-                f" got {cfg.window_last_start}"
-            )
-
-
-def validate_batches(cfg: TrainConfig) -> None:
-    """prompts_per_step over processes, max_batch, rollout_micro_batch, train_micro_batch,
-    updates_per_rollout."""
-    if cfg.prompts_per_step % cfg.processes:
-        raise ConfigError(
-            f"prompts_per_step: must be a multiple of processes ({cfg.processes}), got {cfg.prompts_per_step}"
-        )
-    per_process = cfg.group_size * cfg.prompts_per_step // cfg.processes
-    if per_process > cfg.max_batch:
-        raise ConfigError(
-            f"group_size: group_size × prompts_per_step / processes = {per_process} samples per process is "
-            f"over max_batch ({cfg.max_batch}); lower them, or raise max_batch on a machine with the memory"
-        )
-    eval_samples = cfg.eval_num_prompts * len(cfg.eval_seeds)
-    if eval_samples > cfg.max_batch:
-        raise ConfigError(
-            f"eval_num_prompts: eval_num_prompts × len(eval_seeds) = {eval_samples} eval samples is over "
-            f"max_batch ({cfg.max_batch}); lower them, or raise max_batch on a machine with the memory"
-        )
-    for key in ("rollout_micro_batch", "train_micro_batch"):
-        value = getattr(cfg, key)
-        if value is not None and value < 1:
-            raise ConfigError(f"{key}: must be an integer >= 1 or null (the whole batch), got {value}")
-    _int_at_least("updates_per_rollout", cfg.updates_per_rollout, 1)
-    if cfg.rank_batch % cfg.updates_per_rollout:
-        raise ConfigError(
-            f"updates_per_rollout: must divide the {cfg.rank_batch} samples of a rank's step"
-            f" (prompts_per_step / processes × group_size), got {cfg.updates_per_rollout}"
-        )
-
-
-def validate_update(cfg: TrainConfig) -> None:
-    """strategy, window, routing, reuse, the optimizer and the GRPO loss, the probe."""
-    from jagg_engine.grpo import KL_FORMS
-    from jagg_engine.sde import CPS_LOG_PROBS
-
-    _one_of("strategy", cfg.strategy, STRATEGIES)
-    if cfg.window < 2 and cfg.strategy != "exact":
-        raise ConfigError(
-            f"window: must be an integer >= 2 for strategy {cfg.strategy} (a one-step window trains with"
-            f" strategy=exact), got {cfg.window}"
-        )
-    start, end = cfg.sde_window()
-    if cfg.window > end - start:
-        raise ConfigError(
-            f"window: must be at most the number of trained steps "
-            f"({end - start} = sde_window_end - sde_window_start), got {cfg.window}"
-        )
-    _bounded("jagg_frac", cfg.jagg_frac)
-    _bounded("cv_frac", cfg.cv_frac)
-    _bounded("alpha_scale", cfg.alpha_scale)
-    if cfg.alpha_scale != 1.0 and cfg.strategy != "jagg":
-        raise ConfigError(
-            f"alpha_scale: weighs JAGG's endpoints; needs strategy jagg, got strategy {cfg.strategy!r}"
-            " (use alpha_scale=1)"
-        )
-    if cfg.jagg_until_step is not None and cfg.strategy != "jagg":
-        raise ConfigError(
-            f"jagg_until_step: switches from jagg to exact; needs strategy jagg, got strategy {cfg.strategy!r}"
-            " (use jagg_until_step=null)"
-        )
-    if cfg.cv_frac > 0 and cfg.strategy != "jagg":
-        raise ConfigError(
-            f"cv_frac: corrects JAGG's estimate; needs strategy jagg, got strategy {cfg.strategy!r} (use cv_frac=0)"
-        )
-    _one_of("endpoint_backward", cfg.endpoint_backward, ENDPOINT_BACKWARDS)
-    _one_of("reuse_rollout_velocity", cfg.reuse_rollout_velocity, ("off", "auto"))
-    _bounded("auto_route_threshold", cfg.auto_route_threshold)
-    if cfg.fsdp and (cfg.probe_every > 0 or cfg.auto_route):
-        raise ConfigError(
-            "fsdp: the gradient probe (probe_every, auto_route) does not run on sharded weights;"
-            " set probe_every=0 and auto_route=false"
-        )
-    if cfg.auto_route and cfg.strategy != "jagg":
-        raise ConfigError(f"auto_route: needs strategy jagg, got strategy {cfg.strategy!r}")
-    for key in ("lr", "weight_decay", "grad_clip", "clip_range", "adv_clip"):
-        _bounded(key, getattr(cfg, key))
-    _one_of("adv_std", cfg.adv_std, ADV_STDS)
-    _bounded("beta", cfg.beta)
-    _one_of("kl_form", cfg.kl_form, KL_FORMS)
-    _one_of("cps_log_prob", cfg.cps_log_prob, CPS_LOG_PROBS)
-    if cfg.probe_every and cfg.strategy == "exact":
-        raise ConfigError("probe_every: probes compare JAGG with exact; needs strategy jagg or endpoint")
-
-
-def validate_environment(cfg: TrainConfig) -> None:
-    """What depends on this machine: prompt files readable and long enough, model_path present and holding
-    what the backbone loads, every reward's dependency and weights present."""
-    from jagg_engine.rewards.registry import RewardConfigError, check_reward
-
-    for key in ("prompts_file", "eval_prompts_file"):
-        path = getattr(cfg, key)
-        if path is not None:
-            prompts = read_prompts(path, field_name=key)
-            eval_source = key == "eval_prompts_file" or cfg.eval_prompts_file is None
-            if eval_source and len(prompts) < cfg.eval_num_prompts:
+        mapped = self._backbone_spec().options
+        defaults = type(self)()
+        for name in MODEL_FIELDS:
+            if getattr(self, name) != getattr(defaults, name) and name not in mapped.values():
+                users = [b for b, spec in BACKBONES.items() if name in spec.options.values()]
                 raise ConfigError(
-                    f"eval_num_prompts: must be at most the {len(prompts)} prompts in "
-                    f"{path}, got {cfg.eval_num_prompts}"
+                    f"{name}: backbone {self.backbone!r} does not use it (only {', '.join(users) or 'none'}); "
+                    f"leave it at {_show(getattr(defaults, name))}"
                 )
-    if cfg.model_path is not None and model_path_kind(cfg.model_path) == "missing":
-        raise ConfigError(f"model_path: no such file or folder: {cfg.model_path}")
-    if cfg.model_path is not None:
-        _check_model_folder(cfg.backbone, cfg.model_path)
-    if cfg.lora_path is not None:
-        from jagg_engine.export_format import missing_lora_files
+        if self.backbone_options:
+            factory = self._backbone_spec().factory_fn()
+            check_options("backbone_options", factory, self.backbone_options, reserved=dict(mapped))
 
-        missing = missing_lora_files(Path(cfg.lora_path).expanduser())
-        if missing:
+    def validate_reward(self) -> None:
+        """Prompt sources, eval seeds and prompt count, reward names and weights, reward_options."""
+        from jagg_engine.rewards.registry import _REGISTRY, available_rewards
+
+        backbone = self._backbone_spec()
+        for key in ("prompts_file", "eval_prompts_file"):
+            path = getattr(self, key)
+            if path is not None and not str(path).endswith(PROMPT_SUFFIXES):
+                raise ConfigError(f"{key}: must be a .txt or .jsonl file, got {_brief(path)}")
+        if self.prompts_file is None and not backbone.procedural_prompts:
+            from jagg_engine.backbones import BACKBONES
+
+            procedural = [name for name, spec in BACKBONES.items() if spec.procedural_prompts]
             raise ConfigError(
-                f"lora_path: {cfg.lora_path} holds no LoRA export (missing {', '.join(missing)}); pass a"
-                " folder written by `jagg export-model` from a LoRA run"
+                f"prompts_file: required for backbone {self.backbone!r} (procedural prompts only suit "
+                f"{', '.join(procedural)})"
             )
-    for reward in cfg.rewards:
-        try:
-            check_reward(reward, **cfg.reward_options.get(reward, {}))
-        except RewardConfigError as exc:
-            raise ConfigError(f"rewards: {_one_line(str(exc))}") from None
+        if not self.eval_seeds:
+            raise ConfigError("eval_seeds: must be a non-empty list of integers, got []")
+        if len(set(self.eval_seeds)) != len(self.eval_seeds):
+            raise ConfigError(f"eval_seeds: must not repeat a seed, got {self.eval_seeds}")
+        if backbone.prompts is not None and self.eval_prompts_file is None and self.prompts_file is None:
+            from jagg_engine.plugins import resolve
+
+            n_prompts = len(resolve(backbone.prompts)())
+            if self.eval_num_prompts > n_prompts:
+                raise ConfigError(
+                    f"eval_num_prompts: must be at most the {n_prompts} {self.backbone} prompts, "
+                    f"got {self.eval_num_prompts}"
+                )
+
+        if not self.rewards:
+            raise ConfigError("rewards: must name at least one reward, e.g. rewards={shapes-dense: 1.0}")
+        known = available_rewards()
+        for reward, weight in self.rewards.items():
+            if reward not in known:
+                raise ConfigError(
+                    f"rewards: unknown reward {_brief(reward)}; allowed: {', '.join(known) or '(none)'}"
+                )
+            if not (math.isfinite(weight) and abs(weight) <= REWARD_WEIGHT_MAX):
+                raise ConfigError(
+                    f"rewards: weight of {_brief(reward)} must be a number in [-{REWARD_WEIGHT_MAX:g},"
+                    f" {REWARD_WEIGHT_MAX:g}], got {weight}"
+                )
+        if all(w == 0 for w in self.rewards.values()):
+            raise ConfigError("rewards: at least one weight must be non-zero")
+        for reward in self.reward_options:
+            if reward not in self.rewards:
+                raise ConfigError(
+                    f"reward_options: {_brief(reward)} is not in rewards; allowed: {', '.join(self.rewards)}"
+                )
+        for reward, options in self.reward_options.items():
+            check_options(f"reward_options.{reward}", _REGISTRY[reward].factory, options)
+
+    def validate_sampler(self) -> None:
+        """algorithm (a registered SDE kind), eta, shift, cfg_scale, the SDE window."""
+        kind = self._sde_kind()
+        _bounded("eta", self.eta)
+        if kind.max_eta is not None and self.eta > kind.max_eta:
+            raise ConfigError(f"eta: {self.algorithm} needs 0 < eta <= {kind.max_eta:g}, got {self.eta}")
+        _bounded("shift", self.shift)
+        if self.schedule is not None:
+            _one_of("schedule", self.schedule, SCHEDULES)
+        if self.resolved_schedule() == "pipeline":
+            if not self._backbone_spec().pipeline_schedule:
+                raise ConfigError(
+                    f"schedule: backbone {self.backbone!r} has no diffusers pipeline scheduler; allowed: shifted-linear"
+                )
+            if self.shift != 1.0:
+                raise ConfigError(
+                    f"shift: the pipeline schedule takes its shift from the model's scheduler; leave shift at 1"
+                    f" or set schedule=shifted-linear, got shift {self.shift:g}"
+                )
+        _bounded("cfg_scale", self.cfg_scale)
+        start, end = self.sde_window()
+        if not 0 <= start < self.sampling_steps:
+            raise ConfigError(
+                f"sde_window_start: must be in 0..{self.sampling_steps - 1} (sampling_steps - 1), got {start}"
+            )
+        last = self.sampling_steps - (0 if kind.last_step_stochastic else 1)
+        if not start < end <= last:
+            limit = (
+                "sampling_steps"
+                if kind.last_step_stochastic
+                else f"sampling_steps - 1 for {self.algorithm}, whose last step is not stochastic"
+            )
+            raise ConfigError(
+                f"sde_window_end: must be in {start + 1}..{last} (after sde_window_start, at most {limit}), got {end}"
+            )
+        _one_of("sde_window_schedule", self.sde_window_schedule, WINDOW_SCHEDULES)
+        _one_of("group_noise", self.group_noise, GROUP_NOISES)
+        from jagg_engine.sde import ODE_SOLVERS
+
+        _one_of("ode_solver", self.ode_solver, ODE_SOLVERS)
+        if self.window_last_start is not None and self.sde_window_schedule not in MOVING_WINDOWS:
+            raise ConfigError(
+                "window_last_start: only used with sde_window_schedule sliding or random; set it to null or use"
+                " one of them"
+            )
+        if self.sde_window_schedule in MOVING_WINDOWS and self.window <= end - start:
+            first, fits = start, end - self.window
+            if not first <= self.window_last() <= fits:
+                raise ConfigError(
+                    f"window_last_start: must be in {first}..{fits} (sde_window_start .. sde_window_end - window),"
+                    f" got {self.window_last_start}"
+                )
+
+    def validate_batches(self) -> None:
+        """prompts_per_step over processes, max_batch, rollout_micro_batch, train_micro_batch,
+        updates_per_rollout."""
+        if self.prompts_per_step % self.processes:
+            raise ConfigError(
+                f"prompts_per_step: must be a multiple of processes ({self.processes}), got {self.prompts_per_step}"
+            )
+        per_process = self.group_size * self.prompts_per_step // self.processes
+        if per_process > self.max_batch:
+            raise ConfigError(
+                f"group_size: group_size × prompts_per_step / processes = {per_process} samples per process is "
+                f"over max_batch ({self.max_batch}); lower them, or raise max_batch on a machine with the memory"
+            )
+        eval_samples = self.eval_num_prompts * len(self.eval_seeds)
+        if eval_samples > self.max_batch:
+            raise ConfigError(
+                f"eval_num_prompts: eval_num_prompts × len(eval_seeds) = {eval_samples} eval samples is over "
+                f"max_batch ({self.max_batch}); lower them, or raise max_batch on a machine with the memory"
+            )
+        for key in ("rollout_micro_batch", "train_micro_batch"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise ConfigError(f"{key}: must be an integer >= 1 or null (the whole batch), got {value}")
+        _int_at_least("updates_per_rollout", self.updates_per_rollout, 1)
+        if self.rank_batch % self.updates_per_rollout:
+            raise ConfigError(
+                f"updates_per_rollout: must divide the {self.rank_batch} samples of a rank's step"
+                f" (prompts_per_step / processes × group_size), got {self.updates_per_rollout}"
+            )
+
+    def validate_update(self) -> None:
+        """strategy, window, routing, reuse, the optimizer and the GRPO loss, the probe."""
+        from jagg_engine.grpo import KL_FORMS
+        from jagg_engine.sde import CPS_LOG_PROBS
+
+        _one_of("strategy", self.strategy, STRATEGIES)
+        if self.window < 2 and self.strategy != "exact":
+            raise ConfigError(
+                f"window: must be an integer >= 2 for strategy {self.strategy} (a one-step window trains with"
+                f" strategy=exact), got {self.window}"
+            )
+        start, end = self.sde_window()
+        if self.window > end - start:
+            raise ConfigError(
+                f"window: must be at most the number of trained steps "
+                f"({end - start} = sde_window_end - sde_window_start), got {self.window}"
+            )
+        _bounded("jagg_frac", self.jagg_frac)
+        _bounded("cv_frac", self.cv_frac)
+        _bounded("alpha_scale", self.alpha_scale)
+        if self.alpha_scale != 1.0 and self.strategy != "jagg":
+            raise ConfigError(
+                f"alpha_scale: weighs JAGG's endpoints; needs strategy jagg, got strategy {self.strategy!r}"
+                " (use alpha_scale=1)"
+            )
+        if self.jagg_until_step is not None and self.strategy != "jagg":
+            raise ConfigError(
+                f"jagg_until_step: switches from jagg to exact; needs strategy jagg, got strategy {self.strategy!r}"
+                " (use jagg_until_step=null)"
+            )
+        if self.cv_frac > 0 and self.strategy != "jagg":
+            raise ConfigError(
+                f"cv_frac: corrects JAGG's estimate; needs strategy jagg, got strategy {self.strategy!r} (use cv_frac=0)"
+            )
+        _one_of("endpoint_backward", self.endpoint_backward, ENDPOINT_BACKWARDS)
+        _one_of("reuse_rollout_velocity", self.reuse_rollout_velocity, ("off", "auto"))
+        _bounded("auto_route_threshold", self.auto_route_threshold)
+        if self.fsdp and (self.probe_every > 0 or self.auto_route):
+            raise ConfigError(
+                "fsdp: the gradient probe (probe_every, auto_route) does not run on sharded weights;"
+                " set probe_every=0 and auto_route=false"
+            )
+        if self.auto_route and self.strategy != "jagg":
+            raise ConfigError(f"auto_route: needs strategy jagg, got strategy {self.strategy!r}")
+        for key in ("lr", "weight_decay", "grad_clip", "clip_range", "adv_clip"):
+            _bounded(key, getattr(self, key))
+        _one_of("adv_std", self.adv_std, ADV_STDS)
+        _bounded("beta", self.beta)
+        _one_of("kl_form", self.kl_form, KL_FORMS)
+        _one_of("cps_log_prob", self.cps_log_prob, CPS_LOG_PROBS)
+        if self.probe_every and self.strategy == "exact":
+            raise ConfigError("probe_every: probes compare JAGG with exact; needs strategy jagg or endpoint")
+
+    def validate_environment(self) -> None:
+        """What depends on this machine: prompt files readable and long enough, model_path present and holding
+        what the backbone loads, every reward's dependency and weights present."""
+        from jagg_engine.rewards.registry import RewardConfigError, check_reward
+
+        for key in ("prompts_file", "eval_prompts_file"):
+            path = getattr(self, key)
+            if path is not None:
+                prompts = read_prompts(path, field_name=key)
+                eval_source = key == "eval_prompts_file" or self.eval_prompts_file is None
+                if eval_source and len(prompts) < self.eval_num_prompts:
+                    raise ConfigError(
+                        f"eval_num_prompts: must be at most the {len(prompts)} prompts in "
+                        f"{path}, got {self.eval_num_prompts}"
+                    )
+        if self.model_path is not None and model_path_kind(self.model_path) == "missing":
+            raise ConfigError(f"model_path: no such file or folder: {self.model_path}")
+        if self.model_path is not None:
+            _check_model_folder(self.backbone, self.model_path)
+        if self.lora_path is not None:
+            from jagg_engine.export_format import missing_lora_files
+
+            missing = missing_lora_files(Path(self.lora_path).expanduser())
+            if missing:
+                raise ConfigError(
+                    f"lora_path: {self.lora_path} holds no LoRA export (missing {', '.join(missing)}); pass a"
+                    " folder written by `jagg export-model` from a LoRA run"
+                )
+        for reward in self.rewards:
+            try:
+                check_reward(reward, **self.reward_options.get(reward, {}))
+            except RewardConfigError as exc:
+                raise ConfigError(f"rewards: {_one_line(str(exc))}") from None
+
+    def check_ranges(self) -> None:
+        """Types and ranges every field gets from its declaration: each value re-parsed as its type (a config
+        built in code is held to the same types as one read from YAML), every integer (also inside lists and
+        mappings) in [low, high] of the field's metadata (default 0..INT_MAX), every float finite."""
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value = _coerce(f.name, hints[f.name], getattr(self, f.name))
+            low, high = f.metadata.get("low", 0), f.metadata.get("high", INT_MAX)
+            _check_value(f.name, hints[f.name], value, low, high)
 
 
 # ---------------------------------------------------------------------- range checks
@@ -388,17 +394,6 @@ def _show(value: Any) -> str:
         if isinstance(value, (list, dict, bool))
         else str(value)
     )
-
-
-def check_ranges(cfg: TrainConfig) -> None:
-    """Types and ranges every field gets from its declaration: each value re-parsed as its type (a config
-    built in code is held to the same types as one read from YAML), every integer (also inside lists and
-    mappings) in [low, high] of the field's metadata (default 0..INT_MAX), every float finite."""
-    hints = typing.get_type_hints(type(cfg))
-    for f in dataclasses.fields(cfg):
-        value = _coerce(f.name, hints[f.name], getattr(cfg, f.name))
-        low, high = f.metadata.get("low", 0), f.metadata.get("high", INT_MAX)
-        _check_value(f.name, hints[f.name], value, low, high)
 
 
 def _check_value(key: str, tp: Any, value: Any, low: int, high: int) -> None:

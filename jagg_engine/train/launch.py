@@ -231,7 +231,7 @@ def accelerate_argv(
             argv += ["--main_process_port", str(free_port())]  # two runs at once must not share a port
     if topo.machines > 1:
         argv += ["--rdzv_conf", f"timeout={max(1, round(join_timeout))}"]
-    argv += ["-m", "jagg_engine.train.trainer", "--runs-dir", runs_dir]
+    argv += ["-m", "jagg_engine.train.process", "--runs-dir", runs_dir]
     argv += ["--machine-rank", str(topo.machine_rank)]
     if run_id is not None:
         argv += ["--run-id", str(run_id)]
@@ -283,7 +283,7 @@ def _run(args: argparse.Namespace, lock: list) -> int:
         run_folders_with_files,
     )
     from jagg_engine.train.config import ConfigError, TrainConfig, check_runs_dir, load_config
-    from jagg_engine.train.trainer import CLAIM_REFUSED_RC, LOCKED_ENV, train
+    from jagg_engine.train.process import CLAIM_REFUSED_RC, LOCKED_ENV, train
 
     if args.resume is not None and args.run_id is not None:
         raise UsageError("--resume and --run-id: give one of them")

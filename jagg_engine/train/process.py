@@ -1,4 +1,4 @@
-"""One trainer process: ``python -m jagg_engine.train.trainer`` (started by ``jagg train``, alone or under
+"""One trainer process: ``python -m jagg_engine.train.process`` (started by ``jagg train``, alone or under
 ``accelerate launch``) runs :func:`main` → :func:`train`.
 
 :func:`train` takes the run's lock (one trainer per run), sets up logging (``train.log`` in the run folder;
@@ -28,6 +28,7 @@ from jagg_engine.store import ClaimError, RunLock, RunStore, open_store
 from jagg_engine.train.config import ConfigError, TrainConfig
 from jagg_engine.train.files import reserve_space
 from jagg_engine.train.steps import TrainingError
+from jagg_engine.train.trainer import Trainer
 
 log = logging.getLogger("jagg.train")
 
@@ -187,8 +188,6 @@ def _train_locked(
             reserve = reserve_space(Path(run["run_dir"]))
         from accelerate import Accelerator
 
-        from jagg_engine.train.trainer import Trainer  # lazy: that module re-exports this one's names
-
         acc = Accelerator(cpu=not torch.cuda.is_available())
         _mark_started()
         cfg, run_id, resume, from_scratch, run_dir = share_run(
@@ -211,6 +210,7 @@ def _train_locked(
             reserve.unlink(missing_ok=True)  # room for the final status, whatever the disk holds now
             store.set_status(run_id, status)
             log.info("run %d %s", run_id, status)
+        close_process_group(acc, together=True)
         return 0
     except ClaimError as exc:  # another trainer has the run: say so, and leave its status alone
         log.error("jagg train: refused: %s", exc)
@@ -230,6 +230,22 @@ def _train_locked(
     finally:
         if reserve is not None:
             reserve.unlink(missing_ok=True)
+        close_process_group(None, together=False)  # a failed rank: its own, at once (the others fail too)
+
+
+def close_process_group(acc: Any, together: bool) -> None:
+    """End this process's part of the process group (several processes): ``together`` waits at a barrier for
+    every rank first (a finished run: rank 0 has written the status), then destroys the group, so that no
+    rank's exit tears down a communicator another still uses (gloo's "Connection closed by peer" abort at
+    exit). A no-op in one process or once destroyed."""
+    if not torch.distributed.is_available() or not torch.distributed.is_initialized():
+        return
+    try:
+        if together and acc is not None:
+            acc.wait_for_everyone()
+        torch.distributed.destroy_process_group()
+    except Exception as exc:  # a peer already gone: nothing left to end cleanly
+        log.warning("process group: %s", " ".join(str(exc).split())[:300])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -241,3 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--machine-rank", type=int, default=0)
     args = parser.parse_args(argv)
     return train(args.run_id, args.runs_dir, args.resume, args.machine_rank, args.from_scratch)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

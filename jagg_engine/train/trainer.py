@@ -17,11 +17,12 @@ from step 1 to the end of this step's update with every eval left out, and ``tim
 that instant; an eval logs its own seconds as ``time/eval``. A curve of eval reward against training time is
 thus rebuilt from the store alone (``jagg race``).
 
-The parts live in modules of their own, and every name callers import from here still is:
+The parts live in modules of their own (the step's helpers are still importable from here):
 :mod:`jagg_engine.train.steps` (the model, the sampler, the prompts and mini-batches of a step, the gradient
-average), :mod:`jagg_engine.train.metrics` (memory, update metrics, :class:`TrainingClock`),
-:mod:`jagg_engine.train.files` (atomic writes, the space reserve) and :mod:`jagg_engine.train.process` (the
-process: :func:`train`, :func:`main`, logging, signals, :func:`share_run`); a checkpoint is loaded into the
+average), :mod:`jagg_engine.train.metrics` (memory, update metrics, :class:`TrainingClock`) and
+:mod:`jagg_engine.train.files` (atomic writes, the space reserve). The process that runs a Trainer
+(``python -m jagg_engine.train.process``: :func:`~jagg_engine.train.process.train`, its ``main``, logging, signals,
+``share_run``) is :mod:`jagg_engine.train.process`, which imports this module, never the other way; a checkpoint is loaded into the
 parameters and optimizer by :func:`jagg_engine.train.checkpoint.restore`. This module keeps the
 :class:`Trainer`, the orchestration of one run, and the step's random streams and rollout.
 """
@@ -57,13 +58,6 @@ from jagg_engine.train.files import reserve_space as reserve_space
 from jagg_engine.train.files import save_pngs
 from jagg_engine.train.files import write_atomic as write_atomic
 from jagg_engine.train.metrics import TrainingClock, memory_metrics, update_metrics
-from jagg_engine.train.process import CLAIM_REFUSED_RC as CLAIM_REFUSED_RC
-from jagg_engine.train.process import FILE_ONLY as FILE_ONLY
-from jagg_engine.train.process import LOCKED_ENV as LOCKED_ENV
-from jagg_engine.train.process import failure_message as failure_message
-from jagg_engine.train.process import main
-from jagg_engine.train.process import share_run as share_run
-from jagg_engine.train.process import train as train
 from jagg_engine.train.steps import (
     TrainingError,
     average_gradients,
@@ -660,7 +654,3 @@ class Trainer:
                 self.save_checkpoint(step)
         self.save_checkpoint(last)
         return "finished"
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
