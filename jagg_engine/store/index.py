@@ -11,6 +11,11 @@ latest   (run_id, key) → step, value: each key's value at its largest step, ke
          metrics, so run lists and final rewards read O(runs) rows however long the history is
 probes   (run_id, step, batch, group_index, method) → t_start, t_end, cosine, rel_error
 samples  (run_id, path) → step, kind (train | eval), prompt, seed, reward; path is relative to run_dir
+pick_groups (run_id, step, group_index) → prompt, paths (JSON list, relative to run_dir), status (pending |
+         closed), created_at: the groups a ``picks`` run asks its person about (:mod:`jagg_engine.rewards.picks`)
+votes    (run_id, step, group_index, voter) → sample (NULL for a skip), choice (best | worst | skip), created_at:
+         one vote per group and voter, committed before the trainer reads it; kept by truncations (a resumed
+         run replays its steps and reuses every vote already cast)
 
 Opened in WAL mode with a busy timeout, so the trainer (writer) and the app / ``jagg runs`` (readers) use it
 at once; every query is parameterized; every write is one short transaction (:meth:`Index.writing`), which
@@ -58,6 +63,9 @@ from .base import (
 
 WAL_SIZE_LIMIT = 1 << 20  # bytes the -wal file is truncated to after a checkpoint
 METRIC_TABLES = ("metrics", "latest", "probes", "samples")
+VOTE_TABLES = ("pick_groups", "votes")  # deleted with the run, never truncated
+VOTE_CHOICES = ("best", "worst", "skip")
+PICK_GROUP_STATUSES = ("pending", "closed")
 
 
 class Index:
@@ -253,6 +261,18 @@ class Index:
                 not_null={"run_id", "path", "step", "kind"},
                 if_not_exists=True,
             )
+            self.db.execute(
+                "CREATE TABLE IF NOT EXISTS pick_groups (run_id INTEGER NOT NULL, step INTEGER NOT NULL,"
+                " group_index INTEGER NOT NULL, prompt TEXT, paths TEXT NOT NULL,"
+                f" status TEXT NOT NULL CHECK (status IN ({', '.join(map(repr, PICK_GROUP_STATUSES))})),"
+                " created_at REAL NOT NULL, PRIMARY KEY (run_id, step, group_index))"
+            )
+            self.db.execute(
+                "CREATE TABLE IF NOT EXISTS votes (run_id INTEGER NOT NULL, step INTEGER NOT NULL,"
+                " group_index INTEGER NOT NULL, voter TEXT NOT NULL, sample INTEGER,"
+                f" choice TEXT NOT NULL CHECK (choice IN ({', '.join(map(repr, VOTE_CHOICES))})),"
+                " created_at REAL NOT NULL, PRIMARY KEY (run_id, step, group_index, voter))"
+            )
             if "pid_at" not in self.db["runs"].columns_dict:  # a history written before pid_at existed
                 self.db.execute("ALTER TABLE runs ADD COLUMN pid_at REAL")
             if "launcher" not in self.db["runs"].columns_dict:  # before launcher: the app started queued runs
@@ -413,7 +433,7 @@ class Index:
 
     def delete_run(self, run_id: int) -> None:
         """Every row of the run, and the pairing of runs paired with it."""
-        for table in METRIC_TABLES:
+        for table in METRIC_TABLES + VOTE_TABLES:
             self.db.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
         self.db.execute("UPDATE runs SET paired_run_id = NULL WHERE paired_run_id = ?", [run_id])
         self.db.execute("DELETE FROM runs WHERE id = ?", [run_id])
@@ -575,6 +595,61 @@ class Index:
             run_id: next((k, values[k]) for k in FINAL_REWARD_KEYS if k in values)
             for run_id, values in found.items()
         }
+
+    # ------------------------------------------------------------------ picks: groups asked and votes cast
+    def insert_pick_groups(self, rows: list[tuple]) -> None:
+        """(run_id, step, group_index, prompt, paths JSON, created_at) as pending; a group asked again (a
+        resumed run replays its step) is pending again, its votes untouched."""
+        self.db.conn.executemany(
+            "INSERT INTO pick_groups (run_id, step, group_index, prompt, paths, status, created_at)"
+            " VALUES (?, ?, ?, ?, ?, 'pending', ?) ON CONFLICT (run_id, step, group_index) DO UPDATE SET"
+            " prompt = excluded.prompt, paths = excluded.paths, status = 'pending',"
+            " created_at = excluded.created_at",
+            rows,
+        )
+
+    def close_pick_groups(self, run_id: int, step: int | None = None) -> None:
+        """Pending groups of the run (of one step, or all) closed: no vote is taken on them any more."""
+        where, args = ("AND step = ?", [run_id, step]) if step is not None else ("", [run_id])
+        self.db.execute(f"UPDATE pick_groups SET status = 'closed' WHERE run_id = ? {where}", args)
+
+    def pick_groups(self, run_id: int | None, status: str | None = None) -> list[dict[str, Any]]:
+        """Groups asked (of one run or all), by run, step and group."""
+        clauses, args = [], []
+        if run_id is not None:
+            clauses.append("run_id = ?")
+            args.append(run_id)
+        if status is not None:
+            clauses.append("status = ?")
+            args.append(status)
+        where = ("WHERE " + " AND ".join(clauses)) if clauses else ""
+        with self.lock:
+            return [
+                dict(r)
+                for r in self.db.query(
+                    f"SELECT * FROM pick_groups {where} ORDER BY run_id, step, group_index", args
+                )
+            ]
+
+    def insert_vote(self, row: tuple) -> None:
+        """(run_id, step, group_index, voter, sample, choice, created_at); a second vote raises IntegrityError."""
+        self.db.execute(
+            "INSERT INTO votes (run_id, step, group_index, voter, sample, choice, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            list(row),
+        )
+
+    def votes(self, run_id: int, step: int | None = None) -> list[dict[str, Any]]:
+        """The run's votes (of one step, or all), in the order they were cast."""
+        where, args = ("AND step = ?", [run_id, step]) if step is not None else ("", [run_id])
+        with self.lock:
+            return [
+                dict(r)
+                for r in self.db.query(
+                    f"SELECT * FROM votes WHERE run_id = ? {where} ORDER BY created_at, step, group_index",
+                    args,
+                )
+            ]
 
 
 def _file_id(path: Path) -> tuple[int, int] | None:
