@@ -174,6 +174,29 @@ def validate_reward(cfg: TrainConfig) -> None:
             )
     for reward, options in cfg.reward_options.items():
         check_options(f"reward_options.{reward}", _REGISTRY[reward].factory, options)
+    if "picks" in cfg.rewards:
+        validate_picks(cfg)
+
+
+def validate_picks(cfg: TrainConfig) -> None:
+    """The ``picks`` reward: one process asks, its options, and no more groups asked than a step has."""
+    from jagg_engine.rewards.registry import _REGISTRY, RewardConfigError
+
+    if cfg.processes != 1:
+        raise ConfigError(
+            f"rewards: picks asks its person from one process; needs processes 1, got {cfg.processes}"
+        )
+    options = cfg.reward_options.get("picks", {})
+    try:
+        _REGISTRY["picks"].check(**options)
+    except RewardConfigError as exc:
+        raise ConfigError(f"reward_options.picks: {exc}") from None
+    per_step = options.get("picks_per_step", 4)
+    if per_step != "all" and per_step > cfg.prompts_per_step:
+        raise ConfigError(
+            f"reward_options.picks.picks_per_step: {per_step} is more than the {cfg.prompts_per_step} groups of a"
+            " step (prompts_per_step); 'all' asks about every group"
+        )
 
 
 def validate_sampler(cfg: TrainConfig) -> None:
