@@ -57,7 +57,7 @@ def picks_runs(store: Any) -> list[dict[str, Any]]:
 
 def agreement_figure(store: Any, run_id: int) -> go.Figure:
     """The preference model's held-back agreement per step (and over every vote so far)."""
-    frame = store.metrics_frame(run_id)
+    frame = store.metric_series(run_id, ["picks/agreement", "picks/agreement_all"])
     fig = go.Figure()
     for key, name in (("picks/agreement", "this step's votes"), ("picks/agreement_all", "every vote so far")):
         if key in frame:

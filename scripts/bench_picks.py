@@ -1,6 +1,6 @@
 """Train on a scripted person's picks: how far its hidden taste rises for a vote budget, on tiny-shapes.
 
-    python scripts/bench_picks.py --out reports/picks            # the reduced setting below, ~20-30 min on 2 busy cores
+    python scripts/bench_picks.py --out reports/picks            # the reduced default: 5 steps, 10 votes; ~15-20 min on 2 busy cores
     python scripts/bench_picks.py --budgets 100 300 --steps 75 --prompts-per-step 8 --group-size 8 --picks-per-step 4
 
 Every run is `jagg train configs/tiny-shapes-cpu.yaml` (a subprocess, one after the other) with smaller steps
@@ -156,12 +156,12 @@ def write_markdown(doc: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--budgets", type=int, nargs="+", default=[16])
-    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--budgets", type=int, nargs="+", default=[10])
+    p.add_argument("--steps", type=int, default=5)
     p.add_argument("--prompts-per-step", type=int, default=4)
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--picks-per-step", type=int, default=2)
-    p.add_argument("--eval-prompts", type=int, default=30)
+    p.add_argument("--eval-prompts", type=int, default=20)
     p.add_argument("--taste", choices=sorted(TASTES), default="big")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-votes-alone", action="store_true")

@@ -552,6 +552,22 @@ class RunStore:
         """Wide frame: one row per step (column ``step``, ascending), one column per metric key."""
         return self.index.metrics_frame(run_id)
 
+    def metric_series(self, run_id: int, keys: Iterable[str]) -> pd.DataFrame:
+        """Like :meth:`metrics_frame` for ``keys`` only (a view that polls a few curves of a long run)."""
+        keys = list(keys)
+        marks = ", ".join("?" for _ in keys)
+        with self._lock:
+            rows = self.db.execute(
+                f"SELECT step, key, value FROM metrics WHERE run_id = ? AND key IN ({marks}) ORDER BY step",
+                [run_id, *keys],
+            ).fetchall()
+        if not rows:
+            return pd.DataFrame({"step": pd.Series([], dtype="int64")})
+        long = pd.DataFrame(rows, columns=["step", "key", "value"]).astype({"value": "float64"})
+        wide = long.pivot(index="step", columns="key", values="value").sort_index()
+        wide.columns.name = None
+        return wide.reset_index()
+
     def probes(self, run_id: int) -> list[dict[str, Any]]:
         return self.index.probes(run_id)
 
