@@ -3,6 +3,7 @@ and a real kill -9 right after a vote loses no cast vote."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -46,6 +47,8 @@ def test_a_vote_is_stored_and_read_back(tmp_path: Path) -> None:
     assert rows[0]["created_at"] == vote["created_at"]
     assert [g["status"] for g in store.pick_groups(run_id)] == ["pending"] * 3
     assert store.pick_groups(run_id, "pending")[0]["size"] == 4
+    _, exported = store.export_run(run_id, tmp_path / "export")
+    assert json.loads(exported.read_text())["votes"] == rows  # the run's record carries every vote
 
 
 def refusal(store, *args) -> str:

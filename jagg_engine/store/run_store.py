@@ -580,7 +580,8 @@ class RunStore:
 
     def export_run(self, run_id: int, out_dir: str | os.PathLike[str]) -> tuple[Path, Path]:
         """Write ``run-<id>-<name>.csv`` (the wide metrics frame) and ``run-<id>-<name>.json`` (the run
-        row with its config, every metric in long form, probes and samples). Returns (csv_path, json_path)."""
+        row with its config, every metric in long form, probes, samples and the votes of a picks run). Returns
+        (csv_path, json_path)."""
         run = self.get_run(run_id)
         if run is None:
             raise StoreError(f"no run with id {run_id}")
@@ -594,6 +595,7 @@ class RunStore:
             "metrics": self.index.metrics_long(run_id),
             "probes": self.probes(run_id),
             "samples": self.samples(run_id),
+            "votes": self.votes(run_id),
         }
         json_path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
         return csv_path, json_path
