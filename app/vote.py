@@ -2,7 +2,7 @@
 
 A run whose rewards include ``picks`` (docs/picks.md) asks about some groups each step: their images lie in the
 run folder and a pending row in the store's ``pick_groups``. This tab shows the oldest pending group of the
-chosen run (images side by side, numbered 1…G, and the prompt), the counter of votes cast and wanted, the
+chosen run that has no vote of ``owner`` yet (images side by side, numbered 1…G, and the prompt), the counter of votes cast and wanted, the
 preference model's held-back agreement per step, and "waiting for your picks" while the run waits. A click
 (or a key) casts one vote through :meth:`jagg_engine.store.RunStore.cast_vote`, committed before the reply.
 
@@ -95,7 +95,8 @@ def vote_view(store: Any, run_id: int | None) -> dict[str, Any]:
     if run["status"] != "running":
         out["status"] = f"Run #{run_id} is {run['status']}; votes are taken only while it runs."
         return out
-    pending = store.pick_groups(run_id, "pending")
+    voted = {(v["step"], v["group_index"]) for v in store.votes(run_id) if v["voter"] == VOTER}
+    pending = [g for g in store.pick_groups(run_id, "pending") if (g["step"], g["group_index"]) not in voted]
     if not pending:
         out["status"] = f"Run #{run_id} is sampling or training; its next groups come with its next step."
         return out

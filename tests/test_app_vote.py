@@ -54,11 +54,16 @@ def test_the_tab_shows_the_pending_group_and_a_click_casts_a_vote(tmp_path: Path
     assert message == "Voted: image 2 is the best of group 0, step 4."
     assert [(v["sample"], v["choice"], v["voter"]) for v in store.votes(run_id)] == [(1, "best", "owner")]
     assert count.startswith("votes cast: **1** of **10**")
+    assert "is sampling or training" in status  # the voted group is no longer shown, though still pending
     again = h.cast(run_id, key, 0, "worst")[0]
     assert (
         again.startswith("**Refused:** vote: 'owner' already voted on group 0 of step 4")
         and "\n" not in again
     )
+    store.post_pick_groups(
+        run_id, 5, [{"group_index": 1, "prompt": "blue square top", "paths": ["picks/g00_0.png"]}]
+    )
+    assert "step 5, group 1" in h.show(run_id)[0]  # the next group without a vote
     store.close_pick_groups(run_id)
     assert "is sampling or training" in h.show(run_id)[0]
     assert (
@@ -102,4 +107,32 @@ def test_views_without_a_pending_group(tmp_path: Path) -> None:
     assert (
         view["status"] == f"Run #{queued} is queued; votes are taken only while it runs."
         and view["group"] is None
+    )
+
+
+def test_the_keys_script_clicks_the_tabs_buttons(tmp_path: Path) -> None:
+    """The page's key handler (1–9, s) finds the buttons by the ids the tab gives them, and the built app's
+    head carries it; the tab's API events are named."""
+    import gradio as gr
+
+    from app import ui
+    from app.vote import KEYS_SCRIPT, vote_tab
+
+    with gr.Blocks():
+        tab = vote_tab([], None)
+    assert [b.elem_id for b in tab.picks] == [f"vote-pick-{k}" for k in range(1, MAX_PICKS + 1)]
+    assert tab.skip.elem_id == "vote-skip"
+    assert (
+        '"vote-pick-" + e.key' in KEYS_SCRIPT and '"vote-skip"' in KEYS_SCRIPT and '"vote-tab"' in KEYS_SCRIPT
+    )
+    store, run_id = picks_run(tmp_path / "runs")
+    demo = ui.build_app(tmp_path / "runs", space_mode=False, background_ticks=False, showcase_dir=None)
+    assert KEYS_SCRIPT in demo.jagg_head
+    api = {fn.api_name: fn.fn for fn in demo.fns.values() if fn.api_name}
+    assert api["cast_vote"](run_id, 4, 0, 0, "best") == "**Refused:** vote sample: counted from 1."
+    assert api["cast_vote"](run_id, 4, 0, 3, "worst") == "Voted: image 3 is the worst of group 0, step 4."
+    assert [(v["sample"], v["choice"]) for v in store.votes(run_id)] == [(2, "worst")]
+    assert (
+        api["vote_view"](run_id)[1]
+        == f"Run #{run_id} is sampling or training; its next groups come with its next step."
     )
