@@ -3,6 +3,7 @@ held-back agreement and the uncertainty that chooses the groups to ask."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from jagg_engine.preference import FEATURE_DIM, PreferenceModel, fit_bradley_terry, image_features, vote_pairs
@@ -98,3 +99,25 @@ def test_image_features_are_fixed_and_sized() -> None:
     red = torch.zeros(1, 32, 32, 3, dtype=torch.uint8)
     red[..., 0] = 255
     assert image_features(red)[0, :16].min() == 1.0  # the 4 × 4 red channel averages come first
+
+
+@pytest.mark.parametrize("taste", ["big", "red"])
+def test_the_frozen_features_learn_the_scripted_tastes_on_tiny_shapes_images(taste: str) -> None:
+    """50 best-of-4 votes of the scripted person on rendered tiny-shapes images (seeded): on 500 fresh pairs
+    with different taste scores the model orders at least 80 % as the taste does (measured: big 0.889 of 494
+    pairs, red 0.936 of 281)."""
+    from jagg_engine import shapes_data
+    from jagg_engine.picks import TASTES
+
+    images = torch.from_numpy(shapes_data.batch(1200, seed=2)[0])
+    feats, score = image_features(images), TASTES[taste](images)
+    model = PreferenceModel()
+    for g in range(50):
+        model.add_group((1, g), feats[4 * g : 4 * g + 4])
+    model.add_votes([((1, g), int(score[4 * g : 4 * g + 4].argmax()), "best") for g in range(50)])
+    a, b = slice(200, 1200, 2), slice(201, 1200, 2)
+    differ = score[a] != score[b]
+    agree = (
+        ((model.scores(feats[a]) > model.scores(feats[b])) == (score[a] > score[b]))[differ].float().mean()
+    )
+    assert differ.sum() > 100 and agree > 0.8, float(agree)
