@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -66,11 +67,20 @@ def run_one(name: str, overrides: list[str], args: argparse.Namespace, person: b
     )  # fmt: skip
     stop, thread, voter = threading.Event(), None, None
     if person:
-        while not (runs_dir / "jagg.db").exists() or not open_store(runs_dir).list_runs():
-            if proc.poll() is not None:
-                break
-            time.sleep(0.2)
-        store = open_store(runs_dir)
+        store = None
+        while store is None and proc.poll() is None:
+            time.sleep(0.5)
+            if not (runs_dir / "jagg.db").exists():
+                continue
+            try:  # the trainer may be creating the index this very moment
+                opened = open_store(runs_dir)
+            except sqlite3.OperationalError:
+                continue
+            store = opened if opened.list_runs() else opened.close()
+        if store is None:
+            raise SystemExit(
+                f"[{name}] jagg train ended before its run appeared: {proc.stderr.read()[-2000:]}"
+            )
         voter = ScriptedPerson(store, store.list_runs()[0]["id"], taste=args.taste)
         thread = threading.Thread(target=voter.run, args=(stop, 0.1), daemon=True)
         thread.start()
