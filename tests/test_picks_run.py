@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -48,7 +49,11 @@ def wait_for_run(tmp_path: Path, proc: subprocess.Popen) -> int:
 
     for _ in range(1200):
         if (tmp_path / "jagg.db").exists():
-            runs = open_store(tmp_path).list_runs()
+            try:  # the trainer may be creating the index this very moment
+                with open_store(tmp_path) as store:
+                    runs = store.list_runs()
+            except sqlite3.OperationalError:
+                runs = []
             if runs:
                 return runs[0]["id"]
         assert proc.poll() is None, proc.stderr.read()[-3000:]
