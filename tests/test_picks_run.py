@@ -186,3 +186,57 @@ def test_tastes() -> None:
     black[1, :2, :, 2] = 255  # a quarter blue
     torch.testing.assert_close(taste_big(black), torch.tensor([0.5, 0.25]))
     torch.testing.assert_close(taste_red(black), torch.tensor([0.5, 0.0]))
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (
+            ["reward_options={picks: {picks_per_step: 0}}"],
+            "reward_options.picks: reward picks: picks_per_step must be a positive integer or 'all', got 0",
+        ),
+        (
+            ["reward_options={picks: {picks_per_step: many}}"],
+            "picks_per_step must be a positive integer or 'all', got 'many'",
+        ),
+        (
+            ["reward_options={picks: {picks_per_step: 40}}", "prompts_per_step=18"],
+            "reward_options.picks.picks_per_step: 40 is more than the 18 groups of a step",
+        ),
+        (
+            ["reward_options={picks: {timeout_s: -1}}"],
+            "reward picks: timeout_s must be a number ≥ 0 or null (wait), got -1",
+        ),
+        (
+            ["reward_options={picks: {budget: 0}}"],
+            "reward picks: budget must be a positive integer or null, got 0",
+        ),
+        (["reward_options={picks: {voter: ''}}"], "reward picks: voter must be a non-empty name"),
+        (
+            ["reward_options={picks: {colour: red}}"],
+            "reward_options.picks.colour: unknown option; allowed: budget, l2, picks_per_step",
+        ),
+        (["processes=2"], "rewards: picks asks its person from one process; needs processes 1, got 2"),
+    ],
+)
+def test_config_refusals_name_the_field(overrides: list[str], message: str) -> None:
+    from jagg_engine.train.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["rewards={picks: 1.0}", *overrides], check_environment=False)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_valid_picks_config_with_null_timeout_and_a_weighted_mix() -> None:
+    from jagg_engine.train.config import load_config
+
+    cfg = load_config(
+        None,
+        [
+            "rewards={picks: 0.7, shapes: 0.3}",
+            "reward_options={picks: {picks_per_step: all, timeout_s: null}}",
+        ],
+        check_environment=False,
+    )
+    assert cfg.rewards == {"picks": 0.7, "shapes": 0.3}
+    assert cfg.reward_options["picks"] == {"picks_per_step": "all", "timeout_s": None}
