@@ -10,6 +10,8 @@ training and after the last step. The hidden taste (:data:`jagg_engine.picks.TAS
 
 - ``none``: no training, the step-0 eval (the same initial model and eval noise for every run; checked);
 - ``ceiling``: ``rewards={taste: 1.0}``, trained on the hidden score directly;
+- ``control``: trained directly on the *other* taste (red for big, big for red), scored with this one: how
+  much of a rise any training of these steps gives (the model drifts whatever it is trained on);
 - per budget B: ``model``: ``rewards={picks: 1.0}`` with ``picks_per_step`` = ``--picks-per-step`` groups a step
   chosen by the preference model's uncertainty, ``budget`` B, and ``votes-alone``: ``picks_per_step: all``
   (every group asked, the votes are the reward), ``budget`` B; after the budget is spent the model run goes on
@@ -175,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--taste", choices=sorted(TASTES), default="big")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-votes-alone", action="store_true")
+    p.add_argument("--skip-control", action="store_true")
     p.add_argument("--out", type=Path, default=REPO / "reports" / "picks")
     args = p.parse_args(argv)
     picks = "{{picks_per_step: {k}, budget: {b}, timeout_s: 600, poll_s: 0.1}}"
@@ -186,6 +189,16 @@ def main(argv: list[str] | None = None) -> int:
             False,
         )
     ]
+    other = next(t for t in sorted(TASTES) if t != args.taste)
+    if not args.skip_control:
+        runs.append(
+            run_one(
+                f"control-{other}",
+                ["rewards={taste: 1.0}", f"reward_options={{taste: {{taste: {other}}}}}"],
+                args,
+                False,
+            )
+        )
     for b in args.budgets:
         runs.append(
             run_one(
@@ -226,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
         " store; wait s/vote: the trainer's seconds waiting for votes, per vote (the person polls every 0.1 s);"
         " run wall s/vote: the run's whole wall time over its votes (training included).",
         "One seed, a short run: a difference of a few thousandths is within run-to-run noise.",
+        f"control-{other}: trained on the taste {other!r}, scored with {args.taste!r}: the rise these steps give"
+        " whatever the reward; a picks run's rise above it is what the votes bought.",
     ]
     doc = {
         "command": "python scripts/bench_picks.py " + " ".join(argv if argv is not None else sys.argv[1:]),
