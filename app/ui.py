@@ -23,7 +23,7 @@ from typing import Any
 
 import gradio as gr
 
-from app import client, data, layout, metrics, panels, showcase, tryit
+from app import client, data, layout, metrics, panels, showcase, tryit, vote
 from app.form import (
     FORM_FIELDS,
     form_config,
@@ -132,7 +132,7 @@ def build_app(
     demo.jagg_guard = guard  # type: ignore[attr-defined]
     demo.jagg_showcase_ids = list(showcase_ids)  # type: ignore[attr-defined]
     demo.jagg_css = layout.CSS  # type: ignore[attr-defined]  # for launch()
-    demo.jagg_head = layout.HEAD + client.SCRIPT  # type: ignore[attr-defined]  # run pickers, metrics views
+    demo.jagg_head = layout.HEAD + client.SCRIPT + vote.KEYS_SCRIPT  # type: ignore[attr-defined]  # pickers, views, keys
     demo.jagg_stop_ticker = threading.Event()  # type: ignore[attr-defined]  # set() stops the queue ticker
     if background_ticks:
         _start_ticker(handlers.shared.tick, stop=demo.jagg_stop_ticker)
@@ -243,6 +243,9 @@ def build_layout(h: Handlers, backbones: tuple[str, ...], showcase_ids: list[int
             new = layout.new_run_tab(backbones, h.space, h.r0, note)
         with gr.Tab("Live", id="live"):
             live = layout.live_tab(h.run_choices(), h.default_run(), h.panels)
+        with gr.Tab("Vote", id="vote"):
+            voted = vote.Vote(h)
+            vote_tab = vote.vote_tab(voted.run_choices(), voted.default_run())
         with gr.Tab("Compare", id="compare"):
             compare = layout.compare_tab(h.store, h.run_choices(), showcase_ids, shown, headline)
         with gr.Tab("Try it", id="tryit"):
@@ -254,6 +257,7 @@ def build_layout(h: Handlers, backbones: tuple[str, ...], showcase_ids: list[int
         tabs=tabs, new=new, live=live, compare=compare, history=history, history_tab=history_tab,
         run_seen=gr.State(None), list_seen=gr.State(None), tryit=try_tab, tryit_handlers=tried,
         live_drawn=gr.State(None),  # what the session's Live plots hold (app.stream)
+        vote=vote_tab, vote_handlers=voted,
     )  # fmt: skip
 
 
@@ -428,6 +432,7 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
         api_name="owner_file",
     )
     tryit.wire(page.tryit, history, page.tryit_handlers)
+    vote.wire(page.vote, page.vote_handlers, TICK_S)
     demo.load(
         h.live.on_load, new.r_input, [live.live_run, *refreshed, page.run_seen], api_visibility="private"
     )

@@ -127,6 +127,11 @@ cover(
     " --runs-dir runs-aligned",
     "jagg train configs/tiny-shapes-cpu.yaml model_path=exports/run-1 --runs-dir runs-aligned",
 )
+cover("docs/picks.md", "checked", "waits for a person's votes (a run of minutes to hours); tests/test_picks_run.py runs"
+      " a picks run with a scripted person", 'jagg train configs/tiny-shapes-cpu.yaml "rewards={picks: 1.0}"'
+      ' "reward_options={picks: {picks_per_step: 4, timeout_s: 300}}"')  # fmt: skip
+cover("docs/picks.md", "checked", "trains several runs (tens of minutes): its output is in reports/picks/",
+      "python scripts/bench_picks.py --out reports/picks")  # fmt: skip
 cover("docs/race.md", "synopsis", "the command's form (CONFIG, NAME and DIR stand for values)",
       "jagg race CONFIG --variant NAME:key=value,... [--variant ...] --seeds 0,1,2 --out DIR [key=value ...]",
       "jagg race --report-only --out DIR [--baseline NAME]")  # fmt: skip

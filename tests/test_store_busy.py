@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from jagg_engine.store import RunStore, StoreError, index, open_store
+from jagg_engine.store import RunStore, StoreError, open_store, sqlite
 
 HOLDER = r"""
 import sqlite3, sys, time
@@ -77,7 +77,7 @@ def test_a_write_waits_for_another_process_and_succeeds(store: RunStore, write: 
 def test_a_busy_answer_is_tried_again_with_backoff(store: RunStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """With a busy timeout far shorter than the other process's write, SQLite answers "database is locked":
     the store tries again until the lock is free instead of passing that on."""
-    monkeypatch.setattr(index, "BUSY_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(sqlite, "BUSY_TIMEOUT_S", 0.05)
     with open_store(store.runs_root) as short:
         assert short.db.execute("PRAGMA busy_timeout").fetchone()[0] == 50
         with write_lock_held(store.path, 1.0):
@@ -89,8 +89,8 @@ def test_a_busy_answer_is_tried_again_with_backoff(store: RunStore, monkeypatch:
 def test_a_lock_held_past_the_whole_wait_is_one_store_line(
     store: RunStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(index, "BUSY_TIMEOUT_S", 0.05)
-    monkeypatch.setattr(index, "WRITE_WAIT_S", 0.3)
+    monkeypatch.setattr(sqlite, "BUSY_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(sqlite, "WRITE_WAIT_S", 0.3)
     with open_store(store.runs_root) as short, write_lock_held(store.path, 5.0) as holder:
         with pytest.raises(StoreError, match="held its write lock for over") as caught:
             short.request_cancel(1)
@@ -99,4 +99,6 @@ def test_a_lock_held_past_the_whole_wait_is_one_store_line(
 
 
 def test_every_connection_of_the_store_waits_on_a_busy_database(store: RunStore) -> None:
-    assert store.db.execute("PRAGMA busy_timeout").fetchone()[0] == int(index.BUSY_TIMEOUT_S * 1000) >= 30_000
+    assert (
+        store.db.execute("PRAGMA busy_timeout").fetchone()[0] == int(sqlite.BUSY_TIMEOUT_S * 1000) >= 30_000
+    )

@@ -100,6 +100,27 @@ class WeightedReward:
         self.weights = dict(weights)
         self.rewards = {name: build_reward(name, **options.get(name, {})) for name in self.weights}
 
+    def bind(self, **context: Any) -> None:
+        """Hand the run's context (store, run id, folder, group size, steps) to the rewards that take one
+        (``picks``: it asks the run's person); the others have no ``bind``."""
+        for reward in self.rewards.values():
+            if hasattr(reward, "bind"):
+                reward.bind(**context)
+
+    def set_step(self, step: int | None) -> None:
+        """The training step the next call scores (None: an eval), for the rewards that ask per step."""
+        for reward in self.rewards.values():
+            if hasattr(reward, "set_step"):
+                reward.set_step(step)
+
+    def step_metrics(self) -> dict[str, float]:
+        """Metrics of the last training call from the rewards that keep some (``picks/…``)."""
+        out: dict[str, float] = {}
+        for reward in self.rewards.values():
+            if hasattr(reward, "step_metrics"):
+                out.update(reward.step_metrics())
+        return out
+
     def __call__(
         self, images: torch.Tensor, prompts: Sequence[str]
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

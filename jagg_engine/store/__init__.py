@@ -4,7 +4,8 @@ One index per runs root (``<runs_dir>/jagg.db``) over one folder per run (``run-
 its own module, by what it keeps:
 
 - :mod:`.base` — file names, statuses and their transitions, errors, uids, the root's ``run-NNNN`` folders;
-- :mod:`.index` — the SQLite index (``jagg.db``): schema, integrity, read-only fallback, every statement;
+- :mod:`.index` — the SQLite index (``jagg.db``): schema, integrity, read-only fallback, every statement
+  (also the groups a ``picks`` run asks about and the votes cast on them);
 - :mod:`.history` — the run folder's files: ``history.jsonl`` (checksummed lines, torn-tail repair) and
   ``run.json``;
 - :mod:`.locks` — the one-trainer lock of a run folder, the index lock of a root, process liveness;
@@ -25,6 +26,9 @@ Metric keys are namespaced with "/" (cleanrl style):
                                                    eval's own seconds (steps with an eval)
     count/forward, count/backward                  transformer passes in the update phase
     memory/rss_bytes, memory/peak_cuda_bytes       the main process: resident set size; peak CUDA memory of the step
+    picks/asked, picks/voted, picks/votes,          a picks run (jagg_engine.rewards.picks): groups asked and voted
+    picks/wanted, picks/agreement(_all),            this step, votes of the run and wanted, held-back agreement of the
+    picks/timed_out, picks/wait_s                   preference model, groups closed without a vote, seconds waited
 :data:`FINAL_REWARD_KEYS` is the order in which a run's "final reward" is looked up.
 
 Status transitions (anything else raises :class:`StoreError`)::

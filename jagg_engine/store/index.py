@@ -11,6 +11,11 @@ latest   (run_id, key) → step, value: each key's value at its largest step, ke
          metrics, so run lists and final rewards read O(runs) rows however long the history is
 probes   (run_id, step, batch, group_index, method) → t_start, t_end, cosine, rel_error
 samples  (run_id, path) → step, kind (train | eval), prompt, seed, reward; path is relative to run_dir
+pick_groups (run_id, step, group_index) → prompt, paths (JSON list, relative to run_dir), status (pending |
+         closed), created_at: the groups a ``picks`` run asks its person about (:mod:`jagg_engine.rewards.picks`)
+votes    (run_id, step, group_index, voter) → sample (NULL for a skip), choice (best | worst | skip), created_at:
+         one vote per group and voter, committed before the trainer reads it; kept by truncations (a resumed
+         run replays its steps and reuses every vote already cast)
 
 Opened in WAL mode with a busy timeout, so the trainer (writer) and the app / ``jagg runs`` (readers) use it
 at once; every query is parameterized; every write is one short transaction (:meth:`Index.writing`), which
@@ -30,8 +35,6 @@ import fcntl
 import os
 import sqlite3
 import threading
-import time
-import urllib.parse
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,7 +45,6 @@ if TYPE_CHECKING:  # pandas is imported where a frame is built: `jagg runs` star
     import pandas as pd
 
 from .base import (
-    BUSY_TIMEOUT_S,
     DB_NAME,
     FINAL_REWARD_KEYS,
     INDEX_LOCK,
@@ -59,14 +61,24 @@ from .base import (
     stored_dir,
 )
 from .locks import index_shared
+from .sqlite import WRITE_WAIT_S, BusyWait, _connect, _connect_read_only, begin_immediate, is_busy  # noqa: F401
+from .votes import PICK_GROUP_STATUSES, VOTE_CHOICES, VOTE_TABLES, VoteTables  # noqa: F401 (re-exported)
 
 WAL_SIZE_LIMIT = 1 << 20  # bytes the -wal file is truncated to after a checkpoint
 METRIC_TABLES = ("metrics", "latest", "probes", "samples")
 # what ensure_schema makes: the tables and the indexes
-SCHEMA_OBJECTS = ("runs", *METRIC_TABLES, "runs_uid", "runs_status", "samples_step", "latest_key")
+SCHEMA_OBJECTS = (
+    "runs",
+    *METRIC_TABLES,
+    *VOTE_TABLES,
+    "runs_uid",
+    "runs_status",
+    "samples_step",
+    "latest_key",
+)
 
 
-class Index:
+class Index(VoteTables):
     """One open ``jagg.db`` (or any SQLite file of its schema). Safe to share between threads (one lock)."""
 
     def __init__(self, path: str | os.PathLike[str], read_only: bool | None = None):
@@ -93,7 +105,7 @@ class Index:
             raise CorruptIndexError(missing_index_message(self.path.parent, found))
         self.read_only = bool(read_only) or (read_only is None and _unwritable(self.path))
         if not self.read_only:
-            waited = _BusyWait(self.path)
+            waited = BusyWait(self.path)
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 if self.path.name == DB_NAME and self._index_fd is None:  # the index's own store: see reindex
@@ -271,6 +283,7 @@ class Index:
                 not_null={"run_id", "path", "step", "kind"},
                 if_not_exists=True,
             )
+            self.create_vote_tables()
             if "pid_at" not in self.db["runs"].columns_dict:  # a history written before pid_at existed
                 self.db.execute("ALTER TABLE runs ADD COLUMN pid_at REAL")
             if "launcher" not in self.db["runs"].columns_dict:  # before launcher: the app started queued runs
@@ -441,7 +454,7 @@ class Index:
 
     def delete_run(self, run_id: int) -> None:
         """Every row of the run, and the pairing of runs paired with it."""
-        for table in METRIC_TABLES:
+        for table in METRIC_TABLES + VOTE_TABLES:
             self.db.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
         self.db.execute("UPDATE runs SET paired_run_id = NULL WHERE paired_run_id = ?", [run_id])
         self.db.execute("DELETE FROM runs WHERE id = ?", [run_id])
@@ -621,72 +634,3 @@ def _unwritable(db_path: Path) -> bool:
         if path.exists():
             return not os.access(path, os.W_OK)
     return False
-
-
-WRITE_WAIT_S = 4 * BUSY_TIMEOUT_S  # how long a write (or an open) waits on other processes in all
-
-
-def is_busy(exc: BaseException) -> bool:
-    """SQLite's SQLITE_BUSY or SQLITE_LOCKED ("database is locked"): another connection holds the lock."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None:
-        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
-    text = str(exc).lower()
-    return "database is locked" in text or "database is busy" in text or "table is locked" in text
-
-
-class _BusyWait:
-    """Backoff between tries of an operation SQLite refused as busy: 50 ms doubling to 1 s, for up to
-    :data:`WRITE_WAIT_S` in all; past that one :class:`StoreError` line naming the file."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.deadline = time.monotonic() + WRITE_WAIT_S
-        self.delay = 0.05
-
-    def backoff(self) -> None:
-        if time.monotonic() > self.deadline:
-            raise StoreError(
-                f"{self.path}: another process has held its write lock for over {WRITE_WAIT_S:.0f} s;"
-                " nothing was written, try again"
-            )
-        time.sleep(self.delay)
-        self.delay = min(2 * self.delay, 1.0)
-
-
-def begin_immediate(conn: sqlite3.Connection, path: Path) -> None:
-    """``BEGIN IMMEDIATE`` on ``conn``: each try waits up to :data:`BUSY_TIMEOUT_S` (the busy timeout) for
-    another process's write to end, and a busy answer is tried again with backoff (:class:`_BusyWait`)."""
-    waited = _BusyWait(path)
-    while True:
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            return
-        except sqlite3.OperationalError as exc:
-            if not is_busy(exc):
-                raise
-            waited.backoff()
-
-
-def _connect(path: Path) -> sqlite3.Connection:
-    """A read-write connection that waits :data:`BUSY_TIMEOUT_S` on a busy database before answering."""
-    conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
-    conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-    return conn
-
-
-def _connect_read_only(path: Path) -> sqlite3.Connection:
-    """A read-only connection. ``mode=ro`` reads a WAL database when its -wal/-shm files exist (or can be
-    made); when they cannot, ``immutable=1`` reads the file as it is (a cleanly closed database keeps
-    nothing in a WAL file)."""
-    if not path.is_file():
-        raise StoreError(f"runs folder {path.parent} is read-only and holds no {path.name}")
-    base = "file:" + urllib.parse.quote(str(path.resolve()))
-    for query in ("?mode=ro", "?mode=ro&immutable=1"):
-        conn = sqlite3.connect(base + query, uri=True, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
-        try:
-            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-            return conn
-        except sqlite3.OperationalError:
-            conn.close()
-    raise StoreError(f"{path}: cannot be opened, even read-only")

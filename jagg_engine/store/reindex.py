@@ -341,6 +341,7 @@ def _index_folder(store: RunStore, folder: Path, doc: dict[str, Any], records: l
     metrics: dict[tuple[int, str], float | None] = {}
     probes: dict[tuple, list] = {}
     samples: dict[str, list] = {}
+    votes: dict[tuple, list] = {}  # (step, group_index, voter) → sample, choice, created_at; never truncated
     for rec in records:
         kind, step = rec.get("kind"), rec.get("step")
         if not isinstance(step, int):
@@ -354,6 +355,9 @@ def _index_folder(store: RunStore, folder: Path, doc: dict[str, Any], records: l
         elif kind == "samples":
             for r in rec.get("rows") or []:
                 samples[r[0]] = r[1:]
+        elif kind == "vote" and isinstance(rec.get("row"), list) and len(rec["row"]) == 5:
+            group_index, voter, sample, choice, created_at = rec["row"]
+            votes.setdefault((step, group_index, voter), [sample, choice, created_at])
         elif kind == "truncate":
             metrics = {k: v for k, v in metrics.items() if k[0] <= step}
             probes = {k: v for k, v in probes.items() if k[0] <= step}
@@ -377,6 +381,11 @@ def _index_folder(store: RunStore, folder: Path, doc: dict[str, Any], records: l
         store.db.conn.executemany(
             "INSERT INTO samples (run_id, path, step, kind, prompt, seed, reward) VALUES (?, ?, ?, ?, ?, ?, ?)",
             [(run_id, path, *v) for path, v in samples.items()],
+        )
+        store.db.conn.executemany(
+            "INSERT INTO votes (run_id, step, group_index, voter, sample, choice, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [(run_id, *k, *v) for k, v in votes.items()],
         )
         store._refill_latest(run_id)
         store.db.execute(

@@ -41,7 +41,7 @@ from .base import (
     slug,
     stored_dir,
 )
-from .index import Index
+from .index import PICK_GROUP_STATUSES, VOTE_CHOICES, Index
 
 
 class RunStore:
@@ -439,10 +439,134 @@ class RunStore:
             self._append_history(run_id, {"kind": "truncate", "step": int(step)})
             self.index.truncate_after(run_id, step)
 
+    # ------------------------------------------------------------------ picks: groups asked, votes cast
+    def post_pick_groups(self, run_id: int, step: int, groups: Iterable[Mapping[str, Any]]) -> None:
+        """The groups of ``step`` the run asks its person about, pending until :meth:`close_pick_groups`: each
+        has group_index, prompt and paths (the group's images, relative to run_dir, in sample order). Votes
+        already cast on a group (a resumed run replays the step) are kept. Not in the history log: a resumed
+        run asks again about the groups still without a vote."""
+        self._check_writable()
+        now = time.time()
+        rows = []
+        for g in groups:
+            paths = [str(p) for p in g["paths"]]
+            if any(Path(p).is_absolute() or ".." in Path(p).parts for p in paths):
+                raise StoreError(f"pick group paths: must be relative to the run folder, got {paths!r}")
+            rows.append((run_id, int(step), int(g["group_index"]), g.get("prompt"), json.dumps(paths), now))
+        with self._writing():
+            self.index.status(run_id)
+            self.index.insert_pick_groups(rows)
+
+    def close_pick_groups(self, run_id: int, step: int | None = None) -> None:
+        """No more votes on the run's pending groups (of ``step``, or all): the run went on without them."""
+        self._check_writable()
+        with self._writing():
+            self.index.close_pick_groups(run_id, step)
+
+    def pick_groups(self, run_id: int | None = None, status: str | None = None) -> list[dict[str, Any]]:
+        """Groups asked (one run's or every run's; ``status`` pending | closed | None = both), ``paths`` decoded
+        and ``size`` = the group's sample count."""
+        if status is not None and status not in PICK_GROUP_STATUSES:
+            raise StoreError(
+                f"pick group status: must be one of {', '.join(PICK_GROUP_STATUSES)}, got {status!r}"
+            )
+        rows = self.index.pick_groups(run_id, status)
+        for r in rows:
+            r["paths"] = json.loads(r["paths"])
+            r["size"] = len(r["paths"])
+        return rows
+
+    def cast_vote(
+        self, run_id: int, step: int, group_index: int, sample: int | None, choice: str, voter: str
+    ) -> dict[str, Any]:
+        """One person's vote on one group: ``choice`` best | worst (``sample`` the group's sample index) or skip
+        (``sample`` None). Committed (and appended to the run's history log) before it returns, so a process
+        killed right after loses nothing. Refused in one line (:class:`StoreError`), nothing written: an
+        unknown run, a run that is cancelled or not running, a run that does not train on picks, a voter other
+        than the run's (``reward_options.picks.voter``), a group the run never asked or has closed, a sample
+        outside the group, a second vote of the same voter on the group."""
+        self._check_writable()
+        if choice not in VOTE_CHOICES:
+            raise StoreError(f"vote choice: must be one of {', '.join(VOTE_CHOICES)}, got {choice!r}")
+        if (choice == "skip") != (sample is None):
+            raise StoreError(
+                f"vote sample: a {choice} needs {'no sample' if choice == 'skip' else 'a sample index'}"
+            )
+        where = f"group {group_index} of step {step} of run {run_id}"
+        with self._logging_transaction():
+            # writing() began with BEGIN IMMEDIATE: the checks and the insert see one state
+            row = self.index.row(run_id)
+            if row is None:
+                raise StoreError(f"vote: no run with id {run_id}")
+            if row["cancel_requested"] or row["status"] == "cancelled":
+                raise StoreError(f"vote: run {run_id} was cancelled; no vote is taken")
+            if row["status"] != "running":
+                raise StoreError(f"vote: run {run_id} is {row['status']}; votes are taken only while it runs")
+            config = json.loads(row["config"])
+            if "picks" not in (config.get("rewards") or {}):
+                raise StoreError(f"vote: run {run_id} does not train on picks")
+            allowed = str(((config.get("reward_options") or {}).get("picks") or {}).get("voter", "owner"))
+            if voter != allowed:
+                raise StoreError(f"vote: run {run_id} takes votes from {allowed!r} only, not from {voter!r}")
+            group = [
+                g
+                for g in self.index.pick_groups(run_id, None)
+                if (g["step"], g["group_index"]) == (step, group_index)
+            ]
+            if not group:
+                raise StoreError(f"vote: {where} was never asked (no such group)")
+            cast = [
+                v
+                for v in self.index.votes(run_id, step)
+                if (v["group_index"], v["voter"]) == (group_index, voter)
+            ]
+            if cast:
+                raise StoreError(
+                    f"vote: {voter!r} already voted on {where} ({cast[0]['choice']}"
+                    f"{'' if cast[0]['sample'] is None else ' ' + str(cast[0]['sample'])}); one vote per group"
+                )
+            if group[0]["status"] != "pending":
+                raise StoreError(f"vote: {where} is closed; the run went on without it")
+            size = len(json.loads(group[0]["paths"]))
+            if sample is not None and not 0 <= int(sample) < size:
+                raise StoreError(f"vote sample: must be in 0..{size - 1} for {where}, got {sample}")
+            vote = {
+                "run_id": run_id,
+                "step": int(step),
+                "group_index": int(group_index),
+                "voter": voter,
+                "sample": None if sample is None else int(sample),
+                "choice": choice,
+                "created_at": time.time(),
+            }
+            self._append_history(run_id, {"kind": "vote", "step": int(step), "row": list(vote.values())[2:]})
+            self.index.insert_vote(tuple(vote.values()))
+        return vote
+
+    def votes(self, run_id: int, step: int | None = None) -> list[dict[str, Any]]:
+        """The run's votes (of one step, or all), in the order they were cast."""
+        return self.index.votes(run_id, step)
+
     # ------------------------------------------------------------------ reading
     def metrics_frame(self, run_id: int) -> pd.DataFrame:
         """Wide frame: one row per step (column ``step``, ascending), one column per metric key."""
         return self.index.metrics_frame(run_id)
+
+    def metric_series(self, run_id: int, keys: Iterable[str]) -> pd.DataFrame:
+        """Like :meth:`metrics_frame` for ``keys`` only (a view that polls a few curves of a long run)."""
+        keys = list(keys)
+        marks = ", ".join("?" for _ in keys)
+        with self._lock:
+            rows = self.db.execute(
+                f"SELECT step, key, value FROM metrics WHERE run_id = ? AND key IN ({marks}) ORDER BY step",
+                [run_id, *keys],
+            ).fetchall()
+        if not rows:
+            return pd.DataFrame({"step": pd.Series([], dtype="int64")})
+        long = pd.DataFrame(rows, columns=["step", "key", "value"]).astype({"value": "float64"})
+        wide = long.pivot(index="step", columns="key", values="value").sort_index()
+        wide.columns.name = None
+        return wide.reset_index()
 
     def probes(self, run_id: int) -> list[dict[str, Any]]:
         return self.index.probes(run_id)
@@ -456,7 +580,8 @@ class RunStore:
 
     def export_run(self, run_id: int, out_dir: str | os.PathLike[str]) -> tuple[Path, Path]:
         """Write ``run-<id>-<name>.csv`` (the wide metrics frame) and ``run-<id>-<name>.json`` (the run
-        row with its config, every metric in long form, probes and samples). Returns (csv_path, json_path)."""
+        row with its config, every metric in long form, probes, samples and the votes of a picks run). Returns
+        (csv_path, json_path)."""
         run = self.get_run(run_id)
         if run is None:
             raise StoreError(f"no run with id {run_id}")
@@ -470,6 +595,7 @@ class RunStore:
             "metrics": self.index.metrics_long(run_id),
             "probes": self.probes(run_id),
             "samples": self.samples(run_id),
+            "votes": self.votes(run_id),
         }
         json_path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
         return csv_path, json_path

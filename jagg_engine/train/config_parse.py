@@ -81,7 +81,7 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
     """Parse ``value`` (from YAML, JSON or an override) as ``tp``; raise a one-line ConfigError."""
     base, optional = _split_optional(tp)
     if value is None:
-        if optional:
+        if optional or base is Any:  # Any: a reward's or backbone's option, checked against its factory
             return None
         raise ConfigError(f"{key}: must not be null")
     where = f"{key}: {_expected(tp)}{' or null' if optional else ''}, got {_brief(value)}"

@@ -174,6 +174,28 @@ class ConfigChecks:
                 )
         for reward, options in self.reward_options.items():
             check_options(f"reward_options.{reward}", _REGISTRY[reward].factory, options)
+        if "picks" in self.rewards:
+            self.validate_picks()
+
+    def validate_picks(self) -> None:
+        """The ``picks`` reward: one process asks, its options, and no more groups asked than a step has."""
+        from jagg_engine.rewards.registry import _REGISTRY, RewardConfigError
+
+        if self.processes != 1:
+            raise ConfigError(
+                f"rewards: picks asks its person from one process; needs processes 1, got {self.processes}"
+            )
+        options = self.reward_options.get("picks", {})
+        try:
+            _REGISTRY["picks"].check(**options)
+        except RewardConfigError as exc:
+            raise ConfigError(f"reward_options.picks: {exc}") from None
+        per_step = options.get("picks_per_step", 4)
+        if per_step != "all" and per_step > self.prompts_per_step:
+            raise ConfigError(
+                f"reward_options.picks.picks_per_step: {per_step} is more than the {self.prompts_per_step} groups"
+                " of a step (prompts_per_step); 'all' asks about every group"
+            )
 
     def validate_sampler(self) -> None:
         """algorithm (a registered SDE kind), eta, shift, cfg_scale, the SDE window."""

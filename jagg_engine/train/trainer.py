@@ -163,6 +163,14 @@ class Trainer:
             raise TrainingError("backbone: the model has no trainable parameters")
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.reward = WeightedReward(cfg.rewards, cfg.reward_options)
+        if row is not None:  # a reward that asks the run's person (picks) learns which run it asks for
+            self.reward.bind(
+                store=self.store,
+                run_id=run_id,
+                run_dir=self.run_dir,
+                group_size=cfg.group_size,
+                steps=cfg.steps,
+            )
         self.schedule = pipeline_schedule(cfg, self.model)  # the pipeline's σ grid, or None (shifted-linear)
         self.sampler, self.update = sampler_config(cfg, self.schedule), cfg.update_config()
         self.prompts = prompt_source(cfg)
@@ -188,9 +196,12 @@ class Trainer:
         )  # fmt: skip
 
     def score(
-        self, traj: Trajectory, prompts: list[str]
+        self, traj: Trajectory, prompts: list[str], step: int | None = None
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor], Any]:
+        """Decode and score a rollout; ``step`` is the training step (a reward that asks a person, picks,
+        asks about this step's groups), None for scoring that asks nobody."""
         images = self.model.decode(traj.latents[-1])
+        self.reward.set_step(step)
         total, parts = self.reward(images, prompts)
         return total, parts, images
 
@@ -308,7 +319,7 @@ class Trainer:
         prompts, groups = self.step_prompts(step)
         traj = self.sample(step, prompts)
         t1 = time.perf_counter()
-        total, parts, images = self.score(traj, prompts)
+        total, parts, images = self.score(traj, prompts, step)
         adv, all_rewards = self.advantages(total, groups)
         if not torch.isfinite(all_rewards).all():
             raise TrainingError(f"reward: non-finite reward at step {step}")
@@ -342,6 +353,7 @@ class Trainer:
             "sampler/sigma_window_end": sigma_end,
             "count/sampling_forward": traj.forwards,
             **self.bias_metrics,
+            **self.reward.step_metrics(),
             **memory_metrics(self.acc.device),
         }
         if self.main and self.cfg.sample_every and step % self.cfg.sample_every == 0:
@@ -387,6 +399,7 @@ class Trainer:
             ]
         )
         dtype = self.params[0].dtype
+        self.reward.set_step(None)  # an eval asks nobody
         images, totals, parts_all = [], [], []
         for i in range(0, len(prompts), 64):
             chunk = prompts[i : i + 64]
