@@ -148,9 +148,11 @@ def new_run_tab(backbones: Sequence[str], space: bool, r0: float, note: str) -> 
     # preprocess): the config refuses a fraction in one line naming the field.
     with gr.Row():
         window = gr.Number(value=defaults.window, label="W (window)")
-        jagg_frac = gr.Slider(0.0, 1.0, value=defaults.jagg_frac, step=0.05, label="jagg_frac")
-        cv_frac = gr.Slider(
-            0.0, 1.0, value=defaults.cv_frac, step=0.05, label="cv_frac (control variate: JAGG unbiased)"
+        # The fractions are number boxes, not sliders: a slider's box clamps a typed 2 to 1 in the page (after
+        # a toast) and launches that; the config refuses a value outside [0, 1] in one line naming the field.
+        jagg_frac = gr.Number(value=defaults.jagg_frac, step=0.05, label="jagg_frac", info="0 to 1")
+        cv_frac = gr.Number(
+            value=defaults.cv_frac, step=0.05, label="cv_frac (control variate: JAGG unbiased)", info="0 to 1"
         )
         jagg_until_step = gr.Number(
             value=defaults.jagg_until_step or NO_SWITCH, label="JAGG until step (then exact; 0 = throughout)"
