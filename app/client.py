@@ -651,7 +651,8 @@ def url_js(tab: str, field: str) -> str:
 
 def load_view(h: Any, r: float, request: Any = None) -> tuple[Any, ...]:
     """The page's view from its address, when the page loads: (the tab, Live's metrics controls, Compare's
-    runs, its metrics controls and reward level, then Compare's outputs and its "runs shown" boxes). A query
+    runs, its metrics controls and reward level, then Compare's outputs, its "runs shown" boxes and the runs
+    drawn, the session's state that :meth:`app.handlers.HistoryHandlers.compare_metrics` reads). A query
     that names no view changes nothing (every value skipped). ``h``: the app's :class:`app.handlers.Handlers`."""
     import gradio as gr
 
@@ -668,7 +669,7 @@ def load_view(h: Any, r: float, request: Any = None) -> tuple[Any, ...]:
     if tab != "compare":
         live = controls if tab == "live" else [gr.skip()] * 4
         tabs = gr.update(selected="live") if tab == "live" else gr.skip()
-        return (tabs, *live, choices, *[gr.skip()] * 5, *[gr.skip()] * compare_n)
+        return (tabs, *live, choices, *[gr.skip()] * 5, *[gr.skip()] * compare_n, gr.skip())
     defaults = metrics.MetricView()
     runs = view.get("runs")
     if (
@@ -692,7 +693,8 @@ def load_view(h: Any, r: float, request: Any = None) -> tuple[Any, ...]:
     level = gr.update(value=view["level"]) if "level" in view else gr.skip()
     picked = gr.update(choices=h.run_choices(), value=runs) if runs else choices
     boxes = h.history.compare_shown(runs) if runs else gr.skip()
-    return (gr.update(selected="compare"), *[gr.skip()] * 4, picked, *controls, level, *shown, boxes)
+    drawn = runs if runs else gr.skip()  # the session's runs drawn: a metric picked next redraws these
+    return (gr.update(selected="compare"), *[gr.skip()] * 4, picked, *controls, level, *shown, boxes, drawn)
 
 
 # ---------------------------------------------------------------------------------------------- wiring
@@ -749,7 +751,7 @@ def wire(demo: Any, page: Any, h: Any) -> None:
     compare_js = control_js(COMPARE_PLOTS, "compare", [*fields, "shown"])
     compare.view.pick.change(
         h.history.compare_metrics,
-        [compare.compare_runs, compare.view.x, *compare.view.inputs[:3]],
+        [page.compare_drawn, compare.compare_runs, compare.view.x, *compare.view.inputs[:3]],
         [compare.compare_msg, compare.metrics_plot],
         **private,
     ).then(None, shown_inputs, None, js=compare_js, **private)
@@ -799,4 +801,5 @@ def load_outputs(page: Any) -> list[Any]:
         compare.level,
         *compare.outputs,
         compare.shown_runs,
+        page.compare_drawn,
     ]

@@ -633,10 +633,14 @@ class HistoryHandlers(_Part):
         return self._frames(runs) if len(runs) >= 2 else None
 
     def compare_metrics(
-        self, run_ids: Any, x: Any, metric_keys: Any, smoothing: Any, log_y: Any
+        self, drawn: Any, run_ids: Any, x: Any, metric_keys: Any, smoothing: Any, log_y: Any
     ) -> tuple[Any, Any]:
-        """A metric picked or dropped: (message, the metrics plot) and nothing else redrawn; a bad control is
-        its one line and the plot stays."""
+        """A metric picked or dropped: (message, the metrics plot of the runs ``drawn``) and nothing else
+        redrawn; a bad control is its one line and the plot stays. ``drawn``: the runs Compare's plots show
+        (the session's, set by the last Compare or a link's load; None: the picker's ``run_ids``, as at the
+        first paint). Not the picker's value: a link's load sets the metrics picked, and the page sends that
+        change with the picker's value from before the load (the showcase's runs)."""
+        run_ids = drawn if drawn is not None else run_ids
         try:
             view = view_of(metric_keys, smoothing, log_y, x)
         except ConfigError as exc:

@@ -254,6 +254,8 @@ def build_layout(h: Handlers, backbones: tuple[str, ...], showcase_ids: list[int
         tabs=tabs, new=new, live=live, compare=compare, history=history, history_tab=history_tab,
         run_seen=gr.State(None), list_seen=gr.State(None), tryit=try_tab, tryit_handlers=tried,
         live_drawn=gr.State(None),  # what the session's Live plots hold (app.stream)
+        # the runs the session's Compare plots show (None: the picker's, the first paint's)
+        compare_drawn=gr.State(list(showcase_ids) if shown else None),
     )  # fmt: skip
 
 
@@ -366,7 +368,12 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
                       compare.view.smoothing, compare.view.log_y, compare.level, compare.image_step]  # fmt: skip
     compare.compare_btn.click(
         h.history.compare, compare_inputs, compare.outputs, api_name="compare_runs"
-    ).then(h.history.compare_shown, compare.compare_runs, compare.shown_runs, api_visibility="private")
+    ).then(
+        lambda ids: (h.history.compare_shown(ids), ids),  # the boxes, and the runs drawn (compare_metrics)
+        compare.compare_runs,
+        [compare.shown_runs, page.compare_drawn],
+        api_visibility="private",
+    )
     client.wire(demo, page, h)  # the metrics views' controls, in the page; their state in the address
     compare.report_btn.click(
         h.history.report, [compare.compare_runs, new.r_input], [compare.report_msg, compare.report_file],
