@@ -613,6 +613,22 @@ SLIDER_JS = """(latest, current) => {
 }"""
 
 
+# Live's Cancel run, asked in the page at once: (run, answer) → (run, whether the user confirmed). The run is
+# named as the progress line names it ("#3 name") when that line is about the picked run, else as the picker
+# shows it (a picked label, or what was typed); an empty picker asks nothing (the server says no run is selected).
+CANCEL_JS = """(run, answer) => {
+  const box = document.querySelector("#live-run input");
+  let what = (box && box.value.trim()) || (run === null || run === undefined || run === "" ? "" : String(run));
+  if (!what) return [run, false];
+  const id = (what.match(/^#?(\\d+)/) || [])[1];
+  const head = document.querySelector("#live-progress strong");
+  const named = head ? head.innerText.trim() : "";
+  if (id && named.startsWith("Run #" + id + " ")) what = named.slice(4);
+  else if (/^\\d+$/.test(what)) what = "#" + what;
+  return [run, window.confirm("Cancel run " + what + "? It stops within one step, keeping its last checkpoint.")];
+}"""
+
+
 # Compare's reward level, in the page (SCRIPT's reach): (level, message, table) → (message, table).
 EXTEND_JS = "(delta) => { window.jaggView.extend(delta); }"
 REACH_JS = "(level, message, table) => window.jaggView.reach('compare-plot', level, message, table)"
@@ -651,8 +667,9 @@ def url_js(tab: str, field: str) -> str:
 
 def load_view(h: Any, r: float, request: Any = None) -> tuple[Any, ...]:
     """The page's view from its address, when the page loads: (the tab, Live's metrics controls, Compare's
-    runs, its metrics controls and reward level, then Compare's outputs, its "runs shown" boxes and the runs
-    drawn, the session's state that :meth:`app.handlers.HistoryHandlers.compare_metrics` reads). A query
+    runs, its metrics controls and reward level, then Compare's outputs, its "runs shown" boxes, the runs
+    drawn, the session's state that :meth:`app.handlers.HistoryHandlers.compare_metrics` reads, and the row of
+    its metrics controls, in sight with the plots). A query
     that names no view changes nothing (every value skipped). ``h``: the app's :class:`app.handlers.Handlers`."""
     import gradio as gr
 
@@ -669,7 +686,7 @@ def load_view(h: Any, r: float, request: Any = None) -> tuple[Any, ...]:
     if tab != "compare":
         live = controls if tab == "live" else [gr.skip()] * 4
         tabs = gr.update(selected="live") if tab == "live" else gr.skip()
-        return (tabs, *live, choices, *[gr.skip()] * 5, *[gr.skip()] * compare_n, gr.skip())
+        return (tabs, *live, choices, *[gr.skip()] * 5, *[gr.skip()] * compare_n, gr.skip(), gr.skip())
     defaults = metrics.MetricView()
     runs = view.get("runs")
     if (
@@ -694,7 +711,18 @@ def load_view(h: Any, r: float, request: Any = None) -> tuple[Any, ...]:
     picked = gr.update(choices=h.run_choices(), value=runs) if runs else choices
     boxes = h.history.compare_shown(runs) if runs else gr.skip()
     drawn = runs if runs else gr.skip()  # the session's runs drawn: a metric picked next redraws these
-    return (gr.update(selected="compare"), *[gr.skip()] * 4, picked, *controls, level, *shown, boxes, drawn)
+    row = gr.update(visible=boxes["visible"]) if runs else gr.skip()  # the view's controls, with the plots
+    return (
+        gr.update(selected="compare"),
+        *[gr.skip()] * 4,
+        picked,
+        *controls,
+        level,
+        *shown,
+        boxes,
+        drawn,
+        row,
+    )
 
 
 # ---------------------------------------------------------------------------------------------- wiring
@@ -802,4 +830,5 @@ def load_outputs(page: Any) -> list[Any]:
         *compare.outputs,
         compare.shown_runs,
         page.compare_drawn,
+        compare.view.row,
     ]

@@ -486,6 +486,28 @@ class LiveHandlers(_Part):
     def cancel(self, run_id: Any, request: gr.Request | None = None) -> str:
         return self.app.run_action(run_id, request, "cancel", "No run selected.")
 
+    def cancel_answered(
+        self, run_id: Any, confirmed: Any, request: gr.Request | None = None
+    ) -> tuple[str, Any, None, str]:
+        """Cancel run pressed and answered in the page (:data:`app.client.CANCEL_JS` asks at once, with no
+        server round trip): (one line, Resume's question row hidden, no pending action, no question). Kept:
+        nothing done; confirmed: the stop asked (or its one-line refusal: the showcase, another visitor's
+        run, a run that has ended)."""
+        hide = (gr.update(visible=False), None, "")
+        try:
+            number = self.app.resolve(run_id)
+            run = self.store.get_run(number) if number is not None else None
+            if run is None:
+                raise ConfigError("No run selected." if number is None else f"run id: no run #{number}")
+        except ConfigError as exc:
+            return f"**Error:** {md_message(exc)}", *hide
+        if confirmed is not True:
+            return "Nothing done.", *hide
+        refused = self.app.confirm.refusal("cancel", run, request)
+        if refused:
+            return f"**Refused.** {md_message(refused)}", *hide
+        return self.app.run_action(number, request, "cancel", "No run selected."), *hide
+
     def resume_live(self, run_id: Any, request: gr.Request | None = None) -> str:
         return self.app.run_action(run_id, request, "resume", "No run selected.")
 
@@ -653,10 +675,17 @@ class HistoryHandlers(_Part):
         return gr.skip(), gr.update(value=client.attach(fig, frames, by_label), visible=True)
 
     def compare_shown(self, run_ids: Any) -> Any:
-        """The "runs shown" boxes after a Compare: one per picked run, all ticked."""
+        """The "runs shown" boxes after a Compare: one per picked run, all ticked, in sight while the plots
+        are (two runs or more)."""
         ids, _ = self._picked(run_ids)
         labels = list(self._labels([self.store.get_run(i) for i in ids]).values())
-        return gr.update(choices=labels, value=labels)
+        return gr.update(choices=labels, value=labels, visible=True if len(ids) >= 2 else "hidden")
+
+    def compare_drawn(self, run_ids: Any) -> tuple[Any, Any, Any]:
+        """After a Compare: (the "runs shown" boxes, the runs drawn, the view's controls in sight while the
+        plots are, out of sight otherwise: they act on no other plot)."""
+        shown = self.compare_shown(run_ids)
+        return shown, run_ids, gr.update(visible=shown["visible"])
 
     def compare_images(self, run_ids: Any, at: Any) -> tuple[Any, Any]:
         """The images' extra step changed: (message, the gallery) and nothing else redrawn."""

@@ -307,10 +307,15 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
         )
     _wire_confirm(
         live.confirm, live.action_msg, h.live.confirmed, [],
-        asks=[
-            (live.cancel_btn, h.confirm.asker("cancel"), live.live_run),
-            (live.resume_btn, h.confirm.asker("resume"), live.live_run),
-        ],
+        asks=[(live.resume_btn, h.confirm.asker("resume"), live.live_run)],
+    )  # fmt: skip
+    # Cancel asks in the page at once (the browser's own question, no server round trip) and its answer goes
+    # off the queue, beside a busy timer: the stop reaches the run's row, then its trainer, within a step.
+    live.cancel_btn.click(
+        h.live.cancel_answered,
+        [live.live_run, live.cancel_ok],
+        [live.action_msg, live.confirm.row, live.confirm.pending, live.confirm.question],
+        js=client.CANCEL_JS, queue=False, api_visibility="private", show_progress="hidden",
     )  # fmt: skip
     # Another run picked: the last action's message and an open question were about the run before.
     live.live_run.change(
@@ -369,9 +374,9 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
     compare.compare_btn.click(
         h.history.compare, compare_inputs, compare.outputs, api_name="compare_runs"
     ).then(
-        lambda ids: (h.history.compare_shown(ids), ids),  # the boxes, and the runs drawn (compare_metrics)
+        h.history.compare_drawn,  # the boxes, the runs drawn (compare_metrics) and the view's controls
         compare.compare_runs,
-        [compare.shown_runs, page.compare_drawn],
+        [compare.shown_runs, page.compare_drawn, compare.view.row],
         api_visibility="private",
     )
     client.wire(demo, page, h)  # the metrics views' controls, in the page; their state in the address

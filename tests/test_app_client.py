@@ -147,3 +147,43 @@ def test_a_compare_link_with_metrics_draws_the_linked_runs_and_so_does_the_metri
     finally:
         demo.jagg_stop_ticker.set()
         demo.jagg_manager.shutdown()
+
+
+def test_the_first_screens_metric_controls_are_out_of_sight_until_compare_draws_its_plots(tmp_path):
+    """The first screen (the showcase's static curves) shows no control that acts on no plot: Compare's x axis,
+    smoothing, log scale, metrics and "runs shown" are out of sight (in the page, for its script) while its
+    plots are hidden, and come in sight with them: after Compare of two runs or more, or a Compare link."""
+    import types
+
+    from app import ui
+
+    root = tmp_path / "runs"
+    _link_runs(root)
+    demo = ui.build_app(root, background_ticks=False)
+    try:
+        h = demo.jagg_handlers
+        by_id = {getattr(b, "elem_id", None): b for b in demo.blocks.values()}
+        assert by_id["compare-plot"].visible is False and by_id["compare-metrics"].visible is False
+        controls = ["compare-x", "compare-smoothing", "compare-log-scale", "compare-metric-pick"]
+        row = by_id["compare-view"]
+        inside, todo = set(), list(row.children)
+        while todo:  # the row's components, through gradio's form wrappers
+            block = todo.pop()
+            inside.add(block._id)
+            todo += getattr(block, "children", [])
+        assert {by_id[c]._id for c in controls} <= inside
+        assert row.visible == "hidden" and by_id["compare-shown"].visible == "hidden"
+        assert by_id["live-view"].visible is True  # Live's act on its plots, drawn from the start
+        shown, drawn, shown_row = h.history.compare_drawn([3, 4])
+        assert shown["visible"] is True and shown_row["visible"] is True and drawn == [3, 4]
+        shown, _, shown_row = h.history.compare_drawn([3])  # "Pick two or more runs.": no plot, no control
+        assert shown["visible"] == "hidden" and shown_row["visible"] == "hidden"
+        load = next(f for f in demo.fns.values() if "loader" in getattr(f.fn, "__qualname__", ""))
+        link = types.SimpleNamespace(query_params={"tab": "compare", "runs": "3,4"})
+        after = dict(zip((b._id for b in load.outputs), load.fn(h.r0, link), strict=False))
+        assert after[row._id]["visible"] is True
+        plain = dict(zip((b._id for b in load.outputs), load.fn(h.r0, None), strict=False))
+        assert plain[row._id] == {"__type__": "update"}  # a page with no link: left out of sight
+    finally:
+        demo.jagg_stop_ticker.set()
+        demo.jagg_manager.shutdown()
