@@ -206,6 +206,12 @@ def view_from_query(params: Mapping[str, str]) -> dict[str, Any]:
     return view
 
 
+def link_tab(view: Mapping[str, Any]) -> str | None:
+    """The tab a link's view (:func:`view_from_query`) opens on: its ``tab``, else Compare for ``runs``, Live
+    for ``run``; None for a page with no link (the first screen)."""
+    return view.get("tab") or ("compare" if "runs" in view else "live" if "run" in view else None)
+
+
 # ---------------------------------------------------------------------------------------------- the page's script
 
 # window.jaggView: apply(plotIds, view) recomputes every trace that carries meta.jagg and relayouts its axes
@@ -681,7 +687,7 @@ def load_view(h: Any, r: float, request: Any = None) -> tuple[Any, ...]:
         gr.update(value=view["x"]) if "x" in view else gr.skip(),
     ]
     compare_n = h.history.COMPARE_OUTPUTS + 1
-    tab = view.get("tab") or ("compare" if "runs" in view else "live" if "run" in view else None)
+    tab = link_tab(view)
     choices = gr.update(choices=h.run_choices())  # Compare's picker: the runs now, not the app's start's
     if tab != "compare":
         live = controls if tab == "live" else [gr.skip()] * 4

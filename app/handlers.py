@@ -461,12 +461,20 @@ class LiveHandlers(_Part):
         )
 
     def on_load(self, r: float, request: gr.Request | None = None) -> tuple[Any, ...]:
-        """The page's first Live view: the run its address names (``?run=N``), else the newest live one."""
-        asked = client.view_from_query(getattr(request, "query_params", None) or {}).get("run")
+        """The page's first Live view: the run its address names (``?run=N``), else the newest live one. Drawn
+        here only for a Live link: a page that opens on another tab (the showcase, a Compare link) gets the
+        picker alone, and the timer's first tick draws Live's panels after the view the page shows (the run
+        not yet seen)."""
+        view = client.view_from_query(getattr(request, "query_params", None) or {})
+        asked = view.get("run")
         run_id = (
             asked if asked is not None and self.store.get_run(asked) is not None else self.app.default_run()
         )
-        return (gr.update(choices=self.app.run_choices(), value=run_id), *self.live_refresh(run_id, r))
+        picker = gr.update(choices=self.app.run_choices(), value=run_id)
+        if client.link_tab(view) != "live":
+            # the panels, the delta and what is drawn, the metric picker, gallery, note, slider, newest, seen
+            return (picker, *[gr.skip()] * (1 + len(self.panels) + 2 + 6))
+        return (picker, *self.live_refresh(run_id, r))
 
     def step_images(self, run_id: Any, kind: str, step: float | None) -> tuple[list, str]:
         """The run's ``kind`` images (eval | train) at the logged step nearest ``step``, and a note."""

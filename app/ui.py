@@ -440,16 +440,19 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
         api_name="owner_file",
     )
     tryit.wire(page.tryit, history, page.tryit_handlers)
+    # The page's loads one after the other, not side by side, so that a link's view is drawn first without
+    # other plots built beside it in the same process: Live's (its panels only for a Live link: a Compare
+    # link waited on Live's panels, drawn for a tab not shown), then Compare's (a skip unless the address
+    # names runs), then History's table (a tab opened later).
     demo.load(
-        h.live.on_load, new.r_input, [live.live_run, *refreshed, page.run_seen], api_visibility="private"
-    )
-    demo.load(h.history.history, filters, history.history_table, api_visibility="private")
-    demo.load(
-        client.loader(h),
-        new.r_input,
-        client.load_outputs(page),
-        api_visibility="private",
-    )
+        h.live.on_load, new.r_input, [live.live_run, *refreshed, page.run_seen], api_visibility="private",
+        show_progress="hidden",
+    ).then(
+        client.loader(h), new.r_input, client.load_outputs(page), api_visibility="private",
+        show_progress="hidden",
+    ).then(
+        h.history.history, filters, history.history_table, api_visibility="private", show_progress="hidden"
+    )  # fmt: skip
 
 
 def _wire_confirm(
