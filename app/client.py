@@ -206,6 +206,12 @@ def view_from_query(params: Mapping[str, str]) -> dict[str, Any]:
     return view
 
 
+def link_tab(view: Mapping[str, Any]) -> str | None:
+    """The tab a link's view (:func:`view_from_query`) opens on: its ``tab``, else Compare for ``runs``, Live
+    for ``run``; None for a page with no link (the first screen)."""
+    return view.get("tab") or ("compare" if "runs" in view else "live" if "run" in view else None)
+
+
 # ---------------------------------------------------------------------------------------------- the page's script
 
 # window.jaggView: apply(plotIds, view) recomputes every trace that carries meta.jagg and relayouts its axes
@@ -613,6 +619,22 @@ SLIDER_JS = """(latest, current) => {
 }"""
 
 
+# Live's Cancel run, asked in the page at once: (run, answer) → (run, whether the user confirmed). The run is
+# named as the progress line names it ("#3 name") when that line is about the picked run, else as the picker
+# shows it (a picked label, or what was typed); an empty picker asks nothing (the server says no run is selected).
+CANCEL_JS = """(run, answer) => {
+  const box = document.querySelector("#live-run input");
+  let what = (box && box.value.trim()) || (run === null || run === undefined || run === "" ? "" : String(run));
+  if (!what) return [run, false];
+  const id = (what.match(/^#?(\\d+)/) || [])[1];
+  const head = document.querySelector("#live-progress strong");
+  const named = head ? head.innerText.trim() : "";
+  if (id && named.startsWith("Run #" + id + " ")) what = named.slice(4);
+  else if (/^\\d+$/.test(what)) what = "#" + what;
+  return [run, window.confirm("Cancel run " + what + "? It stops within one step, keeping its last checkpoint.")];
+}"""
+
+
 # Compare's reward level, in the page (SCRIPT's reach): (level, message, table) → (message, table).
 EXTEND_JS = "(delta) => { window.jaggView.extend(delta); }"
 REACH_JS = "(level, message, table) => window.jaggView.reach('compare-plot', level, message, table)"
@@ -651,7 +673,9 @@ def url_js(tab: str, field: str) -> str:
 
 def load_view(h: Any, r: float, request: Any = None) -> tuple[Any, ...]:
     """The page's view from its address, when the page loads: (the tab, Live's metrics controls, Compare's
-    runs, its metrics controls and reward level, then Compare's outputs and its "runs shown" boxes). A query
+    runs, its metrics controls and reward level, then Compare's outputs, its "runs shown" boxes, the runs
+    drawn, the session's state that :meth:`app.handlers.HistoryHandlers.compare_metrics` reads, and the row of
+    its metrics controls, in sight with the plots). A query
     that names no view changes nothing (every value skipped). ``h``: the app's :class:`app.handlers.Handlers`."""
     import gradio as gr
 
@@ -663,12 +687,12 @@ def load_view(h: Any, r: float, request: Any = None) -> tuple[Any, ...]:
         gr.update(value=view["x"]) if "x" in view else gr.skip(),
     ]
     compare_n = h.history.COMPARE_OUTPUTS + 1
-    tab = view.get("tab") or ("compare" if "runs" in view else "live" if "run" in view else None)
+    tab = link_tab(view)
     choices = gr.update(choices=h.run_choices())  # Compare's picker: the runs now, not the app's start's
     if tab != "compare":
         live = controls if tab == "live" else [gr.skip()] * 4
         tabs = gr.update(selected="live") if tab == "live" else gr.skip()
-        return (tabs, *live, choices, *[gr.skip()] * 5, *[gr.skip()] * compare_n)
+        return (tabs, *live, choices, *[gr.skip()] * 5, *[gr.skip()] * compare_n, gr.skip(), gr.skip())
     defaults = metrics.MetricView()
     runs = view.get("runs")
     if (
@@ -692,7 +716,19 @@ def load_view(h: Any, r: float, request: Any = None) -> tuple[Any, ...]:
     level = gr.update(value=view["level"]) if "level" in view else gr.skip()
     picked = gr.update(choices=h.run_choices(), value=runs) if runs else choices
     boxes = h.history.compare_shown(runs) if runs else gr.skip()
-    return (gr.update(selected="compare"), *[gr.skip()] * 4, picked, *controls, level, *shown, boxes)
+    drawn = runs if runs else gr.skip()  # the session's runs drawn: a metric picked next redraws these
+    row = gr.update(visible=boxes["visible"]) if runs else gr.skip()  # the view's controls, with the plots
+    return (
+        gr.update(selected="compare"),
+        *[gr.skip()] * 4,
+        picked,
+        *controls,
+        level,
+        *shown,
+        boxes,
+        drawn,
+        row,
+    )
 
 
 # ---------------------------------------------------------------------------------------------- wiring
@@ -749,7 +785,7 @@ def wire(demo: Any, page: Any, h: Any) -> None:
     compare_js = control_js(COMPARE_PLOTS, "compare", [*fields, "shown"])
     compare.view.pick.change(
         h.history.compare_metrics,
-        [compare.compare_runs, compare.view.x, *compare.view.inputs[:3]],
+        [page.compare_drawn, compare.compare_runs, compare.view.x, *compare.view.inputs[:3]],
         [compare.compare_msg, compare.metrics_plot],
         **private,
     ).then(None, shown_inputs, None, js=compare_js, **private)
@@ -799,4 +835,6 @@ def load_outputs(page: Any) -> list[Any]:
         compare.level,
         *compare.outputs,
         compare.shown_runs,
+        page.compare_drawn,
+        compare.view.row,
     ]

@@ -461,12 +461,20 @@ class LiveHandlers(_Part):
         )
 
     def on_load(self, r: float, request: gr.Request | None = None) -> tuple[Any, ...]:
-        """The page's first Live view: the run its address names (``?run=N``), else the newest live one."""
-        asked = client.view_from_query(getattr(request, "query_params", None) or {}).get("run")
+        """The page's first Live view: the run its address names (``?run=N``), else the newest live one. Drawn
+        here only for a Live link: a page that opens on another tab (the showcase, a Compare link) gets the
+        picker alone, and the timer's first tick draws Live's panels after the view the page shows (the run
+        not yet seen)."""
+        view = client.view_from_query(getattr(request, "query_params", None) or {})
+        asked = view.get("run")
         run_id = (
             asked if asked is not None and self.store.get_run(asked) is not None else self.app.default_run()
         )
-        return (gr.update(choices=self.app.run_choices(), value=run_id), *self.live_refresh(run_id, r))
+        picker = gr.update(choices=self.app.run_choices(), value=run_id)
+        if client.link_tab(view) != "live":
+            # the panels, the delta and what is drawn, the metric picker, gallery, note, slider, newest, seen
+            return (picker, *[gr.skip()] * (1 + len(self.panels) + 2 + 6))
+        return (picker, *self.live_refresh(run_id, r))
 
     def step_images(self, run_id: Any, kind: str, step: float | None) -> tuple[list, str]:
         """The run's ``kind`` images (eval | train) at the logged step nearest ``step``, and a note."""
@@ -485,6 +493,28 @@ class LiveHandlers(_Part):
 
     def cancel(self, run_id: Any, request: gr.Request | None = None) -> str:
         return self.app.run_action(run_id, request, "cancel", "No run selected.")
+
+    def cancel_answered(
+        self, run_id: Any, confirmed: Any, request: gr.Request | None = None
+    ) -> tuple[str, Any, None, str]:
+        """Cancel run pressed and answered in the page (:data:`app.client.CANCEL_JS` asks at once, with no
+        server round trip): (one line, Resume's question row hidden, no pending action, no question). Kept:
+        nothing done; confirmed: the stop asked (or its one-line refusal: the showcase, another visitor's
+        run, a run that has ended)."""
+        hide = (gr.update(visible=False), None, "")
+        try:
+            number = self.app.resolve(run_id)
+            run = self.store.get_run(number) if number is not None else None
+            if run is None:
+                raise ConfigError("No run selected." if number is None else f"run id: no run #{number}")
+        except ConfigError as exc:
+            return f"**Error:** {md_message(exc)}", *hide
+        if confirmed is not True:
+            return "Nothing done.", *hide
+        refused = self.app.confirm.refusal("cancel", run, request)
+        if refused:
+            return f"**Refused.** {md_message(refused)}", *hide
+        return self.app.run_action(number, request, "cancel", "No run selected."), *hide
 
     def resume_live(self, run_id: Any, request: gr.Request | None = None) -> str:
         return self.app.run_action(run_id, request, "resume", "No run selected.")
@@ -633,10 +663,14 @@ class HistoryHandlers(_Part):
         return self._frames(runs) if len(runs) >= 2 else None
 
     def compare_metrics(
-        self, run_ids: Any, x: Any, metric_keys: Any, smoothing: Any, log_y: Any
+        self, drawn: Any, run_ids: Any, x: Any, metric_keys: Any, smoothing: Any, log_y: Any
     ) -> tuple[Any, Any]:
-        """A metric picked or dropped: (message, the metrics plot) and nothing else redrawn; a bad control is
-        its one line and the plot stays."""
+        """A metric picked or dropped: (message, the metrics plot of the runs ``drawn``) and nothing else
+        redrawn; a bad control is its one line and the plot stays. ``drawn``: the runs Compare's plots show
+        (the session's, set by the last Compare or a link's load; None: the picker's ``run_ids``, as at the
+        first paint). Not the picker's value: a link's load sets the metrics picked, and the page sends that
+        change with the picker's value from before the load (the showcase's runs)."""
+        run_ids = drawn if drawn is not None else run_ids
         try:
             view = view_of(metric_keys, smoothing, log_y, x)
         except ConfigError as exc:
@@ -649,10 +683,17 @@ class HistoryHandlers(_Part):
         return gr.skip(), gr.update(value=client.attach(fig, frames, by_label), visible=True)
 
     def compare_shown(self, run_ids: Any) -> Any:
-        """The "runs shown" boxes after a Compare: one per picked run, all ticked."""
+        """The "runs shown" boxes after a Compare: one per picked run, all ticked, in sight while the plots
+        are (two runs or more)."""
         ids, _ = self._picked(run_ids)
         labels = list(self._labels([self.store.get_run(i) for i in ids]).values())
-        return gr.update(choices=labels, value=labels)
+        return gr.update(choices=labels, value=labels, visible=True if len(ids) >= 2 else "hidden")
+
+    def compare_drawn(self, run_ids: Any) -> tuple[Any, Any, Any]:
+        """After a Compare: (the "runs shown" boxes, the runs drawn, the view's controls in sight while the
+        plots are, out of sight otherwise: they act on no other plot)."""
+        shown = self.compare_shown(run_ids)
+        return shown, run_ids, gr.update(visible=shown["visible"])
 
     def compare_images(self, run_ids: Any, at: Any) -> tuple[Any, Any]:
         """The images' extra step changed: (message, the gallery) and nothing else redrawn."""

@@ -87,12 +87,14 @@ def confirm_row(prefix: str) -> SimpleNamespace:
 SHOWCASE_X = showcase.SHOWCASE_X
 
 
-def metric_controls(prefix: str, x_only: bool = False, x: str = "step") -> SimpleNamespace:
+def metric_controls(
+    prefix: str, x_only: bool = False, x: str = "step", visible: bool | str = True
+) -> SimpleNamespace:
     """The metrics view's controls (trackio / wandb conventions): which logged metrics, EMA smoothing, log
-    scale and the x axis (``x`` at first). Their values are :class:`app.metrics.MetricView`'s fields, in
-    its order."""
+    scale and the x axis (``x`` at first), in one row (``row``, shown as ``visible`` says at first). Their values
+    are :class:`app.metrics.MetricView`'s fields, in its order."""
     view = metrics.MetricView()
-    with gr.Row():
+    with gr.Row(visible=visible, elem_id=f"{prefix}-view") as row:
         pick = gr.Dropdown(
             choices=list(view.metrics), value=list(view.metrics), multiselect=True, allow_custom_value=True,
             label="metrics (any logged key)", scale=4, elem_id=f"{prefix}-metric-pick",
@@ -104,7 +106,7 @@ def metric_controls(prefix: str, x_only: bool = False, x: str = "step") -> Simpl
         log_y = gr.Checkbox(value=False, label="log scale", scale=1, elem_id=f"{prefix}-log-scale")
         axis = gr.Radio(list(metrics.X_AXES), value=x, label="x axis", scale=2, elem_id=f"{prefix}-x")
     return SimpleNamespace(
-        pick=pick, smoothing=smoothing, log_y=log_y, x=axis, inputs=[pick, smoothing, log_y, axis]
+        pick=pick, smoothing=smoothing, log_y=log_y, x=axis, inputs=[pick, smoothing, log_y, axis], row=row
     )
 
 
@@ -148,9 +150,11 @@ def new_run_tab(backbones: Sequence[str], space: bool, r0: float, note: str) -> 
     # preprocess): the config refuses a fraction in one line naming the field.
     with gr.Row():
         window = gr.Number(value=defaults.window, label="W (window)")
-        jagg_frac = gr.Slider(0.0, 1.0, value=defaults.jagg_frac, step=0.05, label="jagg_frac")
-        cv_frac = gr.Slider(
-            0.0, 1.0, value=defaults.cv_frac, step=0.05, label="cv_frac (control variate: JAGG unbiased)"
+        # The fractions are number boxes, not sliders: a slider's box clamps a typed 2 to 1 in the page (after
+        # a toast) and launches that; the config refuses a value outside [0, 1] in one line naming the field.
+        jagg_frac = gr.Number(value=defaults.jagg_frac, step=0.05, label="jagg_frac", info="0 to 1")
+        cv_frac = gr.Number(
+            value=defaults.cv_frac, step=0.05, label="cv_frac (control variate: JAGG unbiased)", info="0 to 1"
         )
         jagg_until_step = gr.Number(
             value=defaults.jagg_until_step or NO_SWITCH, label="JAGG until step (then exact; 0 = throughout)"
@@ -191,10 +195,11 @@ def live_tab(
             info="type a run's number or pick it from the list",
         )  # fmt: skip
         refresh_btn = gr.Button("Refresh", scale=1)
-        cancel_btn = gr.Button("Cancel run", variant="stop", scale=1)
+        cancel_btn = gr.Button("Cancel run", variant="stop", scale=1, elem_id="live-cancel")
         resume_btn = gr.Button("Resume run", scale=1, elem_id="live-resume")
         duplicate_btn = gr.Button("Duplicate", scale=1, elem_id="live-duplicate")
-    confirm = confirm_row("live")
+    confirm = confirm_row("live")  # Resume's question; Cancel's is the page's own (app.client.CANCEL_JS)
+    cancel_ok = gr.Checkbox(False, visible=False)  # the page's answer to "Cancel run …?"
     action_msg = gr.Markdown(elem_id="live-action-msg")
     progress_md = gr.Markdown(elem_id="live-progress")
     view = metric_controls("live")
@@ -284,14 +289,20 @@ def compare_tab(
         interactive=False,
         elem_id="compare-report",
     )
-    view = metric_controls("compare", x=SHOWCASE_X if shown else "step")
+    # The view's controls act on Compare's plots only: out of sight (still in the page, for its script and a
+    # link's values) until Compare draws them; the showcase's first-screen curves are static.
+    view = metric_controls("compare", x=SHOWCASE_X if shown else "step", visible="hidden")
     shown_labels = (
         [f"#{run['id']} {run['config'].get('strategy')}" for run in shown_runs_of(store, showcase_ids)]
         if shown
         else []
     )
     shown_runs = gr.CheckboxGroup(
-        choices=shown_labels, value=shown_labels, label="runs shown", elem_id="compare-shown"
+        choices=shown_labels,
+        value=shown_labels,
+        label="runs shown",
+        elem_id="compare-shown",
+        visible="hidden",
     )
     compare_plot = gr.Plot(label="reward", elem_id="compare-plot", visible=False)
     metrics_plot = gr.Plot(label="metrics", elem_id="compare-metrics", visible=False)

@@ -30,8 +30,8 @@ The database is the source of truth, so nothing here needs to survive the app pr
   :meth:`RunManager.pair_message` says which one the app used.
 * Delete (:meth:`RunManager.delete`) is refused while the run trains, while this app's resume of it starts,
   and while any trainer holds its folder's lock: no trainer outlives its run's row.
-* Cancel is cooperative first (``store.request_cancel``; the trainer stops between steps, saves, marks
-  cancelled); a run still alive ``cancel_timeout`` seconds later has its process group sent SIGTERM, then
+* Cancel is cooperative first (``store.request_cancel``; the trainer stops within one step: before the
+  update of a step whose rollout it was asked during, or before the eval of one it updated; saves, marks cancelled); a run still alive ``cancel_timeout`` seconds later has its process group sent SIGTERM, then
   SIGKILL, and is marked cancelled.
 
 No torch here: this module only starts and watches processes.

@@ -51,6 +51,7 @@ from app.form import match_run
 from app.runs import kill_group
 from app.space import prune_exports, session_export_dir
 from app.text import cannot_write, md_message
+from jagg_engine import shapes_data
 from jagg_engine.export_format import partial_path, remove_stale_partials
 from jagg_engine.safe_yaml import brief
 from jagg_engine.train.config import ConfigError
@@ -119,6 +120,25 @@ def parse_prompts(text: Any, limit: int) -> list[str]:
     if len(prompts) > limit:
         raise ConfigError(f"prompts: at most {limit} a try, got {len(prompts)}")
     return prompts
+
+
+def check_prompt_words(run: Mapping[str, Any], shipped: Path | None, prompts: Sequence[str]) -> None:
+    """A tiny-shapes run's prompts against its models' closed vocabulary (the base model's folder, the shipped
+    model's), before any worker loads a model: ConfigError in one line naming ``prompts``. A folder whose
+    vocabulary cannot be read here is left to the worker, which refuses in the same words."""
+    config = run.get("config") or {}
+    if config.get("backbone") != "tiny-shapes":
+        return
+    folders = [Path(config.get("model_path") or shapes_data.DEFAULT_WEIGHTS_DIR)] + (
+        [shipped] if shipped else []
+    )
+    for folder in folders:
+        vocabulary = shapes_data.model_vocabulary(folder)
+        if vocabulary is not None:
+            try:
+                shapes_data.check_words(prompts, vocabulary)
+            except ValueError as exc:
+                raise ConfigError(f"prompts: {exc}") from None
 
 
 def parse_seeds(text: Any, limit: int) -> list[int]:
@@ -428,12 +448,12 @@ class TryIt:
             at = parse_step(step, steps, number)
             typed = parse_prompts(prompts, self.caps["prompts"])
             chosen = parse_seeds(seeds, self.caps["seeds"])
+            shipped = shipped_at(run_dir, at)
+            check_prompt_words(self.store.get_run(number) or {}, shipped, typed)  # before any model loads
             folder = _session_folder(sess)
             shutil.rmtree(folder, ignore_errors=True)  # the session's previous try
             prompts_file = write_prompts(folder, typed)
-            argv = sample_command(
-                number, at, prompts_file, chosen, folder, self.root, shipped_at(run_dir, at)
-            )
+            argv = sample_command(number, at, prompts_file, chosen, folder, self.root, shipped)
             worker = self.workers.start(argv, "try", sess, folder)
         except (ConfigError, TryItError) as exc:
             yield f"**Not started.** {md_message(exc)}", gr.skip(), gr.skip()

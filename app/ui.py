@@ -258,6 +258,8 @@ def build_layout(h: Handlers, backbones: tuple[str, ...], showcase_ids: list[int
         run_seen=gr.State(None), list_seen=gr.State(None), tryit=try_tab, tryit_handlers=tried,
         live_drawn=gr.State(None),  # what the session's Live plots hold (app.stream)
         vote=vote_tab, vote_handlers=voted,
+        # the runs the session's Compare plots show (None: the picker's, the first paint's)
+        compare_drawn=gr.State(list(showcase_ids) if shown else None),
     )  # fmt: skip
 
 
@@ -309,10 +311,15 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
         )
     _wire_confirm(
         live.confirm, live.action_msg, h.live.confirmed, [],
-        asks=[
-            (live.cancel_btn, h.confirm.asker("cancel"), live.live_run),
-            (live.resume_btn, h.confirm.asker("resume"), live.live_run),
-        ],
+        asks=[(live.resume_btn, h.confirm.asker("resume"), live.live_run)],
+    )  # fmt: skip
+    # Cancel asks in the page at once (the browser's own question, no server round trip) and its answer goes
+    # off the queue, beside a busy timer: the stop reaches the run's row, then its trainer, within a step.
+    live.cancel_btn.click(
+        h.live.cancel_answered,
+        [live.live_run, live.cancel_ok],
+        [live.action_msg, live.confirm.row, live.confirm.pending, live.confirm.question],
+        js=client.CANCEL_JS, queue=False, api_visibility="private", show_progress="hidden",
     )  # fmt: skip
     # Another run picked: the last action's message and an open question were about the run before.
     live.live_run.change(
@@ -370,7 +377,12 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
                       compare.view.smoothing, compare.view.log_y, compare.level, compare.image_step]  # fmt: skip
     compare.compare_btn.click(
         h.history.compare, compare_inputs, compare.outputs, api_name="compare_runs"
-    ).then(h.history.compare_shown, compare.compare_runs, compare.shown_runs, api_visibility="private")
+    ).then(
+        h.history.compare_drawn,  # the boxes, the runs drawn (compare_metrics) and the view's controls
+        compare.compare_runs,
+        [compare.shown_runs, page.compare_drawn, compare.view.row],
+        api_visibility="private",
+    )
     client.wire(demo, page, h)  # the metrics views' controls, in the page; their state in the address
     compare.report_btn.click(
         h.history.report, [compare.compare_runs, new.r_input], [compare.report_msg, compare.report_file],
@@ -433,16 +445,19 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
     )
     tryit.wire(page.tryit, history, page.tryit_handlers)
     vote.wire(page.vote, page.vote_handlers, TICK_S)
+    # The page's loads one after the other, not side by side, so that a link's view is drawn first without
+    # other plots built beside it in the same process: Live's (its panels only for a Live link: a Compare
+    # link waited on Live's panels, drawn for a tab not shown), then Compare's (a skip unless the address
+    # names runs), then History's table (a tab opened later).
     demo.load(
-        h.live.on_load, new.r_input, [live.live_run, *refreshed, page.run_seen], api_visibility="private"
-    )
-    demo.load(h.history.history, filters, history.history_table, api_visibility="private")
-    demo.load(
-        client.loader(h),
-        new.r_input,
-        client.load_outputs(page),
-        api_visibility="private",
-    )
+        h.live.on_load, new.r_input, [live.live_run, *refreshed, page.run_seen], api_visibility="private",
+        show_progress="hidden",
+    ).then(
+        client.loader(h), new.r_input, client.load_outputs(page), api_visibility="private",
+        show_progress="hidden",
+    ).then(
+        h.history.history, filters, history.history_table, api_visibility="private", show_progress="hidden"
+    )  # fmt: skip
 
 
 def _wire_confirm(

@@ -13,7 +13,9 @@ Everything here is numpy only (no model code); :func:`render` makes ~thousands o
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -45,6 +47,36 @@ COLOUR_NAMES: tuple[str, ...] = tuple(COLOURS)
 POSITION_NAMES: tuple[str, ...] = tuple(POSITIONS)
 # The closed vocabulary, in a fixed order (the token ids of the tiny-shapes text embedding).
 VOCABULARY: tuple[str, ...] = COLOUR_NAMES + SHAPES + POSITION_NAMES
+
+
+# The tiny-shapes model the repository ships (its weights, text embedding and vocab.json), and the caption length.
+DEFAULT_WEIGHTS_DIR = Path(__file__).resolve().parents[1] / "assets" / "tiny-shapes"
+TEXT_LEN = 3
+
+
+def check_words(prompts: Sequence[str], vocabulary: Sequence[str]) -> None:
+    """ValueError in one line for the first prompt of more than :data:`TEXT_LEN` words or with a word outside
+    ``vocabulary`` (the tiny-shapes text encoder's closed vocabulary); the empty prompt passes (null caption)."""
+    known = set(vocabulary)
+    for p in prompts:
+        words = p.split()
+        if len(words) > TEXT_LEN:
+            raise ValueError(f"tiny-shapes: a prompt has at most {TEXT_LEN} words, got {p!r}")
+        for w in words:
+            if w not in known:
+                raise ValueError(
+                    f"tiny-shapes: unknown word {w!r} in prompt {p!r}; vocabulary: {' '.join(vocabulary)}"
+                )
+
+
+def model_vocabulary(directory: str | Path) -> list[str] | None:
+    """The vocabulary a tiny-shapes model folder's ``vocab.json`` lists; None where it cannot be read."""
+    try:
+        vocab = json.loads((Path(directory) / "vocab.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    words = vocab.get("vocabulary") if isinstance(vocab, dict) else None
+    return [str(w) for w in words] if isinstance(words, list) else None
 
 
 class Spec(NamedTuple):

@@ -27,3 +27,15 @@ def chromium(window_size: str, logs: bool = False):
     if logs:
         options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
     return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+
+
+def alert_open(driver):
+    """The browser's own dialog when one is open (Cancel run's question), else False."""
+    from selenium.common.exceptions import NoAlertPresentException
+
+    try:
+        alert = driver.switch_to.alert
+        alert.text  # noqa: B018 (raises while none is open)
+        return alert
+    except NoAlertPresentException:
+        return False

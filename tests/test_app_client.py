@@ -75,3 +75,115 @@ def test_the_page_script_is_one_script_and_each_control_event_returns_no_outputs
     assert "apply(" not in client.control_js(
         ["live-metrics"], "live", ["metrics", "smoothing", "log", "x"], draw=False
     )
+
+
+def _link_runs(root) -> None:
+    """The shipped showcase (#1, #2) and two runs of the test's (#3 exact, #4 jagg) with loss/clipfrac."""
+    from app import showcase
+    from jagg_engine.store import open_store
+    from jagg_engine.train.config import TrainConfig
+
+    with open_store(root) as store:
+        assert showcase.install(store, root) == [1, 2]
+        for n, strategy in ((3, "exact"), (4, "jagg")):
+            cfg = {
+                **TrainConfig().to_dict(),
+                "steps": 4,
+                "strategy": strategy,
+                "output_dir": str(root.resolve()),
+            }
+            assert store.create_run(strategy, cfg, None) == n
+            store.set_status(n, "running", pid=None)
+            for step in range(5):
+                row = {"time/unix": 1000.0 + step, "eval/reward/mean": 0.3 + 0.01 * step}
+                store.log_step(n, step, row | ({"loss/clipfrac": 0.1 * step} if step else {}))
+            store.set_status(n, "finished")
+
+
+def test_a_compare_link_with_metrics_draws_the_linked_runs_and_so_does_the_metric_picks_redraw(tmp_path):
+    """``?tab=compare&runs=3,4&metrics=loss/clipfrac``: the page load's function draws #3 and #4, and the
+    redraw the metric pick's change sends right after it (the load set the metrics picked) draws them too,
+    although the page sends that change with the runs picker's value from before the load (the showcase's)."""
+    import types
+
+    from app import ui
+
+    root = tmp_path / "runs"
+    _link_runs(root)
+    demo = ui.build_app(root, background_ticks=False)
+    try:
+        h = demo.jagg_handlers
+        load = next(f for f in demo.fns.values() if "loader" in getattr(f.fn, "__qualname__", ""))
+        request = types.SimpleNamespace(
+            query_params={"tab": "compare", "runs": "3,4", "metrics": "loss/clipfrac"}
+        )
+        after: dict = {}  # component id → its update (the metric pick is two outputs: value, then choices)
+        for block, update in zip(load.outputs, load.fn(h.r0, request), strict=True):
+            merged = after.get(block._id, {})
+            after[block._id] = {**merged, **update} if isinstance(update, dict) else update
+        metrics_plot = next(b for b in load.outputs if getattr(b, "elem_id", None) == "compare-metrics")
+        names = [t.name for t in after[metrics_plot._id]["value"].data]
+        assert names and all(
+            n.startswith(("#3 exact · loss/clipfrac", "#4 jagg · loss/clipfrac")) for n in names
+        )
+        pick = next(b for b in load.outputs if getattr(b, "elem_id", None) == "compare-metric-pick")
+        redraw = next(
+            f for f in demo.fns.values() if f.fn and (pick._id, "change") in [(t[0], t[1]) for t in f.targets]
+        )
+        sent = []
+        for block in redraw.inputs:
+            value = after.get(block._id, {})
+            value = value.get("value", block.value) if isinstance(value, dict) else value
+            if getattr(block, "elem_id", None) == "compare-runs":
+                value = block.value  # the picker as the page holds it when it sends the change: [1, 2]
+                assert value == [1, 2]
+            sent.append(value)
+        assert sent[[b._id for b in redraw.inputs].index(pick._id)] == ["loss/clipfrac"]
+        _, plot = redraw.fn(*sent)
+        names = [t.name for t in plot["value"].data]
+        assert names and all(
+            n.startswith(("#3 exact · loss/clipfrac", "#4 jagg · loss/clipfrac")) for n in names
+        )
+    finally:
+        demo.jagg_stop_ticker.set()
+        demo.jagg_manager.shutdown()
+
+
+def test_the_first_screens_metric_controls_are_out_of_sight_until_compare_draws_its_plots(tmp_path):
+    """The first screen (the showcase's static curves) shows no control that acts on no plot: Compare's x axis,
+    smoothing, log scale, metrics and "runs shown" are out of sight (in the page, for its script) while its
+    plots are hidden, and come in sight with them: after Compare of two runs or more, or a Compare link."""
+    import types
+
+    from app import ui
+
+    root = tmp_path / "runs"
+    _link_runs(root)
+    demo = ui.build_app(root, background_ticks=False)
+    try:
+        h = demo.jagg_handlers
+        by_id = {getattr(b, "elem_id", None): b for b in demo.blocks.values()}
+        assert by_id["compare-plot"].visible is False and by_id["compare-metrics"].visible is False
+        controls = ["compare-x", "compare-smoothing", "compare-log-scale", "compare-metric-pick"]
+        row = by_id["compare-view"]
+        inside, todo = set(), list(row.children)
+        while todo:  # the row's components, through gradio's form wrappers
+            block = todo.pop()
+            inside.add(block._id)
+            todo += getattr(block, "children", [])
+        assert {by_id[c]._id for c in controls} <= inside
+        assert row.visible == "hidden" and by_id["compare-shown"].visible == "hidden"
+        assert by_id["live-view"].visible is True  # Live's act on its plots, drawn from the start
+        shown, drawn, shown_row = h.history.compare_drawn([3, 4])
+        assert shown["visible"] is True and shown_row["visible"] is True and drawn == [3, 4]
+        shown, _, shown_row = h.history.compare_drawn([3])  # "Pick two or more runs.": no plot, no control
+        assert shown["visible"] == "hidden" and shown_row["visible"] == "hidden"
+        load = next(f for f in demo.fns.values() if "loader" in getattr(f.fn, "__qualname__", ""))
+        link = types.SimpleNamespace(query_params={"tab": "compare", "runs": "3,4"})
+        after = dict(zip((b._id for b in load.outputs), load.fn(h.r0, link), strict=False))
+        assert after[row._id]["visible"] is True
+        plain = dict(zip((b._id for b in load.outputs), load.fn(h.r0, None), strict=False))
+        assert plain[row._id] == {"__type__": "update"}  # a page with no link: left out of sight
+    finally:
+        demo.jagg_stop_ticker.set()
+        demo.jagg_manager.shutdown()

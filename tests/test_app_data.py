@@ -202,7 +202,8 @@ def test_compare_frame_and_config_diff(store):
         2.0
     )
     assert list(table["exact run"]) == ["-", f"#{ids['exact']} (paired)"]
-    assert list(table["measured"]) == ["-", "final"]
+    assert list(table["speedup status"]) == ["-", "final: both runs ended"]
+    assert "measured" not in table.columns  # a column named so held the word "final"
     assert list(table["update time (s)"]) == pytest.approx([2.0 * 8, 1.0 * 8])
     assert list(table["final reward"]) == pytest.approx([0.5, 0.5])
     runs = {f"#{i}": s.get_run(i)["config"] for i in ids.values()}
@@ -440,9 +441,9 @@ def test_each_jagg_run_is_measured_against_its_own_exact_run_never_the_first_one
     assert table.at[ids["jagg"], "exact run"] == f"#{ids['exact']} (paired)"
     assert table.at[jagg4, "speedup vs exact"] == pytest.approx(4.0)  # never #1's 2.0 / 1.0
     assert table.at[jagg4, "exact run"] == f"#{exact4} (same batch and eval)"
-    assert table.at[jagg4, "measured"] == f"provisional: #{jagg4} running"
+    assert table.at[jagg4, "speedup status"] == f"provisional: #{jagg4} running"
     assert table.at[lonely, "speedup vs exact"] != table.at[lonely, "speedup vs exact"]  # NaN: no baseline
-    assert table.at[lonely, "exact run"] == "-" and table.at[lonely, "measured"] == "-"
+    assert table.at[lonely, "exact run"] == "-" and table.at[lonely, "speedup status"] == "-"
     run = s.get_run(jagg4)
     assert data.speedup_baseline(s, run, [s.get_run(i) for i in picked])[0]["id"] == exact4
     assert data.speedup_baseline(s, s.get_run(exact4), [run]) == (None, "")
@@ -455,13 +456,16 @@ def test_a_pairs_speedup_is_provisional_until_both_runs_end(store):
     s.set_paired(jagg, exact)
     row = data.speedup_frame(s, jagg, r=1.8).iloc[0]
     assert (
-        row["measured speedup"] == pytest.approx(3.0) and row["measured"] == f"provisional: #{exact} running"
+        row["measured speedup"] == pytest.approx(3.0)
+        and row["speedup status"] == f"provisional: #{exact} running"
     )
     for step in (4, 5):  # the exact run's later steps move the number until it ends
         s.log_step(exact, step, {"time/update": 5.0})
     s.set_status(exact, "finished")
     row = data.speedup_frame(s, jagg, r=1.8).iloc[0]
-    assert row["measured speedup"] == pytest.approx(4.0) and row["measured"] == "final"  # median of 3,3,5,5
+    assert (
+        row["measured speedup"] == pytest.approx(4.0) and row["speedup status"] == "final: both runs ended"
+    )  # median of 3,3,5,5
 
 
 def test_the_live_view_of_a_jagg_run_that_ended_is_redrawn_while_its_exact_run_trains(store):

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from browser import chromium
+from browser import alert_open, chromium
 from PIL import Image
 
 from app import notes
@@ -163,15 +163,18 @@ def test_browser_hostile_run_names_render_as_text_everywhere(app, trap):
         # run #2: the progress line names it as typed
         wait.until(lambda d: literal in _text(d, "live-progress"))
         clean("Live progress line and panels")
-        # the finished run #2 is neither cancelled nor resumed: refused before any question
-        for button, verb, refusal in (
-            ("Cancel run", "Cancel", "Refused. run 2: is already finished"),
-            ("Resume run", "Resume", "Refused. run 2: is finished; only a failed or cancelled run resumes"),
-        ):
-            driver.find_element(By.XPATH, f"//button[normalize-space()='{button}']").click()
-            wait.until(lambda d, r=refusal: _text(d, "live-confirm-question").startswith(r))
-            assert not [b for b in driver.find_elements(By.ID, "live-confirm") if b.is_displayed()]
-            clean(f"Live {verb} refusal")
+        # the finished run #2 is neither cancelled nor resumed: Cancel asks in the page (the browser's own
+        # question, at once), then is refused in one line; Resume is refused before any question
+        driver.find_element(By.XPATH, "//button[normalize-space()='Cancel run']").click()
+        wait.until(alert_open).accept()
+        wait.until(lambda d: _text(d, "live-action-msg").startswith("Refused. run 2: is already finished"))
+        assert not [b for b in driver.find_elements(By.ID, "live-confirm") if b.is_displayed()]
+        clean("Live Cancel refusal")
+        refusal = "Refused. run 2: is finished; only a failed or cancelled run resumes"
+        driver.find_element(By.XPATH, "//button[normalize-space()='Resume run']").click()
+        wait.until(lambda d: _text(d, "live-confirm-question").startswith(refusal))
+        assert not [b for b in driver.find_elements(By.ID, "live-confirm") if b.is_displayed()]
+        clean("Live Resume refusal")
         # the failed run #1 (its error shown verbatim) and the training run #3: Resume and Cancel ask, naming
         # the run as typed; Keep does nothing
         for number, status, verb in ((1, "failed", "Resume"), (3, "", "Cancel")):
@@ -183,7 +186,15 @@ def test_browser_hostile_run_names_render_as_text_everywhere(app, trap):
                        and s in _text(d, "live-progress"))  # fmt: skip
             if status:
                 clean(f"Live progress line of a {status} run")
-            asks_and_keep(f"{verb} run", f"{verb} run #{number} ", "live", f"Live {verb} question")
+            if verb == "Cancel":  # the page's own question names the run as the picker shows it, as text
+                driver.find_element(By.XPATH, "//button[normalize-space()='Cancel run']").click()
+                alert = wait.until(alert_open)
+                asked = alert.text
+                alert.dismiss()
+                assert asked.startswith(f"Cancel run #{number} ") and literal in asked, asked
+                clean("Live Cancel question")
+            else:
+                asks_and_keep(f"{verb} run", f"{verb} run #{number} ", "live", f"Live {verb} question")
             wait.until(lambda d: "Nothing done." in _text(d, "live-action-msg"))
         # a picker that names no run: the typed text echoed in one line
         box = driver.find_element(By.CSS_SELECTOR, "#live-run input")

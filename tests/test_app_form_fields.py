@@ -74,3 +74,23 @@ def test_a_refusal_names_the_forms_box_not_only_its_config_key(demo):
     message, _, _ = pair.fn(*{**values, "overrides": "probe_every=2"}.values(), None)
     assert message.startswith("**Not launched.** the pair's exact run: probe_every: "), message
     assert demo.jagg_manager.store.list_runs() == []
+
+
+@pytest.mark.parametrize("key", ["jagg_frac", "cv_frac"])
+@pytest.mark.parametrize("typed", [2, -0.5])
+def test_a_fraction_out_of_range_is_refused_not_clamped(demo, key, typed):
+    """A fraction typed outside [0, 1] reaches the app as typed (no box that clamps it to the nearest bound, no
+    toast) and Launch refuses it in one line naming the field and the allowed range; nothing is queued."""
+    fn, values = _form(demo)
+    box = fn.inputs[FORM_FIELDS.index(key)]
+    assert box.preprocess(typed) == typed
+    assert (
+        getattr(box, "minimum", None) is None and getattr(box, "maximum", None) is None
+    )  # the page clamps none
+    values[key] = typed
+    for api in ("launch_run", "compare_exact_jagg"):
+        handler = next(f for f in demo.fns.values() if f.api_name == api)
+        message, run_id, _ = handler.fn(*values.values(), None)
+        assert message == f"**Not launched.** {key}: must be a number in [0, 1], got {float(typed)}", message
+        assert run_id is None
+    assert demo.jagg_manager.store.list_runs() == []

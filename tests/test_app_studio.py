@@ -317,6 +317,32 @@ def test_cancel_resume_and_delete_ask_first_naming_the_run(studio):
     assert handlers.confirm.ask("resume", 99)[0] == "**Error:** run id: no run #99"
 
 
+def test_cancel_asks_in_the_page_at_once_and_its_answer_goes_off_the_queue(studio):
+    """Live's Cancel run: the question is the page's own (a ``js=`` that asks the browser's confirm before any
+    server call, naming the run as the picker shows it), and the answer is one event off the queue (no wait
+    behind the timer's refreshes); kept, nothing is done; confirmed, the stop is asked; refusals in one line."""
+    from app import client
+
+    demo, _ = studio
+    store = demo.jagg_manager.store
+    button = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "live-cancel")
+    events = [f for f in demo.fns.values() if (button._id, "click") in [(t[0], t[1]) for t in f.targets]]
+    assert len(events) == 1, [f.name for f in events]  # no server question first
+    event = events[0]
+    assert event.js == client.CANCEL_JS and "window.confirm(" in event.js and event.queue is False
+    assert "#live-run input" in event.js  # the run as the picker shows it: number, name, status
+    answer = event.fn
+    queued = store.create_run("waiting", {**TrainConfig().to_dict(), "steps": 2}, None)
+    message, row, pending, question = answer(queued, False)
+    assert (message, row["visible"], pending, question) == ("Nothing done.", False, None, "")
+    assert store.get_run(queued)["status"] == "queued"
+    assert answer(queued, True)[0] == f"run {queued} cancelled (it had not started)"
+    assert store.get_run(queued)["status"] == "cancelled"
+    assert answer(3, True)[0] == "**Refused.** run 3: is already finished"
+    assert answer(None, False)[0] == "**Error:** No run selected."
+    assert answer(99, True)[0] == "**Error:** run id: no run #99"
+
+
 def test_compare_shows_only_the_picked_runs_each_at_its_own_last_eval(studio):
     demo, _ = studio
     compare = _handler(demo, "compare_runs")

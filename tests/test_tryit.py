@@ -153,11 +153,18 @@ def test_bad_input_is_one_line_naming_the_field_and_starts_nothing(runs: Path, a
     assert h.workers.current() is None
 
 
-def test_a_word_outside_the_vocabulary_is_the_workers_one_line_naming_prompts(runs: Path) -> None:
-    message, base, trained = last(make(runs).generate(1, None, "purple <b>circle</b>", "0", request("w")))
-    assert message.startswith("**Error:** prompts: tiny-shapes: unknown word 'purple'"), message
+def test_a_word_outside_the_vocabulary_is_one_line_naming_prompts_before_any_model_loads(runs: Path) -> None:
+    """Refused by the app against the models' vocabulary, before a worker starts (which loads both models
+    first): the same words as the worker's refusal."""
+    h = make(runs)
+    h.workers = RecordingWorkers()
+    message, base, trained = last(h.generate(1, None, "red circle\npurple <b>circle</b>", "0", request("w")))
+    assert message.startswith("**Not started.** prompts: tiny-shapes: unknown word 'purple'"), message
     assert "\n" not in message and "\\<b>" in message  # the typed text is escaped
-    assert base == [] and trained == []
+    assert h.workers.argvs == []  # no worker started, no model loaded
+    message, *_ = last(h.generate(1, None, "red circle top left", "0", request("w")))
+    assert message.startswith("**Not started.** prompts: tiny-shapes: a prompt has at most 3 words"), message
+    assert h.workers.argvs == []
 
 
 class RecordingWorkers(tryit.Workers):

@@ -29,10 +29,10 @@ from .. import shapes_data
 from .base import Cond
 from .flux_core import FluxVelocity
 
-DEFAULT_WEIGHTS_DIR = Path(__file__).resolve().parents[2] / "assets" / "tiny-shapes"
+DEFAULT_WEIGHTS_DIR = shapes_data.DEFAULT_WEIGHTS_DIR
 PATCH = 4
 GRID = (shapes_data.IMAGE_SIZE // PATCH, shapes_data.IMAGE_SIZE // PATCH)  # (8, 8) tokens
-TEXT_LEN = 3
+TEXT_LEN = shapes_data.TEXT_LEN
 EMBED_DIM = 64
 
 TINY_SHAPES_CONFIG: dict[str, Any] = dict(
@@ -109,17 +109,10 @@ class TinyShapes(torch.nn.Module):
 
     def tokenize(self, prompts: Sequence[str]) -> torch.Tensor:
         """Prompts → token ids (B, 3). The empty prompt is the null caption; unknown words raise ValueError."""
+        shapes_data.check_words(prompts, self.vocabulary)
         rows = []
         for p in prompts:
-            words = p.split()
-            if len(words) > TEXT_LEN:
-                raise ValueError(f"tiny-shapes: a prompt has at most {TEXT_LEN} words, got {p!r}")
-            for w in words:
-                if w not in self.token_ids:
-                    raise ValueError(
-                        f"tiny-shapes: unknown word {w!r} in prompt {p!r}; vocabulary: {' '.join(self.vocabulary)}"
-                    )
-            ids = [self.token_ids[w] for w in words]
+            ids = [self.token_ids[w] for w in p.split()]
             rows.append(ids + [self.null_id] * (TEXT_LEN - len(ids)))
         return torch.tensor(rows, dtype=torch.long, device=self.embedding.weight.device)  # (B, 3)
 

@@ -260,6 +260,16 @@ def provisional(*runs: Mapping[str, Any] | None) -> str:
     return f"provisional: {', '.join(going)}" if going else ""
 
 
+# A measured speedup's state, beside it: whether the number is final (both runs ended) or still moves.
+SPEEDUP_FINAL = "final: both runs ended"
+
+
+def speedup_status(*runs: Mapping[str, Any] | None) -> str:
+    """``provisional: #4 running`` while a run of the pair trains (:func:`provisional`), else
+    :data:`SPEEDUP_FINAL`: the words of the "speedup status" column beside a measured speedup."""
+    return provisional(*runs) or SPEEDUP_FINAL
+
+
 def prediction_baseline(config: Mapping[str, Any], exact_config: Mapping[str, Any] | None) -> str:
     """What a predicted speedup (:func:`config_speedup`) is over, in the same words in the form, Live and
     Compare: exact backward over the run's own trained steps, or the exact run's own trained steps when it
@@ -297,7 +307,7 @@ def speedup_frame(store: RunStore, run_id: int, r: float) -> pd.DataFrame:
                 "pair timed": (run.get("pair_mode") or "-") if exact else "-",  # side-by-side | sequential
                 "exact update s/step": _round(exact_time),
                 "measured speedup": _round(measured, 3),
-                "measured": (provisional(run, exact) or "final") if measured is not None else "-",
+                "speedup status": speedup_status(run, exact) if measured is not None else "-",
                 "predicted speedup": _round(predicted, 3),
                 "predicted over": prediction_baseline(cfg, exact["config"] if exact else None),
                 "r": r,
@@ -341,7 +351,7 @@ def compare_frame(store: RunStore, run_ids: Iterable[int], r: float) -> pd.DataF
                 "update s/step": _round(per_step),
                 "speedup vs exact": measured,
                 "exact run": f"#{exact['id']} ({why})" if exact is not None else "-",
-                "measured": (provisional(run, exact) or "final") if measured is not None else "-",
+                "speedup status": speedup_status(run, exact) if measured is not None else "-",
                 "predicted": _round(config_speedup(cfg, r, exact_cfg), 3),
                 "predicted over": prediction_baseline(cfg, exact_cfg)
                 if cfg.get("strategy") != "exact"

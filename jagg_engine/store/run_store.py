@@ -279,7 +279,7 @@ class RunStore:
                 self._write_run_file(run_id)
 
     def request_cancel(self, run_id: int) -> None:
-        """Ask a run to stop; the trainer polls :meth:`cancel_requested` between steps."""
+        """Ask a run to stop; the trainer polls :meth:`cancel_requested` before each step, its update and its eval."""
         self._check_writable()
         self._require(run_id)
         with self._writing():

@@ -123,6 +123,11 @@ def sample_rollout(
 # ------------------------------------------------------------------------------------------------ trainer
 
 
+class StepCancelled(Exception):
+    """A stop asked for during a step's rollout (:meth:`Trainer.train_step`): the step ends before its update,
+    so no parameter changed and the run stops at the step before, within one step of the request."""
+
+
 class Trainer:
     def __init__(
         self,
@@ -320,6 +325,8 @@ class Trainer:
         traj = self.sample(step, prompts)
         t1 = time.perf_counter()
         total, parts, images = self.score(traj, prompts, step)
+        if self.should_stop():  # asked to stop during the rollout (the step's longest part): no update
+            raise StepCancelled(step)
         adv, all_rewards = self.advantages(total, groups)
         if not torch.isfinite(all_rewards).all():
             raise TrainingError(f"reward: non-finite reward at step {step}")
@@ -645,11 +652,18 @@ class Trainer:
             if self.should_stop():
                 self.save_checkpoint(last)
                 return "cancelled"
-            metrics = self.train_step(step)
+            try:
+                metrics = self.train_step(step)
+            except StepCancelled:  # asked to stop during the rollout: the step was not applied
+                self.save_checkpoint(last)
+                return "cancelled"
             metrics.update(clock.lap())
+            stopping = False
             if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
-                metrics.update(self.evaluate(step))
-                clock.restart()
+                stopping = self.should_stop()  # a stop asked during the update skips the step's eval
+                if not stopping:
+                    metrics.update(self.evaluate(step))
+                    clock.restart()
             if self.main:
                 self.store.log_step(self.run_id, step, metrics)
                 bar.set_postfix(
@@ -663,6 +677,9 @@ class Trainer:
                     metrics["time/update"],
                 )
             last = step
+            if stopping:
+                self.save_checkpoint(last)
+                return "cancelled"
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step != cfg.steps:
                 self.save_checkpoint(step)
         self.save_checkpoint(last)
