@@ -277,6 +277,28 @@ def _window(ctx: LiveContext) -> go.Figure:
     return metrics.window_figure(ctx.frame, ctx.run["config"].get("sampling_steps"))
 
 
+@register("spread", label="reward spread (the batch's std), beside its pair's", place=(1, 2))
+def _spread(ctx: LiveContext) -> go.Figure:
+    """The std of each step's rewards over the batch, the run's and its pair's: under JAGG it has been seen to
+    grow late in a run while the exact backward's shrinks (docs: the method, "The plateau"); a run that stops
+    learning while its samples grow apart shows it here first."""
+    frames, _, _ = reward_series(ctx)
+    fig = go.Figure()
+    for name, frame in frames.items():
+        if "reward/std" in frame.columns:
+            rows_ = frame[["step", "reward/std"]].dropna()
+            if not rows_.empty:
+                label = name or f"#{ctx.run['id']}"
+                fig.add_trace(go.Scatter(x=rows_["step"], y=rows_["reward/std"], mode="lines", name=label))
+    if not fig.data:
+        return metrics.empty_figure("Reward spread", "no reward/std logged yet")
+    fig.update_layout(
+        title="Reward spread: std of one step's rewards", xaxis_title="step", yaxis_title="std", height=300,
+        margin={"l": 50, "r": 20, "t": 50, "b": 40}, legend={"orientation": "h", "y": -0.25},
+    )  # fmt: skip
+    return fig
+
+
 BIAS_SERIES = {
     "bias/rel_live": "‖bias‖ / ‖E g_exact‖",
     "bias/along_live": "bias along E g_exact (negative: shrinks it)",

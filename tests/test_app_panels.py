@@ -322,3 +322,30 @@ def test_live_plots_the_bias_figure_and_marks_the_switch_to_exact(tmp_path):
         assert "not measured" in bias.layout.annotations[0].text and not reward.layout.shapes
     finally:
         demo.jagg_manager.shutdown()
+
+
+def test_live_plots_the_reward_spread_and_says_when_none_is_logged(tmp_path):
+    """The spread panel draws reward/std per step; a run that logged none says so in the panel."""
+    root = tmp_path / "runs"
+    with open_store(root) as store:
+        config = {**TrainConfig().to_dict(), "output_dir": str(root.resolve())}
+        run_id = store.create_run("s", config, root / "run-0001")
+        for step in (1, 2, 3):
+            store.log_step(run_id, step, {"reward/mean": 0.1 * step, "reward/std": 0.4 + 0.05 * step})
+        bare = store.create_run("b", config, root / "run-0002")
+        store.log_step(bare, 1, {"reward/mean": 0.1})
+        for done in (run_id, bare):
+            store.set_status(done, "running", pid=None)
+            store.set_status(done, "finished")
+    demo = ui.build_app(root, background_ticks=False, showcase_dir=None)
+    try:
+        names = [p.name for p in panels.panels()]
+        spread = _handler(demo, "live_view")(run_id, 1.8)[1 + names.index("spread")]
+        assert [list(t.x) for t in spread.data] == [[1, 2, 3]]
+        assert (
+            list(spread.data[0].y) == pytest.approx([0.45, 0.5, 0.55]) and spread.data[0].name == f"#{run_id}"
+        )
+        spread = _handler(demo, "live_view")(bare, 1.8)[1 + names.index("spread")]
+        assert not spread.data and "no reward/std logged yet" in spread.layout.annotations[0].text
+    finally:
+        demo.jagg_manager.shutdown()

@@ -554,6 +554,8 @@ class RunStore:
 
     def metric_series(self, run_id: int, keys: Iterable[str]) -> pd.DataFrame:
         """Like :meth:`metrics_frame` for ``keys`` only (a view that polls a few curves of a long run)."""
+        import pandas as pd  # here, not at the top: `jagg runs` and the other torch-free commands never load it
+
         keys = list(keys)
         marks = ", ".join("?" for _ in keys)
         with self._lock:
