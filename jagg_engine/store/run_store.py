@@ -494,7 +494,6 @@ class RunStore:
             )
         where = f"group {group_index} of step {step} of run {run_id}"
         with self._logging_transaction():
-            # writing() began with BEGIN IMMEDIATE: the checks and the insert see one state
             row = self.index.row(run_id)
             if row is None:
                 raise StoreError(f"vote: no run with id {run_id}")
@@ -682,7 +681,6 @@ class RunStore:
         self._undo_append = path, size = history.history_end(folder)
         history.append_line(path, size, line)
 
-    # ------------------------------------------------------------------ helpers
     def _check_writable(self) -> None:
         if self.read_only:
             raise StoreError(f"runs folder {self.runs_root} is read-only: nothing was written")
