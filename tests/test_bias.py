@@ -237,7 +237,11 @@ def test_study_bias_replicas_and_eta(shapes_run: Path, tmp_path: Path, capsys) -
     assert [r["alpha_scale"] for r in rows] == [0.0, 0.25, 0.5, 0.75, 1.0]
     assert rows[0]["coupling_u"] == 0.0  # c = 0 puts nothing at the far endpoint
     assert all("rel_bias_replica_u" in r and "noise_u" in r for r in rows)
-    assert "| c | rel_bias | bias_along | noise | coupling |" in (out / "bias-run1-step2.md").read_text()
+    header = (
+        "| c | rel_bias | bias_along | noise | bias share | coupling | coupling share | replica's rel_bias |"
+    )
+    assert header in (out / "bias-run1-step2.md").read_text()
+    assert all("bias_share_u" in r and "coupling_share_u" in r for r in rows)
     code, text7, _ = jagg(
         capsys, "study", "bias", "--runs-dir", str(shapes_run), "--run", "1", "--step", "2", "--rollouts", "3",
         "--json",
