@@ -187,10 +187,10 @@ HOSTILE = [
 ]  # fmt: skip
 
 
-def test_a_prompt_line_that_reads_as_a_flag_reaches_the_worker_as_a_prompt_only(runs: Path) -> None:
-    """The hostile lines typed into Try it: the worker's command is word for word the one of a plain prompt
-    (the app's run, step, seeds, reward, steps and device), the lines reach it only in its prompts file, and
-    the worker (run for real) reads them as prompts: the model's vocabulary refuses the first one."""
+def test_a_prompt_line_that_reads_as_a_flag_is_refused_as_a_prompt_before_any_worker(runs: Path) -> None:
+    """The hostile lines typed into Try it: read as prompts (the model's vocabulary refuses the first one, in
+    one line naming prompts) before any worker starts; the worker's command of a plain prompt holds the app's
+    run, step, seeds, reward, steps and device, and the typed text only in its prompts file."""
     from jagg_engine import cli
     from jagg_engine.sample import read_prompts
 
@@ -200,15 +200,14 @@ def test_a_prompt_line_that_reads_as_a_flag_reaches_the_worker_as_a_prompt_only(
     assert plain[0].startswith("Same prompts and noise"), plain[0]
     assert len(HOSTILE) <= h.caps["prompts"]
     message, base, trained = last(h.generate(1, 1, "\n".join(HOSTILE), "0", request("p")))
-    template, argv = workers.argvs
-    assert argv == template, argv  # the same words as for a plain prompt: nothing typed is a word of it
-    args = cli.build_parser().parse_args(argv[3:])
+    (template,) = workers.argvs  # refused before any worker: only the plain prompt's ran
+    args = cli.build_parser().parse_args(template[3:])
     assert (args.command, args.run_id, args.step, args.model, args.with_base) == ("sample", 1, 1, None, True)
     assert (args.reward, args.steps, args.device, args.seeds, args.prompt) == (None, None, "auto", "0", None)
-    assert read_prompts(args) == HOSTILE
-    assert message.startswith("**Error:** prompts: tiny-shapes: ") and "\n" not in message, message
-    assert "in prompt '--reward'" in message.replace("\\", ""), message  # the first line, read as a prompt
-    assert base == [] and trained == []
+    assert read_prompts(args) == ["red circle left"]
+    assert "prompts: tiny-shapes: " in message and "\n" not in message, message
+    assert "'--reward'" in message.replace("\\", ""), message  # the first line, read as a prompt
+    assert base == trained == {"__type__": "update"}  # the galleries left as they were: nothing sampled
 
 
 def test_workers_one_at_a_time_and_a_worker_past_its_seconds_is_killed(tmp_path: Path) -> None:

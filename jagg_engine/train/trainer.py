@@ -595,7 +595,10 @@ class Trainer:
     def should_stop(self) -> bool:
         from accelerate.utils import broadcast_object_list
 
-        flag = [bool(self.stop_signal or (self.main and self.store.cancel_requested(self.run_id)))]
+        asked = (
+            self.main and self.run_uid is not None and self.store.cancel_requested(self.run_id)
+        )  # a harness: no run
+        flag = [bool(self.stop_signal or asked)]
         if self.world > 1:
             broadcast_object_list(flag, from_process=0)
         return flag[0]
