@@ -535,19 +535,11 @@ class Index(VoteTables):
 
     def metrics_frame(self, run_id: int) -> pd.DataFrame:
         """Wide frame: one row per step (column ``step``, ascending), one column per metric key."""
-        import pandas as pd
-
         with self.lock:
             rows = self.db.execute(
                 "SELECT step, key, value FROM metrics WHERE run_id = ? ORDER BY step", [run_id]
             ).fetchall()
-        if not rows:
-            return pd.DataFrame({"step": pd.Series([], dtype="int64")})
-        long = pd.DataFrame(rows, columns=["step", "key", "value"]).astype({"value": "float64"})
-        wide = long.pivot(index="step", columns="key", values="value").sort_index()
-        wide = wide.reindex(sorted(wide.columns), axis=1)
-        wide.columns.name = None
-        return wide.reset_index()
+        return wide_frame(rows)
 
     def metrics_long(self, run_id: int) -> list[dict[str, Any]]:
         with self.lock:
@@ -618,6 +610,20 @@ class Index(VoteTables):
             run_id: next((k, values[k]) for k in FINAL_REWARD_KEYS if k in values)
             for run_id, values in found.items()
         }
+
+
+def wide_frame(rows: list[tuple[int, str, float | None]]) -> pd.DataFrame:
+    """(step, key, value) rows as a wide frame: one row per step (column ``step``, ascending), one column per
+    key (sorted); pandas is imported here, so the torch-free commands that never build a frame never load it."""
+    import pandas as pd
+
+    if not rows:
+        return pd.DataFrame({"step": pd.Series([], dtype="int64")})
+    long = pd.DataFrame(rows, columns=["step", "key", "value"]).astype({"value": "float64"})
+    wide = long.pivot(index="step", columns="key", values="value").sort_index()
+    wide = wide.reindex(sorted(wide.columns), axis=1)
+    wide.columns.name = None
+    return wide.reset_index()
 
 
 def _file_id(path: Path) -> tuple[int, int] | None:

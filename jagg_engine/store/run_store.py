@@ -41,7 +41,7 @@ from .base import (
     slug,
     stored_dir,
 )
-from .index import PICK_GROUP_STATUSES, VOTE_CHOICES, Index
+from .index import PICK_GROUP_STATUSES, VOTE_CHOICES, Index, wide_frame
 
 
 class RunStore:
@@ -553,8 +553,6 @@ class RunStore:
 
     def metric_series(self, run_id: int, keys: Iterable[str]) -> pd.DataFrame:
         """Like :meth:`metrics_frame` for ``keys`` only (a view that polls a few curves of a long run)."""
-        import pandas as pd  # here, not at the top: `jagg runs` and the other torch-free commands never load it
-
         keys = list(keys)
         marks = ", ".join("?" for _ in keys)
         with self._lock:
@@ -562,12 +560,7 @@ class RunStore:
                 f"SELECT step, key, value FROM metrics WHERE run_id = ? AND key IN ({marks}) ORDER BY step",
                 [run_id, *keys],
             ).fetchall()
-        if not rows:
-            return pd.DataFrame({"step": pd.Series([], dtype="int64")})
-        long = pd.DataFrame(rows, columns=["step", "key", "value"]).astype({"value": "float64"})
-        wide = long.pivot(index="step", columns="key", values="value").sort_index()
-        wide.columns.name = None
-        return wide.reset_index()
+        return wide_frame(rows)
 
     def probes(self, run_id: int) -> list[dict[str, Any]]:
         return self.index.probes(run_id)
