@@ -198,6 +198,14 @@ register_backbone(
     help="v = A·z + θ_0 + t·θ_1 (float64), the Theorem 1 field",
 )
 register_backbone(
+    "mode-toy",
+    "jagg_engine.backbones.mode_toy:build",
+    options={"weights": "model_path"},
+    procedural_prompts=True,
+    prompts="jagg_engine.backbones.mode_toy:all_prompts",
+    help="an MLP flow (37 k params) over 8-D points, 4 modes per prompt: GRPO on a CPU in seconds",
+)
+register_backbone(
     "gauss-toy",
     "jagg_engine.backbones.gauss_toy:GaussToy",
     procedural_prompts=True,
