@@ -277,10 +277,10 @@ def run_bias(args: argparse.Namespace) -> dict[str, Any]:
         )
     run = open_run(args.runs_dir, args.run)
     cfg = run.cfg
-    if cfg.strategy != "jagg" or cfg.window < 3:
+    if cfg.strategy == "endpoint" or cfg.window < 3:
         raise UsageError(
             f"--run: run {run.id} trains strategy {cfg.strategy} with W = {cfg.window}; the bias is JAGG's, over"
-            " windows of 3 or more steps (strategy jagg)"
+            " windows of 3 or more steps (a run of strategy jagg, or exact: JAGG's bias at the exact run's states)"
         )
     step = asked_step(run, args.step)
     model = load_run_model(run, step)
@@ -295,6 +295,8 @@ def run_bias(args: argparse.Namespace) -> dict[str, Any]:
             raise UsageError(f"--eta: must be in (0, 10], got {args.eta}")
         sampler = dataclasses.replace(sampler, eta=args.eta)
     update = cfg.update_config()
+    if cfg.strategy == "exact":  # JAGG's bias at the states the exact backward trained to (the same window)
+        update = dataclasses.replace(update, strategy="jagg", jagg_frac=1.0)
     ref = getattr(model, "reference_velocity", None) if cfg.beta > 0 else None
     prompts_all = prompt_source(cfg)
     device, dtype = params[0].device, params[0].dtype

@@ -186,13 +186,28 @@ def shapes_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     store = open_store(root)
     run_id = store.create_run(cfg.name, cfg.to_dict(), root / "run-0001")
     assert Trainer(cfg, run_id, str(root)).run() == "finished"
+    ends = load_config(None, [*SMALL, "eval_every=0", "strategy=endpoint", "steps=1"])
+    store.create_run("endpoint", ends.to_dict(), root / "run-0002")
     exact = load_config(None, [*SMALL, "eval_every=0", "strategy=exact", "steps=1"])
-    store.create_run("exact", exact.to_dict(), root / "run-0002")
+    run_id = store.create_run("exact", exact.to_dict(), root / "run-0003")
+    assert Trainer(exact, run_id, str(root)).run() == "finished"
     return root
 
 
 def _not_json(name: str) -> None:
     raise AssertionError(f"{name} is not JSON")
+
+
+def test_study_bias_measures_jagg_at_an_exact_runs_states(shapes_run: Path, tmp_path: Path, capsys) -> None:
+    """An exact run's checkpoint: JAGG's bias over the same window at the states the exact backward reached."""
+    code, text, _ = jagg(
+        capsys, "study", "bias", "--runs-dir", str(shapes_run), "--run", "3", "--rollouts", "2", "--json",
+        "--out", str(tmp_path / "bias"),
+    )  # fmt: skip
+    assert code == 0, text
+    result = json.loads(text, parse_constant=_not_json)
+    assert result["subject"] == "run 3 step 1" and result["window"] == 4
+    assert [s["step"] for s in result["inner_steps"]] == [1, 2] and result["rel_bias"] > 0
 
 
 def test_study_bias_json_on_a_tiny_shapes_run(shapes_run: Path, tmp_path: Path, capsys) -> None:
@@ -278,7 +293,7 @@ def test_the_replica_coupling_vanishes_where_the_jacobian_ignores_z() -> None:
     [
         (["--run", "1", "--eta", "0"], "--eta: must be in (0, 10]"),
         (["--run", "1", "--rollouts", "1"], "--rollouts: must be an integer >= 2"),
-        (["--run", "2"], "--run: run 2 trains strategy exact with W = 4; the bias is JAGG's"),
+        (["--run", "2"], "--run: run 2 trains strategy endpoint with W = 4; the bias is JAGG's"),
         (["--run", "1", "--step", "7"], "--step: run 1 has no checkpoint at step 7; its checkpoints: 1, 2"),
         (["--run", "9"], "RUN: no run 9 in"),
     ],
