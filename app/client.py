@@ -693,7 +693,7 @@ def load_view(h: Any, r: float, request: Any = None) -> tuple[Any, ...]:
         live = controls if tab == "live" else [gr.skip()] * 4
         tabs = gr.update(selected="live") if tab == "live" else gr.skip()
         return (tabs, *live, choices, *[gr.skip()] * 5, *[gr.skip()] * compare_n, gr.skip(), gr.skip())
-    defaults = metrics.MetricView()
+    defaults = metrics.MetricView(metrics=metrics.COMPARE_METRICS)
     runs = view.get("runs")
     if (
         runs

@@ -555,7 +555,7 @@ class HistoryHandlers(_Part):
         run_ids: Any,
         r: float,
         x: Any = "step",
-        metric_keys: Any = metrics.DEFAULT_METRICS,
+        metric_keys: Any = metrics.COMPARE_METRICS,
         smoothing: Any = metrics.MetricView.smoothing,
         log_y: Any = False,
         level: Any = None,

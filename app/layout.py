@@ -88,12 +88,16 @@ SHOWCASE_X = showcase.SHOWCASE_X
 
 
 def metric_controls(
-    prefix: str, x_only: bool = False, x: str = "step", visible: bool | str = True
+    prefix: str,
+    x_only: bool = False,
+    x: str = "step",
+    visible: bool | str = True,
+    shown: tuple[str, ...] = metrics.DEFAULT_METRICS,
 ) -> SimpleNamespace:
-    """The metrics view's controls (trackio / wandb conventions): which logged metrics, EMA smoothing, log
-    scale and the x axis (``x`` at first), in one row (``row``, shown as ``visible`` says at first). Their values
-    are :class:`app.metrics.MetricView`'s fields, in its order."""
-    view = metrics.MetricView()
+    """The metrics view's controls (trackio / wandb conventions): which logged metrics (``shown`` at first), EMA
+    smoothing, log scale and the x axis (``x`` at first), in one row (``row``, shown as ``visible`` says at first).
+    Their values are :class:`app.metrics.MetricView`'s fields, in its order."""
+    view = metrics.MetricView(metrics=shown)
     with gr.Row(visible=visible, elem_id=f"{prefix}-view") as row:
         pick = gr.Dropdown(
             choices=list(view.metrics), value=list(view.metrics), multiselect=True, allow_custom_value=True,
@@ -291,7 +295,9 @@ def compare_tab(
     )
     # The view's controls act on Compare's plots only: out of sight (still in the page, for its script and a
     # link's values) until Compare draws them; the showcase's first-screen curves are static.
-    view = metric_controls("compare", x=SHOWCASE_X if shown else "step", visible="hidden")
+    view = metric_controls(
+        "compare", x=SHOWCASE_X if shown else "step", visible="hidden", shown=metrics.COMPARE_METRICS
+    )
     shown_labels = (
         [f"#{run['id']} {run['config'].get('strategy')}" for run in shown_runs_of(store, showcase_ids)]
         if shown

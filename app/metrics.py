@@ -31,6 +31,8 @@ from jagg_engine.report.axes import (  # noqa: F401 (the app's names for them)
 
 X_AXES = ("step", "wall time", "relative time", "training time")
 DEFAULT_METRICS = ("loss/clipfrac", "grad/norm")
+# Compare draws the batch reward spread first, beside the reward plot: where JAGG's plateau shows (docs/method.md)
+COMPARE_METRICS = ("reward/std", *DEFAULT_METRICS)
 _COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 _DASHES = ("solid", "dash", "dot", "dashdot")
 

@@ -95,7 +95,7 @@ def _link_runs(root) -> None:
             assert store.create_run(strategy, cfg, None) == n
             store.set_status(n, "running", pid=None)
             for step in range(5):
-                row = {"time/unix": 1000.0 + step, "eval/reward/mean": 0.3 + 0.01 * step}
+                row = {"time/unix": 1000.0 + step, "eval/reward/mean": 0.3 + 0.01 * step, "reward/std": 0.4}
                 store.log_step(n, step, row | ({"loss/clipfrac": 0.1 * step} if step else {}))
             store.set_status(n, "finished")
 
@@ -144,6 +144,30 @@ def test_a_compare_link_with_metrics_draws_the_linked_runs_and_so_does_the_metri
         assert names and all(
             n.startswith(("#3 exact · loss/clipfrac", "#4 jagg · loss/clipfrac")) for n in names
         )
+    finally:
+        demo.jagg_stop_ticker.set()
+        demo.jagg_manager.shutdown()
+
+
+def test_a_compare_link_without_metrics_draws_the_reward_spread_first(tmp_path):
+    """``?tab=compare&runs=3,4``: the metrics plot beside the reward opens on the batch reward spread
+    (reward/std), where JAGG's plateau shows, then clipfrac and grad/norm; the picker says so."""
+    import types
+
+    from app import ui
+
+    root = tmp_path / "runs"
+    _link_runs(root)
+    demo = ui.build_app(root, background_ticks=False)
+    try:
+        load = next(f for f in demo.fns.values() if "loader" in getattr(f.fn, "__qualname__", ""))
+        request = types.SimpleNamespace(query_params={"tab": "compare", "runs": "3,4"})
+        out = dict(zip([b._id for b in load.outputs], load.fn(demo.jagg_handlers.r0, request), strict=False))
+        metrics_plot = next(b for b in load.outputs if getattr(b, "elem_id", None) == "compare-metrics")
+        names = [t.name for t in out[metrics_plot._id]["value"].data if "(raw)" not in t.name]
+        assert names[0] == "#3 exact · reward/std" and "#4 jagg · reward/std" in names
+        pick = next(b for b in load.outputs if getattr(b, "elem_id", None) == "compare-metric-pick")
+        assert list(pick.value) == ["reward/std", "loss/clipfrac", "grad/norm"]
     finally:
         demo.jagg_stop_ticker.set()
         demo.jagg_manager.shutdown()
