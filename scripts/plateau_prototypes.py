@@ -10,6 +10,8 @@ exact and JAGG runs this script also trains (the same seeds give the same curves
 - ``zhat``: the far endpoint's Jacobian at the window's state with the injected noise removed,
   ẑ = z_{W−1} − Σ_{k<W−1} (z_{k+1} − μ_k) (μ_k the SDE step's mean), the joint backward J_0ᵀ s_base + J(ẑ)ᵀ s_corr;
   the far endpoint's own credit s_{W−1} lands on J(ẑ) too (no third forward).
+- ``exact100-jagg``: the exact backward for the first 100 steps, then JAGG: whether JAGG's late steps, from a
+  state the exact backward reached, lose what exact keeps (the reverse of ``jagg_until_step``).
 - ``pairs``: unbiased, Horvitz–Thompson: each sample draws 2 of the W steps uniformly without replacement and
   credits each drawn step's own J_jᵀ s_j with weight W/2 (E = Σ_j J_jᵀ s_j): 2 grad forwards per sample and one
   backward, JAGG's cost without needing the rollout's velocities. (The prototype computes every s_j from
@@ -82,17 +84,33 @@ def pairs_group(state: J.UpdateState, steps: list[int], sequential: bool) -> Non
     state.backward(outs, ups)
 
 
+def exact_then_jagg(switch: int) -> Any:
+    """The exact backward for the first ``switch`` training steps, then JAGG (the reverse of jagg_until_step):
+    counts its calls, one a training step in this setting (one group a step, one update a rollout)."""
+    calls = [0]
+
+    def group(state: J.UpdateState, steps: list[int], sequential: bool) -> None:
+        calls[0] += 1
+        if calls[0] <= switch:
+            state.exact_group(steps)
+        else:
+            PLAIN_JAGG(state, steps, sequential)
+
+    return group
+
+
 VARIANTS: dict[str, tuple[str, Any]] = {
     "exact": ("exact", PLAIN_JAGG),
     "jagg": ("jagg", PLAIN_JAGG),
     "zhat": ("jagg", zhat_group),
     "pairs": ("jagg", pairs_group),
+    "exact100-jagg": ("jagg", None),  # a fresh exact_then_jagg(100) for each run
 }
 
 
 def train(variant: str, seed: int, out: Path) -> dict[int, float]:
     strategy, routine = VARIANTS[variant]
-    J.UpdateState.jagg_group = routine
+    J.UpdateState.jagg_group = routine if routine is not None else exact_then_jagg(100)
     try:
         cfg = load_config(
             str(CONFIG),
@@ -129,7 +147,7 @@ def one_batch_cosines() -> dict[str, dict[str, float]]:
 
     exact = grad("exact", PLAIN_JAGG)
     out = {}
-    for name in ("jagg", "zhat", "pairs"):
+    for name in ("jagg", "zhat", "pairs"):  # exact100-jagg is JAGG on one batch
         est = grad("jagg", VARIANTS[name][1])
         out[name] = {
             "cosine": float(est @ exact / (est.norm() * exact.norm())),
@@ -198,7 +216,7 @@ def write_readme(out: Path, report: dict[str, Any]) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", default="0,1,2,3,4,5,6,7,8,9")
-    p.add_argument("--variants", default="exact,jagg,zhat,pairs")
+    p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--out", type=Path, default=REPO / "reports" / "plateau-prototypes")
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -224,7 +242,7 @@ def main() -> None:
     report = {
         "command": "python scripts/plateau_prototypes.py"
         + (f" --seeds {args.seeds}" if args.seeds != "0,1,2,3,4,5,6,7,8,9" else "")
-        + (f" --variants {args.variants}" if args.variants != "exact,jagg,zhat,pairs" else "")
+        + (f" --variants {args.variants}" if args.variants != ",".join(VARIANTS) else "")
         + f" --out {args.out.relative_to(REPO) if args.out.is_relative_to(REPO) else args.out}",
         "machine": f"{platform.machine()}, {torch.get_num_threads()} torch thread",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
