@@ -207,29 +207,23 @@ def test_export_model_out_inside_the_runs_folder_is_refused_in_one_line(
     assert tree(runs) == before
 
 
-def test_a_partial_export_left_by_kill_9_is_removed_by_the_next_export(runs: Path, tmp_path: Path) -> None:
-    """`jagg export-model` killed with SIGKILL while it writes leaves ``.NAME.partial-PID/``; the next export
-    into the same folder removes it (its process is gone) and a live export's partial is left alone."""
+def export_argv(runs: Path) -> list[str]:
+    """`jagg export-model 1 --runs-dir RUNS --out` as a subprocess's argv (the folder comes last)."""
+    import sys
+
+    return [sys.executable, "-m", "jagg_engine.cli", "export-model", "1", "--runs-dir", str(runs), "--out"]
+
+
+def kill_an_export_mid_write(runs: Path, folder: Path) -> tuple[Path, int]:
+    """`jagg export-model --out FOLDER/aN` killed with SIGKILL once its weights are written and before the rename
+    (up to 5 tries): the ``.aN.partial-PID/`` it leaves, and the try that left it."""
     import signal
     import subprocess
-    import sys
 
     from polling import wait_for
 
-    folder = tmp_path / "exports"
-    folder.mkdir()
-    cli_argv = [
-        sys.executable,
-        "-m",
-        "jagg_engine.cli",
-        "export-model",
-        "1",
-        "--runs-dir",
-        str(runs),
-        "--out",
-    ]
-    for attempt in range(5):  # the kill lands once the weights are written and before the rename
-        proc = subprocess.Popen([*cli_argv, str(folder / f"a{attempt}")], stderr=subprocess.PIPE)
+    for attempt in range(5):
+        proc = subprocess.Popen([*export_argv(runs), str(folder / f"a{attempt}")], stderr=subprocess.PIPE)
         partial = folder / f".a{attempt}.partial-{proc.pid}"
         written = lambda p=partial, w=proc: (p / "transformer").is_dir() or w.poll() is not None  # noqa: E731
         wait_for(written, timeout=300, every=0.005)
@@ -238,11 +232,24 @@ def test_a_partial_export_left_by_kill_9_is_removed_by_the_next_export(runs: Pat
         if partial.is_dir():
             break
     assert partial.is_dir() and proc.returncode == -signal.SIGKILL, "no kill landed mid-export in 5 tries"
+    return partial, attempt
+
+
+def test_a_partial_export_left_by_kill_9_is_removed_by_the_next_export(runs: Path, tmp_path: Path) -> None:
+    """`jagg export-model` killed with SIGKILL while it writes leaves ``.NAME.partial-PID/``; the next export
+    into the same folder removes it (its process is gone) and a live export's partial is left alone."""
+    import subprocess
+
+    folder = tmp_path / "exports"
+    folder.mkdir()
+    partial, attempt = kill_an_export_mid_write(runs, folder)
     size = sum(p.stat().st_size for p in partial.rglob("*") if p.is_file())
     assert size > 0  # what the issue saw: megabytes left behind
     live = folder / f".b.partial-{os.getppid()}"  # a live process's partial export (this test's parent)
     live.mkdir()
-    done = subprocess.run([*cli_argv, str(folder / "b")], capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [*export_argv(runs), str(folder / "b")], capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr
     assert not partial.exists() and live.is_dir()
     assert sorted(p.name for p in folder.iterdir()) == sorted(
@@ -256,25 +263,9 @@ def test_reindex_removes_a_partial_export_left_by_kill_9_beside_out(
     """`jagg export-model --out` outside the runs folder, killed with SIGKILL while it writes, leaves
     ``.NAME.partial-PID/`` beside --out; `jagg reindex` of the runs folder removes it (the export left a note of
     it in the runs folder), naming it in one line, and leaves a live export's partial alone."""
-    import signal
-    import subprocess
-    import sys
-
-    from polling import wait_for
-
     folder = tmp_path / "elsewhere"
     folder.mkdir()
-    argv = [sys.executable, "-m", "jagg_engine.cli", "export-model", "1", "--runs-dir", str(runs), "--out"]
-    for attempt in range(5):  # the kill lands once the weights are written and before the rename
-        proc = subprocess.Popen([*argv, str(folder / f"a{attempt}")], stderr=subprocess.PIPE)
-        partial = folder / f".a{attempt}.partial-{proc.pid}"
-        written = lambda p=partial, w=proc: (p / "transformer").is_dir() or w.poll() is not None  # noqa: E731
-        wait_for(written, timeout=300, every=0.005)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        if partial.is_dir():
-            break
-    assert partial.is_dir() and proc.returncode == -signal.SIGKILL, "no kill landed mid-export in 5 tries"
+    partial, _ = kill_an_export_mid_write(runs, folder)
     live = folder / f".b.partial-{os.getppid()}"  # a live process's partial, noted as an export notes one
     from jagg_engine import export_format
 
