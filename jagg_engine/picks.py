@@ -10,6 +10,8 @@ The scripted person has a hidden taste, a score computed from the image that the
 
     big   the share of the image's pixels that are foreground (max channel ≥ 64): "prefers one big shape"
     red   the mean over pixels of clip((R − max(G, B)) / 255, 0, 1): "prefers red shapes"
+    small 1 − big: "prefers one small shape". Training on tiny-shapes grows the shapes whatever the reward
+          (a run on random votes raises ``big``), so a rise of ``small`` is what the votes bought, not drift.
 
 It picks the best of each pending group by its taste (ties: the lowest index), so a run that learns its picks
 raises the taste's score. The same scores are the ``taste`` reward (the benchmark's ceiling: a run trained on
@@ -44,7 +46,16 @@ def taste_red(images: torch.Tensor) -> torch.Tensor:
     return (x[..., 0] - x[..., 1:].amax(dim=-1)).clamp(0, 1).mean(dim=(1, 2))
 
 
-TASTES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"big": taste_big, "red": taste_red}
+def taste_small(images: torch.Tensor) -> torch.Tensor:
+    """Share of background pixels (1 − :func:`taste_big`). uint8 (B, H, W, 3) → (B,) float32 in [0, 1]."""
+    return 1.0 - taste_big(images)
+
+
+TASTES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "big": taste_big,
+    "red": taste_red,
+    "small": taste_small,
+}
 
 
 def check_taste(taste: str) -> None:

@@ -10,7 +10,7 @@ training and after the last step. The hidden taste (:data:`jagg_engine.picks.TAS
 
 - ``none``: no training, the step-0 eval (the same initial model and eval noise for every run; checked);
 - ``ceiling``: ``rewards={taste: 1.0}``, trained on the hidden score directly;
-- ``control``: trained directly on the *other* taste (red for big, big for red), scored with this one: how
+- ``control``: trained directly on another taste (red for big and small, big for red), scored with this one: how
   much of a rise any training of these steps gives (the model drifts whatever it is trained on);
 - per budget B: ``model``: ``rewards={picks: 1.0}`` with ``picks_per_step`` = ``--picks-per-step`` groups a step
   chosen by the preference model's uncertainty, ``budget`` B, and ``votes-alone``: ``picks_per_step: all``
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             False,
         )
     ]
-    other = next(t for t in sorted(TASTES) if t != args.taste)
+    other = "big" if args.taste == "red" else "red"
     if not args.skip_control:
         runs.append(
             run_one(

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from jagg_engine.picks import ScriptedPerson, taste_big, taste_red
+from jagg_engine.picks import ScriptedPerson, taste_big, taste_red, taste_small
 from jagg_engine.rewards.picks import PicksReward
 from jagg_engine.store import StoreError, open_store
 
@@ -186,6 +186,7 @@ def test_tastes() -> None:
     black[1, :2, :, 2] = 255  # a quarter blue
     torch.testing.assert_close(taste_big(black), torch.tensor([0.5, 0.25]))
     torch.testing.assert_close(taste_red(black), torch.tensor([0.5, 0.0]))
+    torch.testing.assert_close(taste_small(black), torch.tensor([0.5, 0.75]))
 
 
 @pytest.mark.parametrize(
