@@ -179,7 +179,7 @@ def new_run_tab(backbones: Sequence[str], space: bool, r0: float, note: str) -> 
     with gr.Row():
         launch_btn = gr.Button("Launch", variant="primary")
         pair_btn = gr.Button("Compare exact vs JAGG")
-    launch_msg = gr.Markdown()
+    launch_msg = gr.Markdown(elem_id="launch-msg")
     # Text, not gr.Number: a number box shows 0 before any run (gradio's frontend fills an empty one with 0).
     launched_id = gr.Textbox(label="launched run id", interactive=False, lines=1, max_lines=1)
     form = [name, backbone, model_path, rewards, algorithm, window, jagg_frac, cv_frac, jagg_until_step, strategy,

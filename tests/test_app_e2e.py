@@ -386,10 +386,11 @@ def test_browser_launch_shows_reward_plot_and_samples(app):
         window.clear()
         window.send_keys("4")
         driver.find_element(By.XPATH, "//button[normalize-space()='Launch']").click()
-        wait.until(
-            lambda d: "Run #" in d.page_source and ("started" in d.page_source or "queued" in d.page_source)
-        )
-        assert "Not launched" not in driver.page_source
+        # the launch's own reply replaces the refusal (the page holds "Run #" elsewhere too: read the message;
+        # its textContent, as the page moves to Live at once and hides the New-run tab)
+        wait.until(lambda d: "Run #" in d.find_element(By.ID, "launch-msg").get_attribute("textContent"))
+        said = driver.find_element(By.ID, "launch-msg").get_attribute("textContent")
+        assert "Not launched" not in said and ("started" in said or "queued" in said), said
         driver.find_element(By.XPATH, "//button[@role='tab' and normalize-space()='Live']").click()
 
         # The timer refreshes the live view: the reward plot draws a line, the gallery shows eval images.
