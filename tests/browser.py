@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -39,3 +41,19 @@ def alert_open(driver):
         return alert
     except NoAlertPresentException:
         return False
+
+
+@contextmanager
+def live_app(tmp_path_factory, name: str, fill: Callable[[Path], object]) -> Iterator:
+    """The app (`launch.py`, a child process) over a runs folder that ``fill`` wrote first, stopped on exit:
+    the browser test files' module fixture."""
+    from test_app_e2e import LiveApp
+
+    tmp = tmp_path_factory.mktemp(name)
+    fill(tmp / "runs")
+    live = LiveApp(tmp / "runs", tmp)
+    live.start()
+    try:
+        yield live
+    finally:
+        live.stop()

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from browser import chromium
+from browser import chromium, live_app
 from test_app_views_browser import PLOT, _reach_rows, _server_reach, _set_text, timed, timed_text
 
 from app import showcase
@@ -52,14 +52,8 @@ def _fill(root: Path) -> None:
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
-    from test_app_e2e import LiveApp
-
-    tmp = tmp_path_factory.mktemp("compare")
-    _fill(tmp / "runs")
-    live = LiveApp(tmp / "runs", tmp)
-    live.start()
-    yield live
-    live.stop()
+    with live_app(tmp_path_factory, "compare", _fill) as live:
+        yield live
 
 
 def _drawn(driver, plot_id: str = "compare-plot", run: str = "#3 exact") -> bool:

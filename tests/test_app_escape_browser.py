@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from browser import alert_open, chromium
+from browser import alert_open, chromium, live_app
 from PIL import Image
 
 from app import notes
@@ -81,14 +81,8 @@ def _fill(root: Path, port: int) -> None:
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory, trap):
-    from test_app_e2e import LiveApp
-
-    tmp = tmp_path_factory.mktemp("escape")
-    _fill(tmp / "runs", trap)
-    live = LiveApp(tmp / "runs", tmp)
-    live.start()
-    yield live
-    live.stop()
+    with live_app(tmp_path_factory, "escape", lambda runs: _fill(runs, trap)) as live:
+        yield live
 
 
 def _made_elements(driver, port: int) -> list[str]:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from browser import alert_open, chromium
+from browser import alert_open, chromium, live_app
 from PIL import Image
 
 from app import showcase
@@ -62,14 +62,8 @@ def _fill(root: Path) -> None:
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
-    from test_app_e2e import LiveApp
-
-    tmp = tmp_path_factory.mktemp("studio")
-    _fill(tmp / "runs")
-    live = LiveApp(tmp / "runs", tmp)
-    live.start()
-    yield live
-    live.stop()
+    with live_app(tmp_path_factory, "studio", _fill) as live:
+        yield live
 
 
 def _open(app, tab: str):

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from browser import chromium
+from browser import chromium, live_app
 from PIL import Image
 
 from app import showcase
@@ -73,14 +73,8 @@ def _fill(root: Path) -> None:
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
-    from test_app_e2e import LiveApp
-
-    tmp = tmp_path_factory.mktemp("views")
-    _fill(tmp / "runs")
-    live = LiveApp(tmp / "runs", tmp)
-    live.start()
-    yield live
-    live.stop()
+    with live_app(tmp_path_factory, "views", _fill) as live:
+        yield live
 
 
 def _driver(url: str):
