@@ -142,6 +142,14 @@ def write_readme(out: Path, report: dict[str, Any]) -> None:
     def cell(pair: list[float] | tuple[float, float], fmt: str) -> str:
         return f"{pair[0]:{fmt}} ± {pair[1]:{fmt}}"
 
+    def span_table(key: str) -> list[str]:
+        """A table of ``key`` per span of training steps, a row per variant."""
+        return [
+            "| variant | " + " | ".join(f"steps {k}" for k in spans) + " |",
+            "|---|" + "---|" * len(spans),
+            *[f"| {v} | " + " | ".join(cell(r[key][k], ".3f") for k in spans) + " |" for v, r in s.items()],
+        ]
+
     lines = [
         "# How far JAGG's optimizer steps move the weights on mode-toy (the plateau's step-size reading, measured)",
         "",
@@ -150,21 +158,11 @@ def write_readme(out: Path, report: dict[str, Any]) -> None:
         "",
         "AdamW's step in units of the learning rate, ‖Δθ‖ / (lr·√n), averaged over each span of training steps:",
         "",
-        "| variant | " + " | ".join(f"steps {k}" for k in spans) + " |",
-        "|---|" + "---|" * len(spans),
-        *[
-            f"| {v} | " + " | ".join(cell(r["step_rms"][k], ".3f") for k in spans) + " |"
-            for v, r in s.items()
-        ],
+        *span_table("step_rms"),
         "",
         "Cosine between consecutive steps' gradients:",
         "",
-        "| variant | " + " | ".join(f"steps {k}" for k in spans) + " |",
-        "|---|" + "---|" * len(spans),
-        *[
-            f"| {v} | " + " | ".join(cell(r["grad_cos"][k], ".3f") for k in spans) + " |"
-            for v, r in s.items()
-        ],
+        *span_table("grad_cos"),
         "",
         "Distance from the initial weights, ‖θ_t − θ_0‖, and the eval reward:",
         "",
