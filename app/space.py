@@ -123,6 +123,7 @@ TUNABLE = (
     "jagg_frac",
     "cv_frac",  # at most the exact backward's cost (cv_frac = 1)
     "jagg_until_step",
+    "jagg_from_step",
     "endpoint_backward",
     "auto_route",
     "auto_route_threshold",

@@ -166,13 +166,17 @@ def cost_model_speedup(
     return exact / sum(cost(len(g), strategy if kind != "exact" else "exact") for g, kind in plan)
 
 
-def switched_speedup(step_speedup: float, steps: int, jagg_until_step: int | None) -> float:
-    """The update-phase speedup over a whole run of ``steps`` training steps that trains by JAGG up to
-    ``jagg_until_step`` (a step's speedup ``step_speedup``) and by the exact backward after it (1×):
-    steps / (S / s + (steps − S)); ``step_speedup`` itself without a switch or with one at or past the end."""
-    if jagg_until_step is None or jagg_until_step >= steps:
+def switched_speedup(
+    step_speedup: float, steps: int, jagg_until_step: int | None, jagg_from_step: int | None = None
+) -> float:
+    """The update-phase speedup over a whole run of ``steps`` training steps (numbered from 1) that trains by
+    JAGG on the steps after ``jagg_from_step`` and up to ``jagg_until_step`` (a step's speedup
+    ``step_speedup``) and by the exact backward on the others (1×): steps / (S / s + (steps − S)), S the JAGG
+    steps; ``step_speedup`` itself when every step is a JAGG one."""
+    last = steps if jagg_until_step is None else min(max(int(jagg_until_step), 0), steps)
+    S = max(last - (0 if jagg_from_step is None else max(int(jagg_from_step), 0)), 0)
+    if S >= steps:
         return float(step_speedup)
-    S = max(int(jagg_until_step), 0)
     return steps / (S / step_speedup + (steps - S))
 
 

@@ -146,9 +146,43 @@ def test_jagg_until_step_switches_to_the_exact_backward_keeping_the_optimizer(tm
     assert float((g_switch[0] - g_exact[0]).norm() / g_exact[0].norm()) <= 1e-6
 
 
+def test_jagg_from_step_trains_by_the_exact_backward_first_then_by_jagg(tmp_path):
+    """jagg_from_step = 1: step 1 is the window's exact backward (the same gradient as an exact run's, to 1e-6),
+    step 2 one JAGG backward per window with the cv_frac of the config, on the same optimizer."""
+    trainer = make_trainer(tmp_path, "from", "jagg_from_step=1", "steps=3", "cv_frac=0.5")
+    exact = make_trainer(tmp_path, "exact", "strategy=exact", "steps=3")
+    g_from, g_exact = gradients_of_steps(trainer, [1]), gradients_of_steps(exact, [1])
+    assert float((g_from[0] - g_exact[0]).norm() / g_exact[0].norm()) <= 1e-6
+    assert trainer.update.strategy == "exact" and trainer.update.cv_frac == 0.0
+    m2 = trainer.train_step(2)
+    assert m2["route/jagg"] == 1.0 and trainer.update.cv_frac == 0.5
+    # one joint backward per window; the control variate's pairs: ceil(0.5 · 6 samples) at each of 2 inner steps
+    assert (m2["count/backward"], m2["count/cv_pairs"]) == (1.0, 6.0)
+    state = trainer.optimizer.state_dict()["state"]
+    assert all(float(s["step"]) == 2 for s in state.values())
+
+
+def test_a_jagg_span_between_from_and_until_is_what_the_run_trains(tmp_path):
+    """jagg_from_step = 1 and jagg_until_step = 2: exact, JAGG, exact; the cost model counts the one JAGG step."""
+    from jagg_engine.cost import switched_speedup
+
+    trainer = make_trainer(tmp_path, "span", "jagg_from_step=1", "jagg_until_step=2", "steps=3")
+    routes = [trainer.train_step(step)["route/jagg"] for step in (1, 2, 3)]
+    assert routes == [0.0, 1.0, 0.0]
+    assert switched_speedup(2.0, 3, 2, 1) == pytest.approx(3 / (0.5 + 2))
+    assert switched_speedup(2.0, 70, None, 20) == pytest.approx(70 / (25 + 20))
+    assert switched_speedup(2.0, 70, None, None) == switched_speedup(2.0, 70, 80, None) == 2.0
+
+
 @pytest.mark.parametrize(
     ("overrides", "line"),
     [
+        (
+            ["strategy=exact", "jagg_from_step=5"],
+            "jagg_from_step: switches from exact to jagg; needs strategy jagg",
+        ),
+        (["jagg_from_step=0"], "jagg_from_step: must be"),
+        (["jagg_from_step=5", "jagg_until_step=5"], r"jagg_from_step: must be below jagg_until_step \(5\)"),
         (
             ["strategy=exact", "jagg_until_step=5"],
             "jagg_until_step: switches from jagg to exact; needs strategy jagg",
@@ -156,7 +190,7 @@ def test_jagg_until_step_switches_to_the_exact_backward_keeping_the_optimizer(tm
         (["jagg_until_step=0"], "jagg_until_step: must be"),
     ],
 )
-def test_jagg_until_step_refusals_name_the_field(overrides, line):
+def test_switch_refusals_name_the_field(overrides, line):
     from jagg_engine.train.config import ConfigError
 
     with pytest.raises(ConfigError, match=f"^{line}"):

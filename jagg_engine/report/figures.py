@@ -42,16 +42,14 @@ TREND_MIN_STEPS = 5  # the line starts once this many steps are averaged (a sing
 
 
 def switch_row(frame: pd.DataFrame) -> Any:
-    """The index of the first row that trained by the exact backward after rows by JAGG (``route/jagg`` 1 then
-    0: a ``jagg_until_step`` switch), or None for a run that never changed strategy."""
+    """The index of the first row whose backward differs from the run's first rows' (``route/jagg`` 1 then 0:
+    a ``jagg_until_step`` switch to the exact backward; 0 then 1: a ``jagg_from_step`` switch to JAGG), or None
+    for a run that never changed strategy."""
     if "route/jagg" not in frame.columns:
         return None
-    routed = frame["route/jagg"].dropna()
-    jagg = routed[routed > 0.5]
-    if jagg.empty:
-        return None
-    after = routed[(routed < 0.5) & (routed.index > jagg.index[0])]
-    return None if after.empty else after.index[0]
+    routed = frame["route/jagg"].dropna() > 0.5
+    changed = routed[routed != routed.iloc[0]] if not routed.empty else routed
+    return None if changed.empty else changed.index[0]
 
 
 def reward_figure(
@@ -68,7 +66,8 @@ def reward_figure(
     of one step's samples is about as wide as the whole curve, so drawn as a band it would hide the means.
     With a single reward its own series (equal to the total up to its weight) is left out. Trace names are
     ``<label> · <reward>``, ``<label> · total, mean of last N steps`` and ``<label> · eval``. A run that
-    switched from JAGG to the exact backward (``jagg_until_step``) has a dotted line at its first exact step.
+    switched between JAGG and the exact backward (``jagg_until_step``, ``jagg_from_step``) has a dotted line at its
+    first step after the switch.
 
     ``x``: the x axis, one of step, wall time, relative time (the app's X_AXES; ``runs``: label →
     run row, whose ``started_at`` the time axes need).
@@ -117,9 +116,10 @@ def reward_figure(
                 line={"color": color, "dash": "dot", "width": 2},
             )  # fmt: skip
             step = int(frame.loc[switch, "step"])
+            now = "JAGG" if frame.loc[switch, "route/jagg"] > 0.5 else "exact"
             fig.add_annotation(
                 x=where, y=1, yref="paper", showarrow=False, xanchor="left", yanchor="top",
-                text=f"{label + ': ' if label else ''}exact from step {step}", font={"color": color},
+                text=f"{label + ': ' if label else ''}{now} from step {step}", font={"color": color},
             )  # fmt: skip
         if "eval/reward/mean" in frame.columns:
             rows = frame[["step", "eval/reward/mean"]].dropna()

@@ -56,9 +56,11 @@ def config_speedup(
             updates_per_rollout=int(config.get("updates_per_rollout", 1)),
             cv_frac=float(config.get("cv_frac") or 0.0),
         )
-        until = config.get("jagg_until_step")
-        if until is not None and config.get("strategy", "jagg") == "jagg":  # JAGG up to a step, exact after
-            speedup = switched_speedup(speedup, int(config["steps"]), int(until))
+        until, since = config.get("jagg_until_step"), config.get("jagg_from_step")
+        if (until, since) != (None, None) and config.get(
+            "strategy", "jagg"
+        ) == "jagg":  # exact outside a span
+            speedup = switched_speedup(speedup, int(config["steps"]), until, since)
         return speedup if exact_config is None else speedup * trained_steps(exact_config) / steps
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None

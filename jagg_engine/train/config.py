@@ -261,6 +261,13 @@ class TrainConfig(ConfigChecks):
         " jagg): 1 = the paper's interpolation; 0 = every inner step credited to the near endpoint, whose state"
         " holds none of the window's injected noise. The same cost at every value.",
     )
+    jagg_from_step: int | None = _f(
+        None,
+        "Strategy jagg: the exact backward of the same window up to and including this training step, then JAGG"
+        " with the same optimizer state (the exact gradient while the policy moves most, JAGG's cheap steps"
+        " after); null = jagg from the first step.",
+        low=1,
+    )
     jagg_until_step: int | None = _f(
         None,
         "Strategy jagg up to and including this training step, then the exact backward of the same window with"
@@ -455,11 +462,18 @@ class TrainConfig(ConfigChecks):
         return dataclasses.replace(sampler, ode_steps_before=before, ode_steps_after=after)
 
     def jagg_at(self, step: int) -> bool:
-        """Whether training step ``step`` trains by JAGG (strategy jagg, before any jagg_until_step switch)."""
-        return self.strategy == "jagg" and (self.jagg_until_step is None or step <= self.jagg_until_step)
+        """Whether training step ``step`` trains by JAGG: strategy jagg, after any ``jagg_from_step`` and up to any
+        ``jagg_until_step`` (the exact backward of the same window outside that span)."""
+        after = self.jagg_from_step is None or step > self.jagg_from_step
+        return (
+            self.strategy == "jagg"
+            and after
+            and (self.jagg_until_step is None or step <= self.jagg_until_step)
+        )
 
     def update_config(self, step: int | None = None) -> Any:
-        """The update of training step ``step`` (None: the first): after ``jagg_until_step`` the exact backward."""
+        """The update of training step ``step`` (None: the configured one): the exact backward where
+        :meth:`jagg_at` says so."""
         from jagg_engine.jagg import UpdateConfig  # lazy: the engine module is owned elsewhere
 
         if step is not None and self.strategy == "jagg" and not self.jagg_at(step):

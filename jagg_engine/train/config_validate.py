@@ -310,6 +310,19 @@ class ConfigChecks:
                 f"jagg_until_step: switches from jagg to exact; needs strategy jagg, got strategy {self.strategy!r}"
                 " (use jagg_until_step=null)"
             )
+        if self.jagg_from_step is not None and self.strategy != "jagg":
+            raise ConfigError(
+                f"jagg_from_step: switches from exact to jagg; needs strategy jagg, got strategy {self.strategy!r}"
+                " (use jagg_from_step=null)"
+            )
+        if (
+            None not in (self.jagg_from_step, self.jagg_until_step)
+            and self.jagg_from_step >= self.jagg_until_step
+        ):
+            raise ConfigError(
+                f"jagg_from_step: must be below jagg_until_step ({self.jagg_until_step}) so that some step trains"
+                f" by jagg, got {self.jagg_from_step}"
+            )
         if self.cv_frac > 0 and self.strategy != "jagg":
             raise ConfigError(
                 f"cv_frac: corrects JAGG's estimate; needs strategy jagg, got strategy {self.strategy!r} (use cv_frac=0)"

@@ -310,15 +310,16 @@ class Trainer:
         # The step's sampler: under a sliding schedule its SDE window is a function of the step (a resumed run
         # continues the schedule); the update, the probe and routing read the same one.
         self.sampler = sampler_config(self.cfg, self.schedule, step)
-        if self.update.strategy == "jagg" and not self.cfg.jagg_at(
-            step
-        ):  # jagg_until_step: exact from here on
-            self.update = dataclasses.replace(self.update, strategy="exact", cv_frac=0.0)
-            log.info(
-                "step %d: exact backward from this step on (jagg_until_step %d)",
-                step,
-                self.cfg.jagg_until_step,
-            )
+        if self.cfg.strategy == "jagg":  # jagg_from_step / jagg_until_step: this step's backward
+            strategy = "jagg" if self.cfg.jagg_at(step) else "exact"
+            if self.update.strategy != strategy:
+                cv_frac = self.cfg.cv_frac if strategy == "jagg" else 0.0
+                self.update = dataclasses.replace(self.update, strategy=strategy, cv_frac=cv_frac)
+                log.info(
+                    "step %d: %s from this step on",
+                    step,
+                    "JAGG" if strategy == "jagg" else "the exact backward",
+                )
         window = self.cfg.sde_window_at(step)
         sigma_start, sigma_end = window_sigmas(self.sampler)
         prompts, groups = self.step_prompts(step)
@@ -353,7 +354,7 @@ class Trainer:
             "time/probe": t2 - t_probe,  # the fidelity probe and auto_route's probe (0 on other steps)
             "time/step": t3 - t0,
             "route/jagg_frac": self.update.jagg_frac,
-            "route/jagg": float(self.update.strategy == "jagg"),  # 0 from a jagg_until_step switch on
+            "route/jagg": float(self.update.strategy == "jagg"),  # 0 on steps outside jagg_from/until_step
             "sampler/window_start": float(window[0]),
             "sampler/window_end": float(window[1]),
             "sampler/sigma_window_start": sigma_start,
