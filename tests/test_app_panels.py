@@ -287,6 +287,21 @@ def test_the_live_gallery_shows_the_first_eval_never_the_sliders_newest_images_a
     assert _handler(demo, "live_view")(once, 1.8)[1 + names.index("gallery")] == []  # the slider shows it
 
 
+def test_the_reward_plot_marks_a_switch_to_jagg_and_none_on_an_exact_run():
+    """A jagg_from_step run (route/jagg 0, 0, 1, 1) has its dotted line at step 3 saying "JAGG from step 3";
+    an exact run (route/jagg 0 throughout) has none."""
+    import pandas as pd
+
+    from jagg_engine.report.figures import reward_figure
+
+    def frame(routes: list[float]) -> pd.DataFrame:
+        return pd.DataFrame({"step": [1, 2, 3, 4], "reward/mean": [0.1, 0.2, 0.3, 0.4], "route/jagg": routes})
+
+    fig = reward_figure({"from": frame([0.0, 0.0, 1.0, 1.0]), "exact": frame([0.0] * 4)})
+    assert [(s.x0, s.line.dash) for s in fig.layout.shapes] == [(3, "dot")]
+    assert [a.text for a in fig.layout.annotations] == ["from: JAGG from step 3"]
+
+
 def test_live_plots_the_bias_figure_and_marks_the_switch_to_exact(tmp_path):
     """A run with jagg_until_step = 2 and probes: the bias panel draws bias/rel_live and bias/along_live on its
     probe steps, and the reward curve has a dotted line at step 3, its first exact step."""
