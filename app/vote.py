@@ -175,10 +175,13 @@ class Vote:
             if sample is None:
                 self.store.cast_vote(run_id, step, group_index, None, "skip", VOTER)
                 return f"Skipped group {group_index} of step {step}."
-            self.store.cast_vote(run_id, step, group_index, sample, choice, VOTER)
+            cast = self.store.cast_vote(run_id, step, group_index, sample, choice, VOTER)
         except StoreError as exc:
             return f"**Refused:** {' '.join(str(exc).split())}"
-        return f"Voted: image {sample + 1} is the {choice} of group {group_index}, step {step}."
+        said = f"Voted: image {sample + 1} is the {choice} of group {group_index}, step {step}."
+        if cast["late"]:
+            said += f" Step {step} went on without it; the preference model learns from it at the next step."
+        return said
 
 
 def vote_tab(choices: list[tuple[str, int]], value: int | None) -> SimpleNamespace:

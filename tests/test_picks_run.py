@@ -143,6 +143,33 @@ def test_a_resumed_run_reuses_its_votes_and_asks_nothing_twice(tmp_path: Path) -
     assert len(store.votes(run_id)) == 1 and again.model.votes == first.model.votes  # nothing asked twice
 
 
+def test_a_vote_after_the_timeout_is_kept_and_learnt_at_the_next_step(tmp_path: Path) -> None:
+    """Step 1 times out with nobody voting; the person's vote on its group arrives after (kept, ``late``), and
+    step 2's model has it: the step counts it in ``picks/late`` and it is among the model's votes."""
+    store = open_store(tmp_path)
+    run_id, folder = store.create_run_folder("picks", {"rewards": {"picks": 1.0}})
+    store.claim(run_id, ("queued",), os.getpid())
+    images, prompts = images_of(8, 0), ["a"] * 4 + ["b"] * 4
+    reward = PicksReward(picks_per_step=1, timeout_s=0)
+    reward.bind(store, run_id, folder, group_size=4, steps=2)
+    reward.set_step(1)
+    reward(images, prompts)
+    (asked,) = store.pick_groups(run_id)
+    assert asked["status"] == "closed" and reward.metrics["picks/timed_out"] == 1.0
+    cast = store.cast_vote(run_id, 1, asked["group_index"], 3, "best", "owner")
+    assert cast["late"] is True
+    with pytest.raises(StoreError, match="already voted"):  # still one vote per group
+        store.cast_vote(run_id, 1, asked["group_index"], 0, "best", "owner")
+    reward.set_step(2)
+    reward(images_of(8, 1), prompts)
+    assert reward.metrics["picks/late"] == 1.0 and reward.metrics["picks/timed_out"] == 1.0
+    assert ((1, asked["group_index"]), 3, "best") in reward.model.votes
+    assert reward.model.w.abs().sum() > 0  # fitted on the late vote (no other vote exists)
+    reward.set_step(3)
+    reward(images_of(8, 2), prompts)
+    assert reward.metrics["picks/late"] == 0.0  # learnt once
+
+
 def _vote_when_asked(store, run_id: int, step: int, sample: int) -> None:
     import time
 

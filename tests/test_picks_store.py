@@ -72,8 +72,9 @@ def test_every_refusal_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
     assert "choice: must be one of best, worst, skip" in refusal(store, run_id, 1, 1, 0, "rank", "ana")
     assert "needs a sample index" in refusal(store, run_id, 1, 1, None, "best", "ana")
     assert "no run with id 99" in refusal(store, 99, 1, 1, 0, "best", "ana")
-    store.close_pick_groups(run_id, 1)
-    assert "is closed" in refusal(store, run_id, 1, 1, 0, "best", "ana")
+    store.close_pick_groups(run_id, 1)  # the step went on: a vote now is late, kept (not a refusal) ...
+    assert store.cast_vote(run_id, 1, 1, 0, "best", "ana")["late"] is True
+    assert "already voted" in refusal(store, run_id, 1, 1, 2, "worst", "ana")  # ... and still one a group
     store.post_pick_groups(run_id, 2, [{"group_index": 0, "prompt": "p", "paths": ["a.png", "b.png"]}])
     store.request_cancel(run_id)
     assert "was cancelled" in refusal(store, run_id, 2, 0, 0, "best", "ana")

@@ -10,7 +10,8 @@ step (the trainer calls :meth:`PicksReward.set_step` and, once, :meth:`PicksRewa
 3. their images go to ``<run>/picks/step_NNNNN/gGG_K.png`` and pending rows of the store
    (:meth:`RunStore.post_pick_groups`); the reward waits, logging "waiting for your picks", until each asked
    group has a vote of ``voter``, or ``timeout_s`` seconds passed (None: no timeout), or the run is cancelled;
-   then the step's groups are closed (a later vote on them is refused);
+   then the step's groups are closed (a vote cast on one later, the step having gone on without it, is kept
+   and learnt by the model at the next step: ``picks/late``);
 4. the step's votes are scored by the model before they are used (the held-back agreement), then the model is
    refitted on every vote of the run;
 5. the reward: with ``picks_per_step: all`` the votes alone (D3PO-style): +1 for a group's best, −1 for its
@@ -20,7 +21,8 @@ step (the trainer calls :meth:`PicksReward.set_step` and, once, :meth:`PicksRewa
 Metrics (:meth:`PicksReward.step_metrics`): ``picks/asked``, ``picks/voted`` (this step), ``picks/votes`` and
 ``picks/wanted`` (the run's total and its budget, or the step's asks times the steps when there is none),
 ``picks/agreement`` (mean held-back agreement of this step's votes, NaN without one), ``picks/agreement_all``
-(of every vote so far), ``picks/timed_out`` (groups closed without a vote), ``picks/wait_s``.
+(of every vote so far), ``picks/timed_out`` (groups closed without a vote), ``picks/late`` (votes on earlier
+steps' timed-out groups, learnt at this step; held back like the step's own), ``picks/wait_s``.
 
 Outside training (the eval, or a reward built without a run, as ``jagg eval`` does) the reward is the
 model's score; a model without votes scores every image 0.
@@ -153,6 +155,13 @@ class PicksReward:
         new = [((step, g), v["sample"], v["choice"]) for g, v in votes.items() if (step, g) not in self.used]
         for g in asked:
             self.model.add_group((step, g), groups[g])
+        late = [  # cast on an earlier step's group after that step went on without it: the model learns it now
+            ((v["step"], v["group_index"]), v["sample"], v["choice"])
+            for v in self.store.votes(self.run_id)
+            if v["voter"] == self.voter and v["step"] != step and (v["step"], v["group_index"]) in self.model.groups
+            and (v["step"], v["group_index"]) not in self.used
+        ]  # fmt: skip
+        new += late
         agreements = self.model.add_votes(new)
         self.used.update(key for key, _, _ in new)
         if self.picks_per_step == "all":
@@ -176,6 +185,7 @@ class PicksReward:
             "picks/agreement": sum(agreements) / len(agreements) if agreements else math.nan,
             "picks/agreement_all": sum(every) / len(every) if every else math.nan,
             "picks/timed_out": float(timed_out),
+            "picks/late": float(len(late)),
             "picks/wait_s": wait_s,
         }
         return scores

@@ -483,8 +483,10 @@ class RunStore:
         (``sample`` None). Committed (and appended to the run's history log) before it returns, so a process
         killed right after loses nothing. Refused in one line (:class:`StoreError`), nothing written: an
         unknown run, a run that is cancelled or not running, a run that does not train on picks, a voter other
-        than the run's (``reward_options.picks.voter``), a group the run never asked or has closed, a sample
-        outside the group, a second vote of the same voter on the group."""
+        than the run's (``reward_options.picks.voter``), a group the run never asked, a sample outside the
+        group, a second vote of the same voter on the group. A vote on a group its step closed without one (the
+        step timed out and went on) is kept, ``late`` True in the returned row: the preference model learns
+        from it at the run's next step."""
         self._check_writable()
         if choice not in VOTE_CHOICES:
             raise StoreError(f"vote choice: must be one of {', '.join(VOTE_CHOICES)}, got {choice!r}")
@@ -524,8 +526,7 @@ class RunStore:
                     f"vote: {voter!r} already voted on {where} ({cast[0]['choice']}"
                     f"{'' if cast[0]['sample'] is None else ' ' + str(cast[0]['sample'])}); one vote per group"
                 )
-            if group[0]["status"] != "pending":
-                raise StoreError(f"vote: {where} is closed; the run went on without it")
+            late = group[0]["status"] != "pending"
             size = len(json.loads(group[0]["paths"]))
             if sample is not None and not 0 <= int(sample) < size:
                 raise StoreError(f"vote sample: must be in 0..{size - 1} for {where}, got {sample}")
@@ -540,7 +541,7 @@ class RunStore:
             }
             self._append_history(run_id, {"kind": "vote", "step": int(step), "row": list(vote.values())[2:]})
             self.index.insert_vote(tuple(vote.values()))
-        return vote
+        return {**vote, "late": late}
 
     def votes(self, run_id: int, step: int | None = None) -> list[dict[str, Any]]:
         """The run's votes (of one step, or all), in the order they were cast."""
