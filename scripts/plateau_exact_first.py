@@ -45,7 +45,7 @@ REFERENCES = {  # seed → race folder holding its f-exact-seedS and f-jagg-seed
     2: "reports/race/control-variate",
     11: "reports/race/switch",
 }
-NAME = re.compile(r"^from(\d+)-seed(\d+)$")
+NAME = re.compile(r"^(.+)-seed(\d+)$")
 TARGET_GAP = -0.005
 TARGET_TIME = 0.75
 
@@ -81,124 +81,150 @@ def reference(seed: int, variant: str) -> dict[str, Any]:
     return {"frame": frame, "curve": eval_curve(frame), "source": REFERENCES[seed]}
 
 
-def measure(runs: Path) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    with open_store(runs, read_only=True) as store:
-        for run in store.list_runs():
-            match = NAME.match(run["name"])
-            if not match or run["status"] != "finished":
-                continue
-            k, seed = int(match.group(1)), int(match.group(2))
-            if seed not in REFERENCES:
-                continue
-            frame = store.metrics_frame(run["id"])
-            steps = int(run["config"]["steps"])
-            exact, jagg = reference(seed, "f-exact"), reference(seed, "f-jagg")
-            mine = frame.dropna(subset=["reward/mean"]).set_index("step")["reward/mean"]
-            theirs = exact["frame"].dropna(subset=["reward/mean"]).set_index("step")["reward/mean"]
-            same = all(mine[s] == theirs[s] for s in range(1, k + 1))  # the exact phase is f-exact's
-            timed = frame.dropna(subset=["time/step"]).set_index("step")["time/step"]
-            unit = statistics.median(
-                timed[(timed.index >= 2) & (timed.index <= k)]
-            )  # an exact step's seconds
-            elapsed = {0: 0.0, **{int(s): float(v) for s, v in timed.cumsum().items()}}
-            curve = eval_curve(frame)
-            final_exact = exact["curve"][steps]
-            reached = crossing(curve, final_exact, elapsed)
-            out[run["name"]] = {
-                "k": k,
-                "seed": seed,
-                "curve": curve,
-                "f_exact": exact["curve"],
-                "f_jagg": jagg["curve"],
-                "references": exact["source"],
-                "exact_phase_reproduces_f_exact": same,
-                "exact_step_s": unit,
-                "jagg_step_s": statistics.median(timed[timed.index > k]),
-                "run_time_x": elapsed[steps] / (steps * unit),
-                "time_to_f_exact_final_x": None if reached is None else reached / (steps * unit),
-                "spread": spread(frame, steps),
-                "spread_f_exact": spread(exact["frame"], steps),
-                "spread_f_jagg": spread(jagg["frame"], steps),
-            }
-    return out
+def summary(frame: pd.DataFrame, steps: int, exact_steps: int | None) -> dict[str, Any]:
+    """A run's eval curve, spread, and times in units of its own exact step (``exact_steps``: the steps 1..K
+    it trained by the exact backward, whose median step time is the unit; None: a run without that phase)."""
+    timed = frame.dropna(subset=["time/step"]).set_index("step")["time/step"]
+    row: dict[str, Any] = {"curve": eval_curve(frame), "spread": spread(frame, steps)}
+    row["elapsed"] = {0: 0.0, **{int(s): float(v) for s, v in timed.cumsum().items()}}
+    if exact_steps:
+        row["exact_step_s"] = statistics.median(timed[(timed.index >= 2) & (timed.index <= exact_steps)])
+        row["jagg_step_s"] = statistics.median(timed[timed.index > exact_steps])
+    return row
 
 
-def write_readme(out: Path, runs: dict[str, Any]) -> None:
-    ks = sorted({r["k"] for r in runs.values()})
+def measure(folders: list[Path]) -> dict[str, Any]:
+    """Every finished ``NAME-seedS`` run of the runs ``folders`` (S a seed of REFERENCES), by seed then name, with the
+    committed races' f-exact and f-jagg of that seed as ``committed-f-exact`` / ``committed-f-jagg``."""
+    seeds: dict[int, dict[str, Any]] = {}
+    for runs in folders:
+        with open_store(runs, read_only=True) as store:
+            for run in store.list_runs():
+                match = NAME.match(run["name"])
+                if not match or run["status"] != "finished" or int(match.group(2)) not in REFERENCES:
+                    continue
+                name, seed = match.group(1), int(match.group(2))
+                steps, k = int(run["config"]["steps"]), run["config"].get("jagg_from_step")
+                frame = store.metrics_frame(run["id"])
+                seeds.setdefault(seed, {})[name] = {"k": k, **summary(frame, steps, k)}
+    for seed, named in seeds.items():
+        for variant in ("f-exact", "f-jagg"):
+            ref = reference(seed, variant)
+            named[f"committed-{variant}"] = {"source": ref["source"], **summary(ref["frame"], 70, None)}
+    for named in seeds.values():  # times to f-exact's final, in each exact-first run's own exact steps
+        exact = named.get("f-exact", named["committed-f-exact"])
+        level = exact["curve"][max(exact["curve"])]
+        for row in named.values():
+            if row.get("exact_step_s"):
+                steps = max(row["curve"])
+                reached = crossing(row["curve"], level, row["elapsed"])
+                row["run_time_x"] = row["elapsed"][steps] / (steps * row["exact_step_s"])
+                row["time_to_f_exact_final_x"] = (
+                    None if reached is None else reached / (steps * row["exact_step_s"])
+                )
+    return seeds
+
+
+def final(row: dict[str, Any] | None) -> float | None:
+    return None if row is None else row["curve"][max(row["curve"])]
+
+
+def cell(value: float | None, base: float | None = None) -> str:
+    if value is None:
+        return "—"
+    return f"{value:.3f}" if base is None else f"{value:.3f} ({value - base:+.3f})"
+
+
+def write_readme(out: Path, seeds: dict[int, dict[str, Any]]) -> None:
+    tried = sorted(
+        {n for named in seeds.values() for n in named if n.startswith("from")}, key=lambda n: int(n[4:])
+    )
     lines = [
         "# The exact backward first, JAGG after, on tiny-shapes (the plateau's early-loss reading at the shipped batch)",
         "",
         "Command: the module docstring of `scripts/plateau_exact_first.py` (the runs, then",
         "`python scripts/plateau_exact_first.py --runs DIR --out reports/plateau-exact-first`).",
-        "The references are the committed races' f-exact and f-jagg of the same seed (lr 5e-5, 70 steps, the",
-        "shipped batch): reports/race/switch (seeds 0, 1, 11) and reports/race/control-variate (seed 2).",
+        "`committed` are the committed races' f-exact and f-jagg of the same seed (lr 5e-5, 70 steps, the shipped",
+        "batch): reports/race/switch (seeds 0, 1, 11) and reports/race/control-variate (seed 2). `this session`",
+        "are the same configs rerun here beside the new runs, where there was time: the difference between the two",
+        "is what a rerun of the same seed moves a final (the float kernels differ between machines, so runs of one",
+        "seed agree to ~1e-6 at step 0 and drift apart from there).",
         "",
+        "Final eval reward (step 70); the gap in brackets is to f-exact of this session where there is one, else",
+        "to the committed f-exact.",
+        "",
+        "| seed | f-exact committed | f-exact this session | f-jagg committed | f-jagg this session | "
+        + " | ".join(f"{n} (`jagg_from_step={n[4:]}`)" for n in tried)
+        + " |",
+        "|---|---|---|---|---|" + "---|" * len(tried),
     ]
-    for k in ks:
-        mine = sorted((r for r in runs.values() if r["k"] == k), key=lambda r: r["seed"])
-        steps = max(mine[0]["curve"])
-        lines += [
-            f"## Exact for steps 1–{k}, JAGG for {k + 1}–{steps} (`jagg_from_step={k}`)",
-            "",
-            "| seed | f-exact | f-jagg | exact first | gap to f-exact | f-exact's final at (× exact's time) | run time (× exact's) | spread first → last (f-exact; f-jagg) |",
-            "|---|---|---|---|---|---|---|---|",
+    gaps: dict[str, list[float]] = {}
+    for seed in sorted(seeds):
+        named = seeds[seed]
+        base = final(named.get("f-exact")) or final(named["committed-f-exact"])
+        row = [
+            str(seed),
+            cell(final(named["committed-f-exact"])),
+            cell(final(named.get("f-exact"))),
+            cell(final(named["committed-f-jagg"]), base),
+            cell(final(named.get("f-jagg")), base),
         ]
-        gaps, jgaps = [], []
-        for r in mine:
-            fe, fj, me = r["f_exact"][steps], r["f_jagg"][steps], r["curve"][steps]
-            gaps.append(me - fe)
-            jgaps.append(fj - fe)
-            t = r["time_to_f_exact_final_x"]
-            s, se, sj = r["spread"], r["spread_f_exact"], r["spread_f_jagg"]
-            lines.append(
-                f"| {r['seed']} | {fe:.3f} | {fj:.3f} ({fj - fe:+.3f}) | {me:.3f} | {me - fe:+.3f} | "
-                f"{'not reached' if t is None else f'{t:.2f}×'} | {r['run_time_x']:.2f}× | "
-                f"{s[0]:.3f} → {s[1]:.3f} ({se[0]:.3f} → {se[1]:.3f}; {sj[0]:.3f} → {sj[1]:.3f}) |"
-            )
-        n = len(gaps)
-        se_gap = statistics.stdev(gaps) / n**0.5 if n > 1 else float("nan")
-        times = [r["time_to_f_exact_final_x"] for r in mine]
-        reached = sorted(t for t in times if t is not None)
-        median = statistics.median([t if t is not None else float("inf") for t in times])
-        lines += [
-            "",
-            f"- Mean gap {statistics.mean(gaps):+.3f} ± {se_gap:.3f} (f-jagg on the same seeds "
-            f"{statistics.mean(jgaps):+.3f}); seeds below f-exact − 0.005: "
-            f"{sum(g < TARGET_GAP for g in gaps)} of {n} (target: none).",
-            f"- f-exact's final reached on {len(reached)} of {n} seeds; seed median "
-            f"{'not reached' if median == float('inf') else f'{median:.2f}×'} of an exact run's time "
-            f"(target ≤ {TARGET_TIME}×).",
-            f"- A step's time, JAGG phase over exact phase (same run, medians): "
-            f"{statistics.mean(r['jagg_step_s'] / r['exact_step_s'] for r in mine):.2f}.",
-            "- The exact phase reproduces f-exact's per-step rewards to the last digit on "
-            f"{sum(r['exact_phase_reproduces_f_exact'] for r in mine)} of {n} seeds (the same rollouts, so "
-            "the comparison is paired).",
-            "",
-        ]
+        for n in tried:
+            row.append(cell(final(named.get(n)), base))
+        for n in ("f-jagg", "committed-f-jagg", *tried):
+            if final(named.get(n)) is not None:
+                gaps.setdefault(n, []).append(final(named[n]) - base)
+        lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "| run | seeds | mean gap ± SE | seeds below − 0.005 |", "|---|---|---|---|"]
+    for n, g in gaps.items():
+        se = statistics.stdev(g) / len(g) ** 0.5 if len(g) > 1 else float("nan")
+        lines.append(
+            f"| {n} | {len(g)} | {statistics.mean(g):+.3f} ± {se:.3f} | {sum(x < TARGET_GAP for x in g)} |"
+        )
     lines += [
-        "Times are each run's own: its training seconds over 70 × its own median exact-phase step (steps 2..K),",
-        "so a run that ran beside other work is measured against itself. Finals are deterministic on this CPU.",
         "",
+        "Time and spread of the exact-first runs: the time to f-exact's final (per seed, the first eval at or above",
+        "it, linearly interpolated) and the whole run, in units of 70 of the run's OWN exact steps (the median",
+        "`time/step` of steps 2..K), so a run beside other work is measured against itself; the batch reward",
+        "spread (std of a step's rewards) over the first and the last 10 steps.",
+        "",
+        "| run | seed | f-exact's final at | run time | JAGG step / exact step | spread first → last | f-exact's spread |",
+        "|---|---|---|---|---|---|---|",
     ]
+    for seed in sorted(seeds):
+        named = seeds[seed]
+        exact = named.get("f-exact", named["committed-f-exact"])
+        for n in tried:
+            r = named.get(n)
+            if r is None:
+                continue
+            t = r["time_to_f_exact_final_x"]
+            lines.append(
+                f"| {n} | {seed} | {'not reached' if t is None else f'{t:.2f}×'} | {r['run_time_x']:.2f}× | "
+                f"{r['jagg_step_s'] / r['exact_step_s']:.2f} | {r['spread'][0]:.3f} → {r['spread'][1]:.3f} | "
+                f"{exact['spread'][0]:.3f} → {exact['spread'][1]:.3f} |"
+            )
+    lines.append("")
     (out / "README.md").write_text("\n".join(lines), encoding="utf-8")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--runs", type=Path, required=True, help="the runs folder of the from{K}-seed{S} runs"
-    )
+    parser.add_argument("--runs", type=Path, nargs="+", required=True, help="runs folders of NAME-seedS runs")
     parser.add_argument("--out", type=Path, default=REPO / "reports" / "plateau-exact-first")
     args = parser.parse_args()
-    runs = measure(args.runs)
-    if not runs:
+    seeds = measure(args.runs)
+    if not seeds:
         raise SystemExit(
-            f"error: --runs: no finished from<K>-seed<S> run of seeds {sorted(REFERENCES)} in {args.runs}"
+            f"error: --runs: no finished NAME-seedS run of seeds {sorted(REFERENCES)} in {args.runs}"
         )
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "runs.json").write_text(json.dumps(runs, indent=1, default=float) + "\n", encoding="utf-8")
-    write_readme(args.out, runs)
+    kept = {
+        str(seed): {name: {k: v for k, v in row.items() if k != "elapsed"} for name, row in named.items()}
+        for seed, named in sorted(seeds.items())
+    }
+    (args.out / "runs.json").write_text(json.dumps(kept, indent=1, default=float) + "\n", encoding="utf-8")
+    write_readme(args.out, seeds)
     print((args.out / "README.md").read_text(encoding="utf-8"))
 
 
