@@ -151,6 +151,11 @@ def test_config_speedup_counts_the_control_variate_and_a_switch_to_exact():
     cfg.update(cv_frac=0.0, jagg_until_step=40)  # JAGG for 40 of 70 steps at 2×, exact after: 70 / (20 + 30)
     assert data.config_speedup(cfg, 1.8) == pytest.approx(1.4)
     assert data.switched_speedup(2.0, 70, None) == data.switched_speedup(2.0, 70, 70) == 2.0
+    # exact for 20 steps, JAGG for 50 at 2×: 70 / (20 + 25)
+    cfg.update(jagg_until_step=None, jagg_from_step=20)
+    assert data.config_speedup(cfg, 1.8) == pytest.approx(70 / 45)
+    cfg.update(jagg_until_step=40)  # exact, JAGG on steps 21-40, exact: 70 / (50 + 10)
+    assert data.config_speedup(cfg, 1.8) == pytest.approx(70 / 60)
     cfg["strategy"] = "exact"  # an exact run has no switch to make
     assert data.config_speedup(cfg, 1.8) == pytest.approx(1.0)
 

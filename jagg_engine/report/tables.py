@@ -56,11 +56,9 @@ def config_speedup(
             updates_per_rollout=int(config.get("updates_per_rollout", 1)),
             cv_frac=float(config.get("cv_frac") or 0.0),
         )
-        until, since = config.get("jagg_until_step"), config.get("jagg_from_step")
-        if (until, since) != (None, None) and config.get(
-            "strategy", "jagg"
-        ) == "jagg":  # exact outside a span
-            speedup = switched_speedup(speedup, int(config["steps"]), until, since)
+        span = config.get("jagg_until_step"), config.get("jagg_from_step")
+        if span != (None, None) and config.get("strategy", "jagg") == "jagg":  # exact outside the JAGG span
+            speedup = switched_speedup(speedup, int(config["steps"]), *span)
         return speedup if exact_config is None else speedup * trained_steps(exact_config) / steps
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None
