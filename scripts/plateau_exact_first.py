@@ -3,7 +3,7 @@
     # the runs (one per seed; 2 side by side on 2 cores take about 25 min):
     jagg train configs/tiny-shapes-cpu.yaml strategy=jagg jagg_from_step=K steps=70 eval_every=5 sample_every=0 \\
       checkpoint_every=0 seed=S cv_frac=0 jagg_until_step=null output_dir=DIR name=from{K}-seed{S}
-    # the table:
+    # the table (--runs: one or more runs folders; --report-only rebuilds README.md from the committed runs.json):
     python scripts/plateau_exact_first.py --runs DIR --out reports/plateau-exact-first
 
 On mode-toy the exact backward for the first third of the run and JAGG after ends level with exact, where JAGG
@@ -143,7 +143,8 @@ def write_readme(out: Path, seeds: dict[int, dict[str, Any]]) -> None:
         "# The exact backward first, JAGG after, on tiny-shapes (the plateau's early-loss reading at the shipped batch)",
         "",
         "Command: the module docstring of `scripts/plateau_exact_first.py` (the runs, then",
-        "`python scripts/plateau_exact_first.py --runs DIR --out reports/plateau-exact-first`).",
+        "`python scripts/plateau_exact_first.py --runs DIR --out reports/plateau-exact-first`; this README again",
+        "from the committed runs.json: `python scripts/plateau_exact_first.py --report-only`).",
         "`committed` are the committed races' f-exact and f-jagg of the same seed (lr 5e-5, 70 steps, the shipped",
         "batch): reports/race/switch (seeds 0, 1, 11) and reports/race/control-variate (seed 2). `this session`",
         "are the same configs rerun here beside the new runs, where there was time: the difference between the two",
@@ -174,6 +175,8 @@ def write_readme(out: Path, seeds: dict[int, dict[str, Any]]) -> None:
         for n in ("f-jagg", "committed-f-jagg", *tried):
             if final(named.get(n)) is not None:
                 gaps.setdefault(n, []).append(final(named[n]) - base)
+        jagg = named.get("f-jagg", named["committed-f-jagg"])  # this session's where rerun
+        gaps.setdefault("f-jagg (this session's where rerun, else committed)", []).append(final(jagg) - base)
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", "| run | seeds | mean gap ± SE | seeds below − 0.005 |", "|---|---|---|---|"]
     for n, g in gaps.items():
@@ -208,23 +211,44 @@ def write_readme(out: Path, seeds: dict[int, dict[str, Any]]) -> None:
     (out / "README.md").write_text("\n".join(lines), encoding="utf-8")
 
 
+def load(path: Path) -> dict[int, dict[str, Any]]:
+    """``runs.json`` back into :func:`measure`'s shape (JSON keys are text; seeds and steps are numbers)."""
+    seeds = json.loads(path.read_text(encoding="utf-8"))
+    return {
+        int(seed): {
+            n: {**row, "curve": {int(k): v for k, v in row["curve"].items()}} for n, row in named.items()
+        }
+        for seed, named in seeds.items()
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=Path, nargs="+", required=True, help="runs folders of NAME-seedS runs")
+    parser.add_argument("--runs", type=Path, nargs="+", help="runs folders of NAME-seedS runs")
     parser.add_argument("--out", type=Path, default=REPO / "reports" / "plateau-exact-first")
+    parser.add_argument("--report-only", action="store_true", help="rebuild README.md from <out>/runs.json")
     args = parser.parse_args()
-    seeds = measure(args.runs)
-    if not seeds:
-        raise SystemExit(
-            f"error: --runs: no finished NAME-seedS run of seeds {sorted(REFERENCES)} in {args.runs}"
+    if args.report_only:
+        write_readme(args.out, load(args.out / "runs.json"))
+    else:
+        if not args.runs:
+            raise SystemExit(
+                "error: --runs: give the runs folders (or --report-only to rebuild from runs.json)"
+            )
+        seeds = measure(args.runs)
+        if not seeds:
+            raise SystemExit(
+                f"error: --runs: no finished NAME-seedS run of seeds {sorted(REFERENCES)} in {args.runs}"
+            )
+        args.out.mkdir(parents=True, exist_ok=True)
+        kept = {
+            str(seed): {name: {k: v for k, v in row.items() if k != "elapsed"} for name, row in named.items()}
+            for seed, named in sorted(seeds.items())
+        }
+        (args.out / "runs.json").write_text(
+            json.dumps(kept, indent=1, default=float) + "\n", encoding="utf-8"
         )
-    args.out.mkdir(parents=True, exist_ok=True)
-    kept = {
-        str(seed): {name: {k: v for k, v in row.items() if k != "elapsed"} for name, row in named.items()}
-        for seed, named in sorted(seeds.items())
-    }
-    (args.out / "runs.json").write_text(json.dumps(kept, indent=1, default=float) + "\n", encoding="utf-8")
-    write_readme(args.out, seeds)
+        write_readme(args.out, seeds)
     print((args.out / "README.md").read_text(encoding="utf-8"))
 
 
