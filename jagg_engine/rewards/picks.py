@@ -255,21 +255,13 @@ class PicksReward:
         return votes, len([g for g in asked if g not in votes])
 
 
-@register_reward(
+# The class is the factory: its parameters are the reward's options (the check above refuses bad values first).
+register_reward(
     "picks",
     check=_check_picks,
     help="a person's picks in the studio (docs/picks.md); options picks_per_step (int | all), timeout_s, budget,"
     " voter, poll_s, l2",
-)
-def picks(
-    picks_per_step: int | str = 4,
-    timeout_s: float | None = 300.0,
-    budget: int | None = None,
-    voter: str = "owner",
-    poll_s: float = 0.5,
-    l2: float = 1.0,
-) -> PicksReward:
-    return PicksReward(picks_per_step, timeout_s, budget, voter, poll_s, l2)
+)(PicksReward)
 
 
 class Taste:
