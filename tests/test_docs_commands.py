@@ -131,7 +131,9 @@ cover("docs/picks.md", "checked", "waits for a person's votes (a run of minutes 
       " a picks run with a scripted person", 'jagg train configs/tiny-shapes-cpu.yaml "rewards={picks: 1.0}"'
       ' "reward_options={picks: {picks_per_step: 4, timeout_s: 300}}"')  # fmt: skip
 cover("docs/picks.md", "checked", "trains several runs (tens of minutes): its output is in reports/picks/",
-      "python scripts/bench_picks.py --out reports/picks")  # fmt: skip
+      "python scripts/bench_picks.py --out reports/picks",
+      "python scripts/bench_picks.py --budgets 100 300 --steps 75 --prompts-per-step 8 --group-size 8"
+      " --picks-per-step 4 --eval-prompts 40 --taste small --seed 0 --skip-votes-alone --out reports/picks/small-seed0")  # fmt: skip
 cover("docs/race.md", "synopsis", "the command's form (CONFIG, NAME and DIR stand for values)",
       "jagg race CONFIG --variant NAME:key=value,... [--variant ...] --seeds 0,1,2 --out DIR [key=value ...]",
       "jagg race --report-only --out DIR [--baseline NAME]")  # fmt: skip
