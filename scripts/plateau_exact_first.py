@@ -1,17 +1,20 @@
 """Tiny-shapes' plateau against runs that train by the exact backward first and by JAGG after (``jagg_from_step``).
 
-    # the runs (one per seed; 2 side by side on 2 cores take about 25 min):
+    # the runs (one per seed; two side by side on 2 cores, about 11 min each):
     jagg train configs/tiny-shapes-cpu.yaml strategy=jagg jagg_from_step=K steps=70 eval_every=5 sample_every=0 \\
       checkpoint_every=0 seed=S cv_frac=0 jagg_until_step=null output_dir=DIR name=from{K}-seed{S}
+    # optional, the same seeds' baselines rerun beside them (name=f-exact-seed{S} strategy=exact, f-jagg-seed{S})
     # the table (--runs: one or more runs folders; --report-only rebuilds README.md from the committed runs.json):
-    python scripts/plateau_exact_first.py --runs DIR --out reports/plateau-exact-first
+    python scripts/plateau_exact_first.py --runs DIR [DIR ...] --out reports/plateau-exact-first
 
 On mode-toy the exact backward for the first third of the run and JAGG after ends level with exact, where JAGG
 first and exact after does not (docs/method.md, "The plateau reproduced"): the loss is made early. This script
-puts each finished ``from{K}-seed{S}`` run of ``--runs`` beside the committed races' f-exact and f-jagg of the
-same seed (reports/race/switch for seeds 0, 1, 11 and reports/race/control-variate for seed 2: the same config,
-lr 5e-5, 70 steps, eval every 5; a run's first K steps reproduce f-exact's to the last digit, which the script
-checks) and writes ``<out>/runs.json`` (every curve) and ``<out>/README.md``:
+puts every finished ``NAME-seedS`` run of ``--runs`` (``from{K}``, and ``f-exact`` / ``f-jagg`` reruns) beside
+the committed races' f-exact and f-jagg of the same seed (reports/race/switch for seeds 0, 1, 11 and
+reports/race/control-variate for seed 2: the same config, lr 5e-5, 70 steps, eval every 5). A rerun of the same
+seed on another machine is not bitwise the committed run (its float kernels differ), so the gaps are measured
+against this session's f-exact where there is one, and the rerun's difference to the committed run is shown:
+what replication moves a final. Writes ``<out>/runs.json`` (every curve) and ``<out>/README.md``:
 
 - the final eval reward and its gap to f-exact; the target is a gap ≥ −0.005 on every seed;
 - the time to f-exact's final (per seed, the first eval at or above it, linearly interpolated), measured in
