@@ -155,9 +155,10 @@ class PicksReward:
         new = [((step, g), v["sample"], v["choice"]) for g, v in votes.items() if (step, g) not in self.used]
         for g in asked:
             self.model.add_group((step, g), groups[g])
+        every_vote = self.store.votes(self.run_id)
         late = [  # cast on an earlier step's group after that step went on without it: the model learns it now
             ((v["step"], v["group_index"]), v["sample"], v["choice"])
-            for v in self.store.votes(self.run_id)
+            for v in every_vote
             if v["voter"] == self.voter and v["step"] != step and (v["step"], v["group_index"]) in self.model.groups
             and (v["step"], v["group_index"]) not in self.used
         ]  # fmt: skip
@@ -172,7 +173,7 @@ class PicksReward:
             scores = scores.flatten()
         else:
             scores = self.model.scores(feats)
-        total = len(self.store.votes(self.run_id))
+        total = len(every_vote)
         wanted = (
             self.budget if self.budget is not None else (len(asked) * self.steps if self.steps else math.nan)
         )

@@ -310,16 +310,14 @@ class Trainer:
         # The step's sampler: under a sliding schedule its SDE window is a function of the step (a resumed run
         # continues the schedule); the update, the probe and routing read the same one.
         self.sampler = sampler_config(self.cfg, self.schedule, step)
-        if self.cfg.strategy == "jagg":  # jagg_from_step / jagg_until_step: this step's backward
-            strategy = "jagg" if self.cfg.jagg_at(step) else "exact"
-            if self.update.strategy != strategy:
-                cv_frac = self.cfg.cv_frac if strategy == "jagg" else 0.0
-                self.update = dataclasses.replace(self.update, strategy=strategy, cv_frac=cv_frac)
-                log.info(
-                    "step %d: %s from this step on",
-                    step,
-                    "JAGG" if strategy == "jagg" else "the exact backward",
-                )
+        planned = self.cfg.update_config(step)  # jagg_from_step / jagg_until_step: this step's backward
+        if self.update.strategy != planned.strategy:  # (keeping an auto-routed jagg_frac)
+            self.update = dataclasses.replace(self.update, strategy=planned.strategy, cv_frac=planned.cv_frac)
+            log.info(
+                "step %d: %s from this step on",
+                step,
+                "JAGG" if planned.strategy == "jagg" else "the exact backward",
+            )
         window = self.cfg.sde_window_at(step)
         sigma_start, sigma_end = window_sigmas(self.sampler)
         prompts, groups = self.step_prompts(step)
