@@ -122,6 +122,7 @@ TUNABLE = (
     "window",
     "jagg_frac",
     "cv_frac",  # at most the exact backward's cost (cv_frac = 1)
+    "far_credit",  # JAGG's cost either way
     "jagg_until_step",
     "jagg_from_step",
     "endpoint_backward",

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from .backbones.base import VelocityFn
-from .jagg import UpdateConfig, UpdateState, group_plan, interpolation_weights, jagg_alpha
+from .jagg import UpdateConfig, UpdateState, group_plan, group_shift, interpolation_weights, jagg_alpha
 from .sde import SamplerConfig, Trajectory
 
 
@@ -60,6 +60,9 @@ class InnerStep:
     a: torch.Tensor
     b: torch.Tensor
     b_rep: torch.Tensor | None = None  # J(z̃_{W−1})ᵀ s_j at a replica of the far state (``replicas``)
+    b_cross: torch.Tensor | None = (
+        None  # Σ_i J(z^{π(i)}_{W−1})ᵀ s_ij: another sample's far state (``cross_group``)
+    )
 
 
 @dataclass
@@ -112,12 +115,15 @@ def rollout_gradients(
     sampler: SamplerConfig,
     ref_model: VelocityFn | None = None,
     replicas: torch.Generator | None = None,
+    cross_group: int | None = None,
 ) -> RolloutGradients:
     """The exact and JAGG gradients of one rollout under ``update``'s grouping and routing (JAGG's own estimate:
     no control variate), and each inner step's c, a, b (:class:`InnerStep`). Every trained step is forwarded
     once with grad per micro-batch; g_exact = Σ_j c_j, g_jagg = Σ_ends c + Σ_inner (1 − α_j)·a_j + α_j·b_j
     (exact groups count c_j in both). ``replicas``: a generator; each inner step also gets b_rep, the far
-    endpoint's product at a replica of z_{W−1} (:func:`replica_far_velocity`)."""
+    endpoint's product at a replica of z_{W−1} (:func:`replica_far_velocity`). ``cross_group`` = G: each inner
+    step also gets b_cross, its credits at the far endpoint of the NEXT sample of the same group of G
+    (:func:`jagg_engine.jagg.group_shift`: the far credit of ``far_credit=cross``)."""
     update = dataclasses.replace(update, cv_frac=0.0)
     state = UpdateState(model, traj, advantages, update, sampler, ref_model, rollout_policy=False)
     plan = group_plan(traj.sde_steps, update)
@@ -127,6 +133,11 @@ def rollout_gradients(
     inner: dict[int, InnerStep] = {}
     for index in state.micro_batches():
         state.use_samples(index)
+        if cross_group and (index.start % cross_group or (index.stop - index.start) % cross_group):
+            raise ValueError(
+                f"micro_batch: the cross-fitted credit needs whole groups of {cross_group} in each micro-batch, "
+                f"got samples {index.start}-{index.stop - 1}"
+            )
         for g, (steps, kind) in enumerate(plan):
             vs = {j: state.forward([j], grad=True) for j in steps}  # (b, *S) each
             ss = {j: state.upstream(vs[j], j) for j in steps}
@@ -146,8 +157,18 @@ def rollout_gradients(
                 if j not in inner:  # summed over the micro-batches, as the gradients
                     zero = torch.zeros_like(c)
                     rep = None if replicas is None else zero.clone()
+                    cross = None if not cross_group else zero.clone()
                     inner[j] = InnerStep(
-                        g, j, float(traj.sigmas[j]), w, float(paper[k]), zero.clone(), zero.clone(), zero, rep
+                        g,
+                        j,
+                        float(traj.sigmas[j]),
+                        w,
+                        float(paper[k]),
+                        zero.clone(),
+                        zero.clone(),
+                        zero,
+                        rep,
+                        cross,
                     )
                 inner[j].c += c
                 inner[j].a += a
@@ -156,6 +177,8 @@ def rollout_gradients(
                     v_rep = replica_far_velocity(state, steps, k, vs[j], replicas)
                     inner[j].b_rep += _vjp(v_rep, ss[j], params)
                     del v_rep
+                if cross_group:
+                    inner[j].b_cross += _vjp(vs[steps[-1]], group_shift(ss[j], cross_group), params)
             del vs, ss
     return RolloutGradients(exact, jagg, [inner[j] for j in sorted(inner)])
 
@@ -212,6 +235,8 @@ class BiasAccumulator:
             vecs[f"{key}.u"], vecs[f"{key}.w"] = s.b - s.a, s.c - s.a
             if s.b_rep is not None:
                 vecs[f"{key}.x"] = s.b - s.b_rep  # the far credit's coupling to the step's own noise
+            if s.b_cross is not None:
+                vecs[f"{key}.y"] = s.b - s.b_cross  # what the cross-fitted far credit leaves out
         if not self.keys:
             self.keys = list(vecs)
         elif list(vecs) != self.keys:
@@ -260,6 +285,7 @@ class BiasAccumulator:
         gg = own[("E", "E")]  # mean ‖g_exact‖² of one rollout: resolved at any K, unlike ‖E g‖²
         out: dict[str, float] = {}
         replicas = all(f"{key}.x" in self.keys for key in self.steps)
+        cross = all(f"{key}.y" in self.keys for key in self.steps)
         for c in ALPHA_SCALES:
             d = {
                 k: v
@@ -282,6 +308,13 @@ class BiasAccumulator:
                 out[f"{name}.coupling_share_u"] = xx / gg
                 rep = dd - 2 * xd + xx  # ‖E(d − x)‖²
                 out[f"{name}.rel_bias_replica_u"] = math.sqrt(max(rep, 0.0) / ee) if ee > 0 else math.nan
+            if cross:  # far credits at another sample's far state: d_c − Σ_j c·α_j·y_j
+                y = {f"{key}.y": c * row["alpha_paper"] for key, row in self.steps.items()}
+                yy, yd = quad(y, y, u), quad(y, d, u)
+                xc = dd - 2 * yd + yy  # ‖E(d − y)‖²
+                out[f"{name}.rel_bias_cross_u"] = math.sqrt(max(xc, 0.0) / ee) if ee > 0 else math.nan
+                out[f"{name}.bias_share_cross_u"] = xc / gg
+                out[f"{name}.bias_along_cross_u"] = (ed - quad({"E": 1.0}, y, u)) / ee if ee > 0 else math.nan
         return out
 
     def _figures(self, groups: list[int]) -> dict[str, float]:
@@ -382,6 +415,9 @@ class BiasAccumulator:
                 "coupling_u",
                 "coupling_share_u",
                 "rel_bias_replica_u",
+                "rel_bias_cross_u",
+                "bias_share_cross_u",
+                "bias_along_cross_u",
             ):
                 key = f"c{c:g}.{name}"
                 if key in whole:

@@ -73,6 +73,7 @@ from .sde import SamplerConfig, Trajectory, compute_dtype, same_policy
 STRATEGIES = ROUTED_STRATEGIES  # exact | jagg | endpoint, the strategies the cost model routes
 ENDPOINT_BACKWARDS = ("joint", "sequential")
 REUSE_MODES = ("off", "auto")
+FAR_CREDITS = ("own", "cross")
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,14 @@ class UpdateConfig:
     cv_frac:           control variate (strategy jagg): the fraction p of the samples of each JAGG group whose
                        exact − JAGG correction is added, weighted B / m (module docstring); 0 = plain JAGG,
                        1 = the exact gradient; the draw comes from ``policy_update``'s ``generator``
+    far_credit:        own | cross (strategy jagg): where the inner steps' far credits α_j·s_ij go. own (the
+                       paper): sample i's far endpoint J(z^i_{W−1}), a state that holds the noise ε_ij those credits
+                       are correlated with. cross (cross-fitting): the far endpoint of the NEXT sample of i's group
+                       of ``group_size`` (:func:`group_shift`), a state drawn with other noise, so the pairing of
+                       ε_ij with a Jacobian that depends on it is gone; the endpoints' own credits stay their own.
+                       The same cost; equal to own where the group's samples share their states (and so exact
+                       under Theorem 1's condition). Needs whole groups in each micro-batch, no control variate.
+    group_size:        samples per group, consecutive in the batch (far_credit cross)
     reuse_rollout_velocity: auto | off. With auto, the inner steps of a JAGG group take v̂_j stored by the
                        rollout instead of a no-grad forward, when and only when (1) the caller says the
                        policy has not been written since the rollout (``policy_update``'s ``rollout_policy``;
@@ -117,6 +126,8 @@ class UpdateConfig:
     micro_batch: int | None = None
     cv_frac: float = 0.0
     alpha_scale: float = 1.0
+    far_credit: str = "own"
+    group_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -150,6 +161,22 @@ class UpdateConfig:
             raise ValueError(
                 f"cv_frac: only with strategy jagg (got strategy {self.strategy}); use cv_frac=0"
             )
+        if self.far_credit not in FAR_CREDITS:
+            raise ValueError(f"far_credit: must be one of {', '.join(FAR_CREDITS)}, got {self.far_credit!r}")
+        if self.far_credit == "cross":
+            G = self.group_size
+            if isinstance(G, bool) or not isinstance(G, int) or G < 2:
+                raise ValueError(f"far_credit: cross needs group_size >= 2 (samples of one prompt), got {G}")
+            if self.strategy != "jagg" or self.cv_frac > 0:
+                raise ValueError(
+                    f"far_credit: cross is a JAGG estimator without control variate, got strategy"
+                    f" {self.strategy} and cv_frac {self.cv_frac} (use far_credit=own)"
+                )
+            if self.micro_batch is not None and self.micro_batch % G:
+                raise ValueError(
+                    f"far_credit: cross needs whole groups in each micro-batch, a multiple of group_size {G};"
+                    f" got micro_batch {self.micro_batch}"
+                )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -186,6 +213,33 @@ def aggregate_upstream(s: torch.Tensor, alpha: torch.Tensor) -> tuple[torch.Tens
     """
     a = alpha.to(s.dtype).reshape(-1, *([1] * (s.dim() - 1)))  # (W, 1, …, 1)
     return ((1 - a) * s).sum(dim=0), (a * s).sum(dim=0)
+
+
+def group_shift(s: torch.Tensor, group: int) -> torch.Tensor:
+    """Each sample's rows moved to the NEXT sample of its group of ``group`` consecutive samples (the last to the
+    first): row i of the result is row π⁻¹(i) of ``s``, π(i) = g·G + (i − g·G + 1) mod G. The far endpoint of
+    sample π(i) thus receives sample i's credit (``far_credit = cross``). Shape: (B, *S) → (B, *S), B a multiple
+    of ``group``."""
+    B = s.shape[0]
+    if group < 2 or B % group:
+        raise ValueError(
+            f"far_credit: cross needs groups of >= 2 samples that divide the batch, got {B} and {group}"
+        )
+    return s.reshape(B // group, group, *s.shape[1:]).roll(1, dims=1).reshape(s.shape)
+
+
+def far_upstream(s: torch.Tensor, alpha: torch.Tensor, group: int | None = None) -> torch.Tensor:
+    """The far endpoint's upstream s_corr = Σ_j α_j·s_j (:func:`aggregate_upstream`), or with ``group`` = G the
+    cross-fitted one: the endpoints' own credits stay their own and each inner credit α_j·s_ij goes to the next
+    sample of i's group, s_corr = α_0·s_0 + α_{W−1}·s_{W−1} + Σ_{0<j<W−1} α_j·group_shift(s_j).
+    Shapes: s (W, B, *S), alpha (W,) → (B, *S)."""
+    a = alpha.to(s.dtype).reshape(-1, *([1] * (s.dim() - 1)))  # (W, 1, …, 1)
+    if group is None:
+        return (a * s).sum(dim=0)
+    out = a[0] * s[0] + a[-1] * s[-1]
+    for k in range(1, s.shape[0] - 1):
+        out = out + a[k] * group_shift(s[k], group)
+    return out
 
 
 def control_variate_count(batch: int, cv_frac: float) -> int:
@@ -483,12 +537,14 @@ class UpdateState:
         # Phases 1–2 for the inner steps: no-grad forwards (or the rollout's own v̂_j), upstream gradients.
         s_inner = [self.upstream(self.inner_velocity(j), j) for j in inner]  # W−2 × (B, *S)
         a_inner = alpha[1:-1]
+        cross = self.update.group_size if self.update.far_credit == "cross" else None
         if sequential:
             # s_base = s_0 + Σ_inner (1 − α_j) s_j, s_corr = Σ_inner α_j s_j + s_{W−1}  (α_0 = 0, α_{W−1} = 1)
-            for j, weights in ((first, 1 - a_inner), (last, a_inner)):
+            far = [s_j if cross is None else group_shift(s_j, cross) for s_j in s_inner]
+            for j, weights, credits in ((first, 1 - a_inner, s_inner), (last, a_inner, far)):
                 v = self.forward([j], grad=True)
                 s = self.upstream(v, j)
-                for w, s_j in zip(weights, s_inner):
+                for w, s_j in zip(weights, credits):
                     s = s + w * s_j
                 self.backward([v], [s])
             return
@@ -498,6 +554,8 @@ class UpdateState:
             [self.upstream(v_first, first), *s_inner, self.upstream(v_last, last)]
         )  # (W, B, *S)
         s_base, s_corr = aggregate_upstream(s_all, alpha)  # phase 3
+        if cross is not None:
+            s_corr = far_upstream(s_all, alpha, cross)
         self.backward([v_first, v_last], [s_base, s_corr])  # phase 4: ONE joint backward
 
     def control_variate_group(

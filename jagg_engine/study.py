@@ -79,6 +79,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         " splits JAGG's bias into the coupling to the step's own noise and the rest",
     )
     b.add_argument(
+        "--cross",
+        action="store_true",
+        help="also the far credit cross-fitted: each inner credit at the far state of the next sample of its"
+        " group (far_credit=cross), and that estimator's bias",
+    )
+    b.add_argument(
         "--eta", type=float, default=None, help="the SDE's noise level for the rollouts (default: the run's)"
     )
     b.add_argument("--runs-dir", default="runs", help="the runs folder")
@@ -311,7 +317,8 @@ def run_bias(args: argparse.Namespace) -> dict[str, Any]:
             total, _ = reward(model.decode(traj.latents[-1]), prompts)
         adv = group_advantages(total, groups, std=cfg.adv_std, clip=cfg.adv_clip)
         replicas = torch.Generator().manual_seed(cfg.seed * 1_000_003 + s) if args.replicas else None
-        acc.add(rollout_gradients(model, params, traj, adv.to(device), update, sampler, ref, replicas))
+        cross = cfg.group_size if args.cross else None
+        acc.add(rollout_gradients(model, params, traj, adv.to(device), update, sampler, ref, replicas, cross))
     trained = sampler.sde_steps()
     result = {
         "subject": f"run {run.id} step {step}",
@@ -326,6 +333,8 @@ def run_bias(args: argparse.Namespace) -> dict[str, Any]:
         "streams": [step + 1, step + args.rollouts],
         "eta": sampler.eta,
         "replicas": bool(args.replicas),
+        "cross": bool(args.cross),
+        "group_noise": cfg.group_noise,
         **acc.summary(),
     }
     lines = _bias_lines(result)
@@ -398,6 +407,7 @@ def _bias_lines(r: dict[str, Any]) -> list[str]:
         )
     if r.get("estimators"):
         replicas = "coupling_u" in r["estimators"][0]
+        cross = "rel_bias_cross_u" in r["estimators"][0]
         lines += [
             "",
             "JAGG at each alpha_scale c (the inner steps' far weight c·α_j; the same cost), unbiased ± jackknife SE;"
@@ -409,11 +419,20 @@ def _bias_lines(r: dict[str, Any]) -> list[str]:
                 " bias left with the far credit at a replica of that state"
                 if replicas
                 else ""
+            )
+            + (
+                "; cross = the estimator whose inner far credits go to the next sample of the group's far state"
+                " (far_credit=cross)"
+                if cross
+                else ""
             ),
             "",
             "| c | rel_bias | bias_along | noise | bias share |"
-            + (" coupling | coupling share | replica's rel_bias |" if replicas else ""),
-            "|---|---|---|---|---|" + ("---|---|---|" if replicas else ""),
+            + (" coupling | coupling share | replica's rel_bias |" if replicas else "")
+            + (" cross's rel_bias | cross's bias_along | cross's bias share |" if cross else ""),
+            "|---|---|---|---|---|"
+            + ("---|---|---|" if replicas else "")
+            + ("---|---|---|" if cross else ""),
         ]
         for e in r["estimators"]:
             line = (
@@ -422,6 +441,11 @@ def _bias_lines(r: dict[str, Any]) -> list[str]:
             )
             if replicas:
                 line += f" {pm('coupling_u', e)} | {pm('coupling_share_u', e, '.2e')} | {pm('rel_bias_replica_u', e)} |"
+            if cross:
+                line += (
+                    f" {pm('rel_bias_cross_u', e)} | {pm('bias_along_cross_u', e, '+.4f')} |"
+                    f" {pm('bias_share_cross_u', e, '.2e')} |"
+                )
             lines.append(line)
     return lines
 

@@ -25,6 +25,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs two pytest-xdist workers on a 2-core machine: one intra-op thread each, so that the two
+    # workers' OpenMP threads do not spin against each other (subprocesses the tests start keep their own)
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """One intra-op thread for the module's tests: the CPU is shared, and two spinning OpenMP threads on two

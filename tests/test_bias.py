@@ -243,11 +243,11 @@ def test_study_bias_replicas_and_eta(shapes_run: Path, tmp_path: Path, capsys) -
     out = tmp_path / "bias"
     code, text, _ = jagg(
         capsys, "study", "bias", "--runs-dir", str(shapes_run), "--run", "1", "--step", "2", "--rollouts", "3",
-        "--replicas", "--eta", "0.3", "--json", "--out", str(out),
+        "--replicas", "--cross", "--eta", "0.3", "--json", "--out", str(out),
     )  # fmt: skip
     assert code == 0, text
     result = json.loads(text, parse_constant=_not_json)
-    assert result["eta"] == 0.3 and result["replicas"] is True
+    assert result["eta"] == 0.3 and result["replicas"] is True and result["cross"] is True
     rows = result["estimators"]
     assert [r["alpha_scale"] for r in rows] == [0.0, 0.25, 0.5, 0.75, 1.0]
     assert rows[0]["coupling_u"] == 0.0  # c = 0 puts nothing at the far endpoint
@@ -255,7 +255,11 @@ def test_study_bias_replicas_and_eta(shapes_run: Path, tmp_path: Path, capsys) -
     header = (
         "| c | rel_bias | bias_along | noise | bias share | coupling | coupling share | replica's rel_bias |"
     )
-    assert header in (out / "bias-run1-step2.md").read_text()
+    assert (
+        header + " cross's rel_bias | cross's bias_along | cross's bias share |"
+        in (out / "bias-run1-step2.md").read_text()
+    )
+    assert all("rel_bias_cross_u" in r and "bias_share_cross_u" in r for r in rows)
     assert all("bias_share_u" in r and "coupling_share_u" in r for r in rows)
     code, text7, _ = jagg(
         capsys, "study", "bias", "--runs-dir", str(shapes_run), "--run", "1", "--step", "2", "--rollouts", "3",
@@ -286,6 +290,61 @@ def test_the_replica_coupling_vanishes_where_the_jacobian_ignores_z() -> None:
         for step in r.inner:
             gap = float((step.b - step.b_rep).norm() / step.b.norm())
             assert (gap <= 1e-12) if vanishes else (gap > 1e-3)
+
+
+def test_the_estimator_table_finds_the_cross_fitted_bias():
+    """One inner step (α = 0.5) whose cross-fitted far credit b_cross has its own mean: the cross estimator at
+    alpha_scale c' deviates by c'·α·(E b_cross − E a) − (E c − E a), i.e. JAGG's deviation minus c'·α·E(b − b_cross)."""
+    P, K, noise, alpha = 200, 400, 0.05, 0.5
+    g = torch.Generator().manual_seed(5)
+    mu, ea, eb, ecross = (torch.randn(P, generator=g, dtype=F64) for _ in range(4))
+    mu = mu / mu.norm()
+    ea, eb, ecross = (0.5 * v / v.norm() for v in (ea, eb, ecross))
+    ec = ea + 0.5 * (ecross - ea) + 0.05 * torch.randn(P, generator=g, dtype=F64) / math.sqrt(P)
+    acc = BiasAccumulator()
+    for _ in range(K):
+        n = lambda: noise * torch.randn(P, generator=g, dtype=F64)  # noqa: E731
+        exact, a, b, c = mu + n(), ea + n(), eb + n(), ec + n()
+        step = InnerStep(0, 1, 0.9, alpha, alpha, c, a, b, b_cross=ecross + n())
+        acc.add(RolloutGradients(exact, exact + alpha * (b - a) - (c - a), [step]))
+    rows = {row["alpha_scale"]: row for row in acc.summary()["estimators"]}
+    for scale, row in rows.items():
+        d = scale * alpha * (ecross - ea) - (ec - ea)
+        assert abs(row["rel_bias_cross_u"] - float(d.norm())) <= 4 * row["rel_bias_cross_u_se"] + 1e-3
+        assert abs(row["bias_along_cross_u"] - float(d @ mu)) <= 4 * row["bias_along_cross_u_se"] + 1e-3
+        gg = 1.0 + noise**2 * P
+        assert abs(row["bias_share_cross_u"] - float(d @ d) / gg) <= 4 * row["bias_share_cross_u_se"] + 1e-3
+    # at c' = 1 the cross credit is the exact one but for 0.05 of noise: its bias is small, JAGG's is not
+    assert rows[1.0]["rel_bias_cross_u"] < 0.2 < rows[1.0]["rel_bias_u"]
+
+
+def test_the_cross_credit_is_the_engine_s_far_credit() -> None:
+    """b_cross of every inner step is what far_credit=cross puts at the far endpoint: JAGG's gradient rebuilt
+    from the pieces with b_cross in place of b is the engine's cross-fitted gradient (policy_update)."""
+    from test_jagg import flat_grad, zero
+
+    from jagg_engine.backbones.linear_toy import LinearToy
+    from jagg_engine.bias import rollout_gradients
+    from jagg_engine.jagg import UpdateConfig, policy_update
+    from jagg_engine.sde import SamplerConfig, rollout
+
+    model = LinearToy(train_a=True)
+    sampler = SamplerConfig(num_steps=6, eta=0.7, sde_window=(0, 4))
+    g = torch.Generator().manual_seed(0)
+    traj = rollout(model, None, torch.randn(6, 16, generator=g, dtype=F64), sampler, generator=g)
+    adv = torch.randn(6, generator=g, dtype=F64)
+    params = model.trainable_parameters()
+    r = rollout_gradients(model, params, traj, adv, UpdateConfig(window=4), sampler, cross_group=3)
+    rebuilt = r.jagg + sum(s.alpha * (s.b_cross - s.b) for s in r.inner)
+    zero(params)
+    policy_update(model, traj, adv, UpdateConfig(window=4, far_credit="cross", group_size=3), sampler)
+    engine = flat_grad(params)
+    assert float((rebuilt - engine).norm() / engine.norm()) <= 1e-10
+    assert float((r.jagg - engine).norm() / engine.norm()) > 1e-3
+    with pytest.raises(ValueError, match="^micro_batch: the cross-fitted credit needs whole groups of 4"):
+        rollout_gradients(
+            model, params, traj, adv, UpdateConfig(window=4, micro_batch=4), sampler, cross_group=4
+        )
 
 
 @pytest.mark.parametrize(

@@ -261,6 +261,13 @@ class TrainConfig(ConfigChecks):
         " jagg): 1 = the paper's interpolation; 0 = every inner step credited to the near endpoint, whose state"
         " holds none of the window's injected noise. The same cost at every value.",
     )
+    far_credit: str = _f(
+        "own",
+        "Strategy jagg: where the inner steps' far credits go. own (the paper): each sample's far endpoint, a"
+        " state that holds the noise those credits are correlated with; cross (cross-fitting): the far endpoint"
+        " of the next sample of the same group, drawn with other noise. The same cost; needs whole groups in"
+        " each micro-batch, updates_per_rollout 1 and cv_frac 0.",
+    )
     jagg_from_step: int | None = _f(
         None,
         "Strategy jagg: the exact backward of the same window up to and including this training step, then JAGG"
@@ -477,13 +484,17 @@ class TrainConfig(ConfigChecks):
         from jagg_engine.jagg import UpdateConfig  # lazy: the engine module is owned elsewhere
 
         if step is not None and self.strategy == "jagg" and not self.jagg_at(step):
-            return dataclasses.replace(self.update_config(), strategy="exact", cv_frac=0.0)
+            return dataclasses.replace(
+                self.update_config(), strategy="exact", cv_frac=0.0, far_credit="own", group_size=None
+            )
         return UpdateConfig(
             strategy=self.strategy,
             window=self.window,
             jagg_frac=self.jagg_frac,
             cv_frac=self.cv_frac,
             alpha_scale=self.alpha_scale,
+            far_credit=self.far_credit,
+            group_size=self.group_size if self.far_credit == "cross" else None,
             endpoint_backward=self.endpoint_backward,
             reuse_rollout_velocity=self.reuse_rollout_velocity,
             micro_batch=self.train_micro_batch,

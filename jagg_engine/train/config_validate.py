@@ -34,6 +34,7 @@ from jagg_engine.train.config_parse import (
 ALGORITHMS = SDE_KINDS.keys()
 STRATEGIES = ("exact", "jagg", "endpoint")
 ENDPOINT_BACKWARDS = ("joint", "sequential")
+FAR_CREDITS = ("own", "cross")  # jagg_engine.jagg.FAR_CREDITS, without torch
 ADV_STDS = ("group", "global", "centered", "group-unbiased")  # jagg_engine.grpo.ADV_STDS, without torch
 SCHEDULES = ("pipeline", "shifted-linear")
 PRECISIONS = ("fp32", "bf16")
@@ -305,6 +306,26 @@ class ConfigChecks:
                 f"alpha_scale: weighs JAGG's endpoints; needs strategy jagg, got strategy {self.strategy!r}"
                 " (use alpha_scale=1)"
             )
+        _one_of("far_credit", self.far_credit, FAR_CREDITS)
+        if self.far_credit == "cross":
+            why = (
+                f"strategy {self.strategy!r}"
+                if self.strategy != "jagg"
+                else f"cv_frac {self.cv_frac}"
+                if self.cv_frac > 0
+                else f"updates_per_rollout {self.updates_per_rollout} (mini-batches split groups)"
+                if self.updates_per_rollout > 1
+                else f"group_size {self.group_size}"
+                if self.group_size < 2
+                else f"train_micro_batch {self.train_micro_batch}, not a multiple of group_size {self.group_size}"
+                if self.train_micro_batch is not None and self.train_micro_batch % self.group_size
+                else None
+            )
+            if why:
+                raise ConfigError(
+                    "far_credit: cross needs strategy jagg, cv_frac 0, updates_per_rollout 1, group_size >= 2 and"
+                    f" whole groups in each micro-batch; got {why} (use far_credit=own)"
+                )
         if self.jagg_until_step is not None and self.strategy != "jagg":
             raise ConfigError(
                 f"jagg_until_step: switches from jagg to exact; needs strategy jagg, got strategy {self.strategy!r}"
