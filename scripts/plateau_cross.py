@@ -23,7 +23,6 @@ their spread is shown: what replication moves a final. Writes ``<out>/runs.json`
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -42,6 +41,7 @@ from plateau_exact_first import (  # noqa: E402
     load,
     reference,
     summary,
+    write_runs,
 )
 
 from jagg_engine.store import open_store  # noqa: E402
@@ -170,14 +170,7 @@ def main() -> None:
             raise SystemExit(
                 f"error: --runs: no finished {args.variant}-seedS run of seeds {sorted(REFERENCES)} in {args.runs}"
             )
-        args.out.mkdir(parents=True, exist_ok=True)
-        kept = {
-            str(seed): {name: {k: v for k, v in row.items() if k != "elapsed"} for name, row in named.items()}
-            for seed, named in sorted(seeds.items())
-        }
-        (args.out / "runs.json").write_text(
-            json.dumps(kept, indent=1, default=float) + "\n", encoding="utf-8"
-        )
+        write_runs(args.out, seeds)
         write_readme(args.out, seeds, args.variant)
     print((args.out / "README.md").read_text(encoding="utf-8"))
 

@@ -225,6 +225,16 @@ def load(path: Path) -> dict[int, dict[str, Any]]:
     }
 
 
+def write_runs(out: Path, seeds: dict[int, dict[str, Any]]) -> None:
+    """``<out>/runs.json``: every run's row by seed (its cumulative times left out), read back by :func:`load`."""
+    out.mkdir(parents=True, exist_ok=True)
+    kept = {
+        str(seed): {name: {k: v for k, v in row.items() if k != "elapsed"} for name, row in named.items()}
+        for seed, named in sorted(seeds.items())
+    }
+    (out / "runs.json").write_text(json.dumps(kept, indent=1, default=float) + "\n", encoding="utf-8")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=Path, nargs="+", help="runs folders of NAME-seedS runs")
@@ -243,14 +253,7 @@ def main() -> None:
             raise SystemExit(
                 f"error: --runs: no finished NAME-seedS run of seeds {sorted(REFERENCES)} in {args.runs}"
             )
-        args.out.mkdir(parents=True, exist_ok=True)
-        kept = {
-            str(seed): {name: {k: v for k, v in row.items() if k != "elapsed"} for name, row in named.items()}
-            for seed, named in sorted(seeds.items())
-        }
-        (args.out / "runs.json").write_text(
-            json.dumps(kept, indent=1, default=float) + "\n", encoding="utf-8"
-        )
+        write_runs(args.out, seeds)
         write_readme(args.out, seeds)
     print((args.out / "README.md").read_text(encoding="utf-8"))
 
