@@ -43,15 +43,9 @@ import torch
 from .backbones import BACKBONES
 from .backbones.base import VelocityFn, default_prompts
 from .cost import BENCH_STRATEGIES, cost_model_speedup
+from .credit import aggregate_upstream, interpolation_weights
 from .devices import default_dtype, resolve_device
-from .jagg import (
-    UpdateConfig,
-    UpdateResult,
-    UpdateState,
-    aggregate_upstream,
-    interpolation_weights,
-    policy_update,
-)
+from .jagg import UpdateConfig, UpdateResult, UpdateState, policy_update
 from .sde import SamplerConfig, Trajectory, rollout
 from .streams import torch_stream
 

@@ -42,7 +42,8 @@ from typing import Any
 import torch
 
 from .backbones.base import VelocityFn
-from .jagg import UpdateConfig, UpdateState, group_plan, group_shift, interpolation_weights, jagg_alpha
+from .credit import group_shift, interpolation_weights, jagg_alpha
+from .jagg import UpdateConfig, UpdateState, group_plan
 from .sde import SamplerConfig, Trajectory
 
 
@@ -123,7 +124,7 @@ def rollout_gradients(
     (exact groups count c_j in both). ``replicas``: a generator; each inner step also gets b_rep, the far
     endpoint's product at a replica of z_{W−1} (:func:`replica_far_velocity`). ``cross_group`` = G: each inner
     step also gets b_cross, its credits at the far endpoint of the NEXT sample of the same group of G
-    (:func:`jagg_engine.jagg.group_shift`: the far credit of ``far_credit=cross``)."""
+    (:func:`jagg_engine.credit.group_shift`: the far credit of ``far_credit=cross``)."""
     update = dataclasses.replace(update, cv_frac=0.0)
     state = UpdateState(model, traj, advantages, update, sampler, ref_model, rollout_policy=False)
     plan = group_plan(traj.sde_steps, update)

@@ -40,6 +40,7 @@ sys.path.insert(0, str(REPO))
 
 from jagg_engine import jagg as J  # noqa: E402
 from jagg_engine.backbones import build_backbone  # noqa: E402
+from jagg_engine.credit import aggregate_upstream, jagg_alpha  # noqa: E402
 from jagg_engine.sde import SamplerConfig, rollout  # noqa: E402
 from jagg_engine.store import open_store  # noqa: E402
 from jagg_engine.train.config import load_config  # noqa: E402
@@ -53,14 +54,14 @@ PLAIN_JAGG = J.UpdateState.jagg_group
 
 def zhat_group(state: J.UpdateState, steps: list[int], sequential: bool) -> None:
     first, last = steps[0], steps[-1]
-    alpha = J.jagg_alpha(state.traj.sigmas[steps], state.update.alpha_scale)
+    alpha = jagg_alpha(state.traj.sigmas[steps], state.update.alpha_scale)
     lat, sig = state.traj.latents, state.traj.sigmas
     v = {j: state.forward([j], grad=False) for j in steps}
     z_hat = lat[last]
     for k in steps[:-1]:
         mean = state.sampler.step(v[k], lat[k], k, sig, prev_sample=lat[k + 1]).mean
         z_hat = z_hat - (lat[k + 1] - mean)
-    s_base, s_corr = J.aggregate_upstream(torch.stack([state.upstream(v[j], j) for j in steps]), alpha)
+    s_base, s_corr = aggregate_upstream(torch.stack([state.upstream(v[j], j) for j in steps]), alpha)
     z = torch.cat([lat[first], z_hat])
     t = torch.cat([state.t(first), state.t(last)])
     out = state.model(z, t, J.cat_cond([state.traj.cond, state.traj.cond]))

@@ -9,7 +9,8 @@ from test_jagg import F64, flat_grad, jagg_by_definition, rel_err, sde_rollout, 
 from jagg_engine.backbones.flux_core import TinyFlux
 from jagg_engine.backbones.linear_toy import LinearToy
 from jagg_engine.cost import make_groups
-from jagg_engine.jagg import UpdateConfig, jagg_alpha, policy_update, run_single_group
+from jagg_engine.credit import jagg_alpha
+from jagg_engine.jagg import UpdateConfig, policy_update, run_single_group
 from jagg_engine.sde import SamplerConfig
 from jagg_engine.train.config import ConfigError, load_config
 

@@ -14,14 +14,13 @@ from jagg_engine.backbones.flux_core import TinyFlux
 from jagg_engine.backbones.gauss_toy import GaussToy
 from jagg_engine.backbones.linear_toy import LinearToy
 from jagg_engine.cost import cost_model_speedup, group_cost, predicted_speedup
-from jagg_engine.jagg import (
-    UpdateConfig,
+from jagg_engine.credit import (
     aggregate_upstream,
     control_variate_count,
     control_variate_draw,
     control_variate_upstream,
-    policy_update,
 )
+from jagg_engine.jagg import UpdateConfig, policy_update
 from jagg_engine.sde import SamplerConfig, rollout
 
 F64 = torch.float64

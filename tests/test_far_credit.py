@@ -9,14 +9,9 @@ from test_jagg import F64, flat_grad, rel_err, sde_rollout, zero
 from jagg_engine.backbones.flux_core import TinyFlux
 from jagg_engine.backbones.linear_toy import LinearToy
 from jagg_engine.cost import make_groups
+from jagg_engine.credit import far_upstream, group_shift, interpolation_weights
 from jagg_engine.grpo import ppo_clip_loss
-from jagg_engine.jagg import (
-    UpdateConfig,
-    far_upstream,
-    group_shift,
-    interpolation_weights,
-    policy_update,
-)
+from jagg_engine.jagg import UpdateConfig, policy_update
 from jagg_engine.sde import SamplerConfig
 from jagg_engine.train.config import ConfigError, load_config
 

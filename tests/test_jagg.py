@@ -8,15 +8,9 @@ import torch
 from jagg_engine.backbones.flux_core import TinyFlux
 from jagg_engine.backbones.linear_toy import LinearToy
 from jagg_engine.cost import make_groups, num_routed_groups
+from jagg_engine.credit import aggregate_upstream, interpolation_weights
 from jagg_engine.grpo import ppo_clip_loss
-from jagg_engine.jagg import (
-    UpdateConfig,
-    aggregate_upstream,
-    group_plan,
-    interpolation_weights,
-    policy_update,
-    run_single_group,
-)
+from jagg_engine.jagg import UpdateConfig, group_plan, policy_update, run_single_group
 from jagg_engine.sde import SamplerConfig, Trajectory, make_sigmas, rollout
 
 F64 = torch.float64
@@ -494,7 +488,7 @@ def test_reuse_rollout_velocity_on_policy_equals_jagg_and_saves_forwards():
 
 
 def test_auto_jagg_frac_leading_groups_above_threshold():
-    from jagg_engine.jagg import auto_jagg_frac
+    from jagg_engine.credit import auto_jagg_frac
 
     assert auto_jagg_frac([0.9, 0.8, 0.75], 0.7) == 1.0
     assert auto_jagg_frac([0.9, 0.6, 0.95], 0.7) == pytest.approx(
@@ -528,7 +522,7 @@ class LateNonlinearToy(torch.nn.Module):
 
 @pytest.mark.parametrize("model, expected", [(LinearToy(), 1.0), (LateNonlinearToy(), 2 / 3)])
 def test_auto_routing_from_the_probe(model, expected):
-    from jagg_engine.jagg import auto_jagg_frac
+    from jagg_engine.credit import auto_jagg_frac
     from jagg_engine.probe import probe_groups
 
     sampler = SamplerConfig(num_steps=12)

@@ -43,8 +43,9 @@ from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
 from jagg_engine.bias import LiveBias
+from jagg_engine.credit import auto_jagg_frac
 from jagg_engine.grpo import group_advantages
-from jagg_engine.jagg import UpdateResult, auto_jagg_frac, policy_update, reuse_steps
+from jagg_engine.jagg import UpdateResult, policy_update, reuse_steps
 from jagg_engine.probe import probe_groups
 from jagg_engine.rewards.registry import WeightedReward
 from jagg_engine.sde import SamplerConfig, Trajectory, eval_noise, ode_sample, rollout

@@ -20,7 +20,8 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list, gather_object
 
 import jagg_engine.train.trainer as trainer_mod
-from jagg_engine.jagg import auto_jagg_frac, policy_update
+from jagg_engine.jagg import policy_update
+from jagg_engine.credit import auto_jagg_frac
 from jagg_engine.probe import probe_groups
 from jagg_engine.sde import Trajectory
 from jagg_engine.store import open_store
