@@ -7,6 +7,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
+TEST_WORKERS ?= 2  # pytest-xdist workers (whole files per worker); 0 runs the suite in one process
 BIN := $(VENV)/bin
 
 .PHONY: demo probe test lint docs results browser bench-ui clean
@@ -43,7 +44,7 @@ browser:
 	fi
 
 test: $(VENV)/.installed browser lint docs
-	HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 GRADIO_ANALYTICS_ENABLED=False $(BIN)/python -m pytest
+	HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 GRADIO_ANALYTICS_ENABLED=False $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # The page's timing figures (ms from a control's input to the redrawn plot, from a link to its view), in headless
 # Chromium: a benchmark, not a test (a busy machine slows every figure); its output is reports/app/bench-ui.json.
