@@ -20,9 +20,16 @@ from jagg_engine.train.config import ConfigError, TrainConfig
 
 # The New run form's inputs, in the order of form_config's parameters (the API's parameter names).
 FORM_FIELDS = ("name", "backbone", "model_path", "rewards", "algorithm", "window", "jagg_frac", "cv_frac",
-               "jagg_until_step", "strategy", "steps", "group_size", "lr", "seed", "processes", "overrides")  # fmt: skip
+               "jagg_until_step", "strategy", "steps", "group_size", "lr", "seed", "processes", "overrides",
+               "picks_timeout_s")  # fmt: skip
 # The form's box for jagg_until_step shows 0 for "no switch" (a number box cannot stay empty), the config null.
 NO_SWITCH = 0
+# The picks reward's wait for votes (reward_options.picks.timeout_s) has a box of its own, last in the form so that
+# a caller of the API that gives the fields before it keeps working. 0 in it is the option's null: no timeout, the
+# run waits for every asked group's vote. The box writes the option only when it differs from the reward's default
+# (PicksReward's timeout_s, restated here without torch), and the more-settings box wins over it.
+PICKS_TIMEOUT_DEFAULT = 300.0
+NO_TIMEOUT = 0
 
 
 # The New run form's boxes whose label (app.layout.new_run_tab) starts with other words than the config key they
@@ -33,6 +40,7 @@ FORM_LABELS = {
     "jagg_until_step": "JAGG until step",
     "group_size": "group size",
     "overrides": "more settings",
+    "picks_timeout_s": "picks: wait for votes (s)",
 }
 
 
@@ -203,13 +211,14 @@ def form_config(
     seed: float,
     processes: float,
     overrides: str,
+    picks_timeout_s: float | None = PICKS_TIMEOUT_DEFAULT,
     space_mode: bool = False,
 ) -> TrainConfig:
     """The form's values → a validated TrainConfig; raises ConfigError with the one-line message. With
     ``space_mode`` the result must also pass :func:`app.space.check_space_config` (caps, no paths)."""
     cfg = form_fields_config(
         name, backbone, model_path, rewards, algorithm, window, jagg_frac, cv_frac, jagg_until_step, strategy,
-        steps, group_size, lr, seed, processes, overrides,
+        steps, group_size, lr, seed, processes, overrides, picks_timeout_s,
     )  # fmt: skip
     if space_mode:  # every field, form or override, before the app sets its own output_dir
         check_space_config(cfg)
@@ -228,6 +237,16 @@ def form_fields_config(*form: Any) -> TrainConfig:
         if size > OVERRIDES_MAX_BYTES:  # before any parsing (the overrides box holds YAML)
             raise ConfigError(f"{key}: {size:,} bytes is over the limit of {OVERRIDES_MAX_BYTES:,} bytes")
     overrides = values.pop("overrides")
+    picks_timeout = values.pop("picks_timeout_s")
+    if (
+        isinstance(picks_timeout, bool)
+        or not isinstance(picks_timeout, (int, float))
+        or not picks_timeout >= 0
+    ):
+        raise ConfigError(
+            f"picks_timeout_s: must be a number of seconds >= 0 ({NO_TIMEOUT} = wait for every vote),"
+            f" got {brief(picks_timeout)}"
+        )
     values.update(
         name=(values["name"] or "").strip() or values["backbone"],
         model_path=(values["model_path"] or "").strip() or None,
@@ -237,7 +256,13 @@ def form_fields_config(*form: Any) -> TrainConfig:
     for key, value in values.items():
         if value is None and key not in ("model_path", "jagg_until_step"):
             raise ConfigError(f"{key}: must not be empty")
-    return TrainConfig.from_dict(values).apply_overrides(parse_overrides(overrides))
+    cfg = TrainConfig.from_dict(values).apply_overrides(parse_overrides(overrides))
+    picks = cfg.reward_options.get("picks", {})
+    if "picks" in cfg.rewards and "timeout_s" not in picks and picks_timeout != PICKS_TIMEOUT_DEFAULT:
+        timeout = None if picks_timeout == NO_TIMEOUT else float(picks_timeout)
+        options = {**cfg.reward_options, "picks": {**picks, "timeout_s": timeout}}
+        cfg = TrainConfig.from_dict({**cfg.to_dict(), "reward_options": options})
+    return cfg
 
 
 # Fields the app sets itself, never carried from one run to another by Duplicate.
@@ -250,9 +275,19 @@ def config_form_values(config: Mapping[str, Any]) -> list[Any]:
     of the overrides box. Raises ConfigError if the config does not load or the values would not rebuild it."""
     cfg = TrainConfig.from_dict({k: v for k, v in config.items() if k not in APP_FIELDS})
     mine, default = cfg.to_dict(), TrainConfig().to_dict()
+    shown = dict(mine)  # what the boxes show: the picks timeout moves to its box where the box can say it
+    picks_timeout = PICKS_TIMEOUT_DEFAULT
+    picks = dict(mine["reward_options"].get("picks", {}))
+    timeout = picks.get("timeout_s", PICKS_TIMEOUT_DEFAULT)
+    if "picks" in mine["rewards"] and (timeout is None or timeout > 0) and timeout != PICKS_TIMEOUT_DEFAULT:
+        picks_timeout = NO_TIMEOUT if timeout is None else timeout
+        del picks["timeout_s"]
+        shown["reward_options"] = {k: v for k, v in mine["reward_options"].items() if k != "picks"}
+        if picks:
+            shown["reward_options"]["picks"] = picks
     extra = [
         f"{key}={override_text(value)}"
-        for key, value in mine.items()
+        for key, value in shown.items()
         if key not in FORM_FIELDS and key not in APP_FIELDS and value != default[key]
     ]
     values = [
@@ -262,9 +297,10 @@ def config_form_values(config: Mapping[str, Any]) -> list[Any]:
         ", ".join(f"{name}: {_number(weight)}" for name, weight in mine["rewards"].items()),
         *(
             NO_SWITCH if mine[key] is None and key == "jagg_until_step" else mine[key]
-            for key in FORM_FIELDS[4:-1]
+            for key in FORM_FIELDS[4:-2]
         ),
         "\n".join(extra),
+        picks_timeout,
     ]
     rebuilt = form_fields_config(*values).to_dict()
     lost = [k for k in mine if k not in APP_FIELDS and rebuilt[k] != mine[k]]

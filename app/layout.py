@@ -13,7 +13,7 @@ from typing import Any
 import gradio as gr
 
 from app import data, metrics, panels, samples, showcase
-from app.form import NO_SWITCH, OVERRIDES_EXAMPLE
+from app.form import NO_SWITCH, NO_TIMEOUT, OVERRIDES_EXAMPLE, PICKS_TIMEOUT_DEFAULT
 from app.space import CAPS, OWNER_PASSWORD_ENV, SPACE_REWARDS, SpaceLimits
 from jagg_engine.train.config import ALGORITHMS, STRATEGIES, TrainConfig
 
@@ -150,6 +150,11 @@ def new_run_tab(backbones: Sequence[str], space: bool, r0: float, note: str) -> 
         )
         algorithm = gr.Dropdown(list(ALGORITHMS), value=defaults.algorithm, label="algorithm")
         strategy = gr.Dropdown(list(STRATEGIES), value=defaults.strategy, label="strategy")
+        picks_timeout_s = gr.Number(
+            value=PICKS_TIMEOUT_DEFAULT,
+            label="picks: wait for votes (s)",
+            info=f"the picks reward only: then on with its model; {NO_TIMEOUT} = wait for every vote",
+        )
     # The whole-number fields keep what was typed (no precision=0, which rounds 2.5 to 2 in gradio's
     # preprocess): the config refuses a fraction in one line naming the field.
     with gr.Row():
@@ -183,7 +188,7 @@ def new_run_tab(backbones: Sequence[str], space: bool, r0: float, note: str) -> 
     # Text, not gr.Number: a number box shows 0 before any run (gradio's frontend fills an empty one with 0).
     launched_id = gr.Textbox(label="launched run id", interactive=False, lines=1, max_lines=1)
     form = [name, backbone, model_path, rewards, algorithm, window, jagg_frac, cv_frac, jagg_until_step, strategy,
-            steps, group_size, lr, seed, processes, overrides]  # fmt: skip
+            steps, group_size, lr, seed, processes, overrides, picks_timeout_s]  # fmt: skip
     return SimpleNamespace(**locals())
 
 

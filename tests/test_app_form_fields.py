@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app import ui
+from app import form, ui
 from app.form import FORM_FIELDS, FORM_LABELS, form_config, form_name, speedup_note
 
 FIELDS = {"window": "W (window)", "steps": "steps", "group_size": "group size", "seed": "seed"}
@@ -94,3 +94,57 @@ def test_a_fraction_out_of_range_is_refused_not_clamped(demo, key, typed):
         assert message == f"**Not launched.** {key}: must be a number in [0, 1], got {float(typed)}", message
         assert run_id is None
     assert demo.jagg_manager.store.list_runs() == []
+
+
+def _picks_form(demo, **changes) -> dict:
+    _, values = _form(demo)
+    return {**values, "rewards": "picks: 1", "steps": 2, **changes}
+
+
+def test_the_picks_wait_box_sets_the_rewards_timeout_and_more_settings_wins(demo):
+    """The box "picks: wait for votes (s)" writes reward_options.picks.timeout_s (0: null, wait for every vote)
+    when it differs from the reward's default; a run without picks ignores it; a more-settings line that sets the
+    option wins over the box."""
+    from jagg_engine.rewards.picks import PicksReward
+
+    assert PicksReward(voter="x").timeout_s == form.PICKS_TIMEOUT_DEFAULT  # the app restates it without torch
+
+    def options(**changes) -> dict:
+        return form_config(demo.jagg_runs_dir, *_picks_form(demo, **changes).values()).reward_options
+
+    assert options(picks_timeout_s=60) == {"picks": {"timeout_s": 60.0}}
+    assert options(picks_timeout_s=form.NO_TIMEOUT) == {"picks": {"timeout_s": None}}
+    assert options() == {}  # the default: the reward's own
+    assert options(rewards="shapes-dense: 1", picks_timeout_s=60) == {}
+    box = "reward_options={picks: {timeout_s: 5, picks_per_step: 2}}"
+    assert options(picks_timeout_s=60, overrides=box) == {"picks": {"timeout_s": 5, "picks_per_step": 2}}
+    box = "reward_options={picks: {picks_per_step: 2}}"
+    assert options(picks_timeout_s=0, overrides=box) == {"picks": {"picks_per_step": 2, "timeout_s": None}}
+
+
+@pytest.mark.parametrize("typed", [-1, None, "soon"])
+def test_a_bad_picks_wait_is_refused_in_one_line_naming_the_box(demo, typed):
+    fn, _ = _form(demo)
+    message, run_id, _ = fn.fn(*_picks_form(demo, picks_timeout_s=typed).values(), None)
+    assert message.startswith(
+        "**Not launched.** picks: wait for votes (s) (picks_timeout_s): must be a number of seconds >= 0"
+        " (0 = wait for every vote), got "
+    ), message
+    assert "\n" not in message and run_id is None
+    assert demo.jagg_manager.store.list_runs() == []
+
+
+@pytest.mark.parametrize("timeout, box", [(None, 0), (60.0, 60.0), (300.0, 300.0), (0.0, 300.0)])
+def test_duplicate_of_a_picks_run_gives_its_wait_back(demo, timeout, box):
+    """Duplicate shows a picks run's timeout in its box where the box can say it (null as 0, any other time but
+    the default); a timeout of 0 s (do not wait) and an explicit default stay in more settings. Either way the
+    form rebuilds the same config."""
+    from app.form import config_form_values, form_fields_config
+    from jagg_engine.train.config import TrainConfig
+
+    options = {"picks": {"timeout_s": timeout, "picks_per_step": 2}}
+    config = TrainConfig(rewards={"picks": 1.0}, reward_options=options).to_dict()
+    values = dict(zip(FORM_FIELDS, config_form_values(config), strict=True))
+    assert values["picks_timeout_s"] == box
+    assert ("timeout_s" in values["overrides"]) == (box == form.PICKS_TIMEOUT_DEFAULT)
+    assert form_fields_config(*values.values()).to_dict() == config

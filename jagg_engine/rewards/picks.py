@@ -32,6 +32,7 @@ Only one process asks (config validation refuses ``picks`` with ``processes`` > 
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import time
@@ -50,14 +51,14 @@ log = logging.getLogger("jagg.picks")
 WAITING = "waiting for your picks"
 
 
-def _check_picks(
-    picks_per_step: int | str = 4,
-    timeout_s: float | None = 300.0,
-    budget: int | None = None,
-    voter: str = "owner",
-    poll_s: float = 0.5,
-    l2: float = 1.0,
-) -> None:
+def _check_picks(**options: Any) -> None:
+    """The picks options' values (names are checked by the config against :class:`PicksReward`'s parameters,
+    whose defaults fill the options not given)."""
+    bound = inspect.signature(PicksReward).bind(**options)
+    bound.apply_defaults()
+    picks_per_step, timeout_s, budget, voter, poll_s, l2 = (
+        bound.arguments[k] for k in ("picks_per_step", "timeout_s", "budget", "voter", "poll_s", "l2")
+    )
     if picks_per_step != "all" and (
         isinstance(picks_per_step, bool) or not isinstance(picks_per_step, int) or picks_per_step < 1
     ):
