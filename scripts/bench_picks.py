@@ -177,18 +177,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--taste", choices=sorted(TASTES), default="big")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-votes-alone", action="store_true")
+    p.add_argument(
+        "--skip-model", action="store_true", help="no preference-model run (e.g. votes-alone only)"
+    )
     p.add_argument("--skip-control", action="store_true")
+    p.add_argument("--skip-ceiling", action="store_true", help="no run trained on the taste directly")
     p.add_argument("--out", type=Path, default=REPO / "reports" / "picks")
     args = p.parse_args(argv)
     picks = "{{picks_per_step: {k}, budget: {b}, timeout_s: 600, poll_s: 0.1}}"
-    runs = [
-        run_one(
-            "ceiling",
-            ["rewards={taste: 1.0}", f"reward_options={{taste: {{taste: {args.taste}}}}}"],
-            args,
-            False,
+    runs = []
+    if not args.skip_ceiling:
+        runs.append(
+            run_one(
+                "ceiling",
+                ["rewards={taste: 1.0}", f"reward_options={{taste: {{taste: {args.taste}}}}}"],
+                args,
+                False,
+            )
         )
-    ]
     other = "big" if args.taste == "red" else "red"
     if not args.skip_control:
         runs.append(
@@ -200,17 +206,18 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     for b in args.budgets:
-        runs.append(
-            run_one(
-                f"model-{b}",
-                [
-                    "rewards={picks: 1.0}",
-                    "reward_options={picks: " + picks.format(k=args.picks_per_step, b=b) + "}",
-                ],
-                args,
-                True,
+        if not args.skip_model:
+            runs.append(
+                run_one(
+                    f"model-{b}",
+                    [
+                        "rewards={picks: 1.0}",
+                        "reward_options={picks: " + picks.format(k=args.picks_per_step, b=b) + "}",
+                    ],
+                    args,
+                    True,
+                )
             )
-        )
         if not args.skip_votes_alone:
             runs.append(
                 run_one(
@@ -220,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
                     True,
                 )
             )
+    if not runs:
+        p.error("every run was skipped")
     starts = {round(r["taste_start"], 6) for r in runs}
     none = {
         "run": "none",
