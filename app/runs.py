@@ -253,7 +253,9 @@ class RunManager:
             return self.store.delete_run(run_id, delete_files=delete_files)
 
     def resuming(self) -> list[int]:
-        """Runs resumed by this app whose trainer is starting (alive, not yet marked running)."""
+        """Runs resumed by this app whose trainer is starting (alive, not yet marked running). A trainer that
+        took the run over has recorded its pid in it: once it has, the run is no longer starting, also when it
+        was cancelled (or failed) again before this was asked, its process still exiting."""
         with self._lock:
             for run_id in list(self._resuming):
                 proc = self._children.get(run_id)
@@ -263,6 +265,7 @@ class RunManager:
                     or proc.poll() is not None
                     or run is None
                     or run["status"] not in ("failed", "cancelled")
+                    or run["pid"] == proc.pid
                 ):
                     self._resuming.discard(run_id)
             return sorted(self._resuming)

@@ -237,7 +237,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from jagg_engine.store import CorruptIndexError
 
         if is_disk_full(exc):  # a write that did not fit: one line naming it, as a failed run's error reads
-            print(f"jagg {args.command}: error: disk full: {disk_full_path(exc, '?')}", file=sys.stderr)
+            where = disk_full_path(exc, "") or " ".join(f"? ({type(exc).__name__}: {exc})".split())
+            print(f"jagg {args.command}: error: disk full: {where}", file=sys.stderr)
             return 1
         if not isinstance(exc, CorruptIndexError):
             raise

@@ -57,10 +57,12 @@ def test_two_resumes_at_once_and_resume_pressed_twice_one_trains_the_run_ends_fi
     message = loser.stderr.read()
     lines = message.strip().splitlines()
     assert loser.returncode == 2 and len(lines) == 1 and "Traceback" not in message, message
+    # refused by the folder's lock, or, where the winner had already marked the run running before the
+    # loser read it (a busy machine), by the run's status: either way one line, and the run is not started twice
     assert (
         lines[0].startswith("jagg train: error: run 1: another trainer holds ")
         and "; not started" in lines[0]
-    )
+    ) or lines[0] == "jagg train: error: run 1: status is running; allowed: failed, cancelled", lines[0]
     # the winner takes the folder's lock first and marks the run running just after: wait for the mark
     assert wait_for(lambda: store.get_run(1)["status"] == "running"), store.get_run(1)
     assert store.get_run(1)["pid"] == winner.pid
@@ -138,3 +140,38 @@ def test_three_apps_on_one_runs_folder_start_each_of_50_queued_runs_once(tmp_pat
     assert wait_for(lambda: all(store.get_run(i)["status"] == "finished" for i in ids), timeout=60)
     starts = [int(line.split()[0]) for line in (tmp_path / "starts.log").read_text().splitlines()]
     assert sorted(starts) == ids  # every run started exactly once: 0 double starts
+
+
+CANCELLED_AT_ONCE = """
+import os, sys, time
+from jagg_engine.store import open_store
+run_id, runs_dir = int(sys.argv[1]), sys.argv[2]
+store = open_store(runs_dir)
+store.set_status(run_id, "running", pid=os.getpid())
+store.set_status(run_id, "cancelled")
+time.sleep(3)  # a trainer's exit takes a while after its final status (a busy machine)
+"""
+
+
+def test_a_resumed_run_cancelled_again_resumes_while_its_last_trainer_is_still_exiting(tmp_path):
+    """A resumed trainer that took the run over (its pid recorded) is no longer "starting", even when the run
+    was cancelled again before the app looked and the process has not exited yet: the next Resume starts the
+    run instead of answering "already resuming"."""
+    store = open_store(tmp_path)
+    run_id, _ = store.create_run_folder("toy", {}, launcher="app")
+    store.set_status(run_id, "running", pid=1)
+    store.set_status(run_id, "cancelled")
+    fake = [sys.executable, "-c", CANCELLED_AT_ONCE]
+    manager = RunManager(
+        tmp_path, resume_command=lambda run_id, runs_dir: [*fake, str(run_id), str(runs_dir)]
+    )
+    assert manager.resume(run_id).startswith(f"run {run_id}: resuming from its last checkpoint")
+    first = manager._children[run_id]
+    assert wait_for(lambda: store.get_run(run_id)["pid"] == first.pid)
+    assert store.get_run(run_id)["status"] == "cancelled" and first.poll() is None  # still exiting
+    assert manager.resume(run_id).startswith(f"run {run_id}: resuming from its last checkpoint")
+    second = manager._children[run_id]
+    assert second.pid != first.pid
+    assert wait_for(lambda: store.get_run(run_id)["pid"] == second.pid)
+    for proc in (first, second):
+        proc.wait(timeout=60)
