@@ -3,6 +3,7 @@ exact, and through the real Trainer in the combinations users make."""
 
 import pytest
 import torch
+from test_control_variate_trainer import COMBOS as TRAINER_COMBOS
 from test_control_variate_trainer import gradients_of_steps, make_trainer
 from test_jagg import F64, flat_grad, jagg_by_definition, rel_err, sde_rollout, zero
 
@@ -81,14 +82,7 @@ def test_alpha_scale_zero_is_exact_where_the_jacobian_is_constant(kind):
     assert rel_err(g["jagg"], g["exact"]) <= 1e-9
 
 
-COMBOS = [
-    [],
-    ["train_micro_batch=4", "updates_per_rollout=2"],
-    ["sde_window_schedule=sliding", "sde_window_end=5", "window_shift_every=1", "group_noise=shared"],
-    ["algorithm=dance", "reuse_rollout_velocity=off"],
-    ["algorithm=cps", "sampling_steps=9", "sde_window_end=8"],
-]
-IDS = ["fixed-reuse", "micro-mini-batches", "sliding-shared-noise", "dance-no-reuse", "cps-two-windows"]
+COMBOS, IDS = list(TRAINER_COMBOS.values()), list(TRAINER_COMBOS)
 
 
 @pytest.mark.parametrize("combo", COMBOS, ids=IDS)

@@ -50,17 +50,34 @@ def gradients_of_steps(trainer: Trainer, steps: list[int]) -> list[list[torch.Te
     return seen
 
 
-@pytest.mark.parametrize(
-    "combo",
-    [
-        [],
-        ["train_micro_batch=4", "updates_per_rollout=2"],
-        ["sde_window_schedule=sliding", "sde_window_end=5", "window_shift_every=1", "group_noise=shared"],
-        ["algorithm=dance", "reuse_rollout_velocity=off"],
-        ["algorithm=cps", "sampling_steps=9", "sde_window_end=8"],
-    ],
-    ids=["fixed-reuse", "micro-mini-batches", "sliding-shared-noise", "dance-no-reuse", "cps-two-windows"],
-)
+# The combinations users make, as overrides of SMALL_FLUX: the control variate's, alpha_scale's, the cross-fitted
+# credit's and jagg_from_step's trainer tests run through them.
+COMBOS = {
+    "fixed-reuse": [],
+    "micro-mini-batches": ["train_micro_batch=4", "updates_per_rollout=2"],
+    "sliding-shared-noise": ["sde_window_schedule=sliding", "sde_window_end=5", "window_shift_every=1",
+                             "group_noise=shared"],
+    "dance-no-reuse": ["algorithm=dance", "reuse_rollout_velocity=off"],
+    "cps-two-windows": ["algorithm=cps", "sampling_steps=9", "sde_window_end=8"],
+}  # fmt: skip
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+def resumed_after(trainer: Trainer, tmp_path, name: str, *overrides: str) -> Trainer:
+    """A fresh trainer of ``overrides`` given ``trainer``'s weights and optimizer state, as a resume loads them."""
+    import copy
+
+    fresh = make_trainer(tmp_path, name, *overrides)
+    fresh.model.load_state_dict(copy.deepcopy(trainer.model.state_dict()))
+    fresh.optimizer.load_state_dict(copy.deepcopy(trainer.optimizer.state_dict()))
+    fresh.policy_writes += 1  # as load_checkpoint: the weights were written
+    return fresh
+
+
+@pytest.mark.parametrize("combo", list(COMBOS.values()), ids=list(COMBOS))
 def test_cv_frac_one_trains_with_the_exact_gradient(tmp_path, combo):
     exact = make_trainer(tmp_path, "exact", "strategy=exact", *combo)
     cv = make_trainer(tmp_path, "cv", "strategy=jagg", "cv_frac=1.0", *combo)
@@ -95,16 +112,10 @@ def test_draws_come_from_their_own_stream_of_seed_step_and_rank(tmp_path):
 def test_a_run_with_a_control_variate_replays_its_steps_after_a_resume(tmp_path):
     """Steps 1–2 in one trainer, and step 2 in a fresh trainer given the weights and optimizer state after step
     1 (what a resume loads): the same weights — the draws depend on (seed, step, rank) only."""
-    import copy
-
     whole = make_trainer(tmp_path, "whole", "cv_frac=0.5")
     m1 = whole.train_step(1)
-    saved = copy.deepcopy((whole.model.state_dict(), whole.optimizer.state_dict()))
+    resumed = resumed_after(whole, tmp_path, "resumed", "cv_frac=0.5")
     whole.train_step(2)
-    resumed = make_trainer(tmp_path, "resumed", "cv_frac=0.5")
-    resumed.model.load_state_dict(saved[0])
-    resumed.optimizer.load_state_dict(saved[1])
-    resumed.policy_writes += 1  # as load_checkpoint: the weights were written
     resumed.train_step(2)
     for p, q in zip(whole.params, resumed.params):
         torch.testing.assert_close(p, q, rtol=0, atol=0)
@@ -160,6 +171,27 @@ def test_jagg_from_step_trains_by_the_exact_backward_first_then_by_jagg(tmp_path
     assert (m2["count/backward"], m2["count/cv_pairs"]) == (1.0, 6.0)
     state = trainer.optimizer.state_dict()["state"]
     assert all(float(s["step"]) == 2 for s in state.values())
+
+
+@pytest.mark.parametrize("combo", list(COMBOS.values()), ids=list(COMBOS))
+def test_jagg_from_step_is_the_exact_run_then_the_jagg_run_and_resumes_bit_for_bit(tmp_path, combo):
+    """jagg_from_step = 1 through each combination: step 1 applies the exact run's gradient (1e-6); step 2,
+    from the same weights and optimizer state, the JAGG run's; a trainer resumed after step 1 ends step 2 on
+    the same weights, bit for bit."""
+    switch = make_trainer(tmp_path, "from", "jagg_from_step=1", *combo)
+    exact = make_trainer(tmp_path, "exact", "strategy=exact", *combo)
+    g_switch, g_exact = gradients_of_steps(switch, [1]), gradients_of_steps(exact, [1])
+    assert len(g_switch) == len(g_exact) >= 1
+    assert all(rel(a, b) <= 1e-6 for a, b in zip(g_switch, g_exact))
+    jagg = resumed_after(switch, tmp_path, "jagg", *combo)
+    resumed = resumed_after(switch, tmp_path, "resumed", "jagg_from_step=1", *combo)
+    exact_2 = resumed_after(switch, tmp_path, "exact-2", "strategy=exact", *combo)
+    g_switch, g_jagg, g_exact = (gradients_of_steps(t, [2]) for t in (switch, jagg, exact_2))
+    assert all(rel(a, b) <= 1e-6 for a, b in zip(g_switch, g_jagg))
+    assert all(rel(a, b) > 1e-3 for a, b in zip(g_switch, g_exact))  # step 2 is JAGG's, not exact's
+    resumed.train_step(2)
+    for p, q in zip(switch.params, resumed.params):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
 
 
 def test_a_jagg_span_between_from_and_until_is_what_the_run_trains(tmp_path):

@@ -3,6 +3,7 @@ fitting), against plain autograd, where it is exact, and through the real Traine
 
 import pytest
 import torch
+from test_control_variate_trainer import COMBOS as TRAINER_COMBOS
 from test_control_variate_trainer import gradients_of_steps, make_trainer
 from test_jagg import F64, flat_grad, rel_err, sde_rollout, zero
 
@@ -135,14 +136,9 @@ def test_update_config_refusals(update, line):
         UpdateConfig(**update)
 
 
-COMBOS = [
-    [],
-    ["train_micro_batch=3"],
-    ["sde_window_schedule=sliding", "sde_window_end=5", "window_shift_every=1", "group_noise=shared"],
-    ["algorithm=dance", "reuse_rollout_velocity=off"],
-    ["algorithm=cps", "sampling_steps=9", "sde_window_end=8"],
-]
-IDS = ["fixed-reuse", "micro-batches", "sliding-shared-noise", "dance-no-reuse", "cps-two-windows"]
+# the trainer combinations, with whole groups of 3 in each micro-batch and no mini-batches (they split groups)
+CROSS_COMBOS = {**TRAINER_COMBOS, "micro-mini-batches": ["train_micro_batch=3"]}
+COMBOS, IDS = list(CROSS_COMBOS.values()), [k.replace("micro-mini", "micro") for k in CROSS_COMBOS]
 
 
 @pytest.mark.parametrize("combo", COMBOS, ids=IDS)
