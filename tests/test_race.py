@@ -397,3 +397,32 @@ def test_the_paired_table_counts_seeds_below_and_averages_the_batch_spread():
     assert (p["spread_first"], p["spread_last"]) == pytest.approx((0.41, 0.48))
     assert "| jagg | -0.0200 ± 0.0300 | 1/2 | 0.410 → 0.480 |" in markdown_table(s)
     assert "paired" not in summarise(curves, "exact")["variants"][1]
+
+
+def test_the_best_eval_table_tells_a_variant_that_peaked_sooner_from_one_that_peaked_lower():
+    """A variant that reaches the baseline's best sooner and then declines, as the baseline does later, ends
+    below it but has its best level with it; one whose best is lower is below in both tables."""
+    from jagg_engine.race.summary import best_eval, markdown_table
+
+    steps, times = (0, 10, 20, 30), (0.0, 10.0, 20.0, 30.0)
+    assert best_eval(Curve(steps, times, (0.1, 0.9, 0.9, 0.5))) == (0.9, 10)  # the first step with the best
+
+    def curves(*runs: tuple[float, ...]) -> dict[int, Curve]:
+        return {seed: Curve(steps, times, values) for seed, values in enumerate(runs)}
+
+    race = {
+        "exact": curves((0.1, 0.5, 0.9, 0.8), (0.1, 0.6, 0.8, 0.8)),
+        "sooner": curves((0.1, 0.9, 0.7, 0.6), (0.1, 0.8, 0.7, 0.6)),  # the same bests, at step 10
+        "lower": curves((0.1, 0.6, 0.7, 0.7), (0.1, 0.6, 0.7, 0.75)),
+    }
+    spreads = {name: {0: (0.4, 0.4), 1: (0.4, 0.4)} for name in race}
+    s = summarise(race, "exact", spreads)
+    sooner, lower = (v["paired"] for v in s["variants"][1:])
+    assert sooner["final_gap_mean"] == pytest.approx(-0.2) and sooner["seeds_below"] == 2
+    assert sooner["best_gap_mean"] == pytest.approx(0.0) and sooner["best_seeds_below"] == 0
+    assert sooner["best_step_median"] == 10 and s["variants"][0]["paired"]["best_step_median"] == 20
+    assert lower["best_gap_mean"] == pytest.approx(-0.125) and lower["best_seeds_below"] == 2
+    table = markdown_table(s)
+    assert "| sooner | +0.0000 ± 0.0000 | 0/2 | 10 |" in table
+    assert "| lower | -0.1250 ± 0.0750 | 2/2 | 25 |" in table
+    assert "| exact | +0.0000 | — | 20 |" in table

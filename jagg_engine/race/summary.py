@@ -107,27 +107,61 @@ def batch_spread(frame: Any) -> tuple[float, float] | None:
     return statistics.fmean(values[:n]), statistics.fmean(values[-n:])
 
 
+def best_eval(curve: Curve) -> tuple[float, int]:
+    """A run's best eval and the first eval step that has it: the checkpoint a user who keeps the best one
+    ends with. A run that gains and then declines has its best before its final."""
+    value, step = max(zip(curve.values, (-s for s in curve.steps)))
+    return value, -step
+
+
+def _gaps(
+    values: Mapping[int, float], base: Mapping[int, float]
+) -> tuple[dict[int, float], float | None, float | None]:
+    """Per-seed differences against the baseline, their mean and its standard error over seeds."""
+    common = sorted(set(values) & set(base))
+    gaps = {seed: values[seed] - base[seed] for seed in common}
+    got = list(gaps.values())
+    se = statistics.stdev(got) / math.sqrt(len(got)) if len(got) > 1 else None
+    return gaps, (statistics.fmean(got) if got else None), se
+
+
 def paired(
-    finals: Mapping[int, float], base_finals: Mapping[int, float], spreads: Mapping[int, tuple[float, float]]
+    finals: Mapping[int, float],
+    base_finals: Mapping[int, float],
+    spreads: Mapping[int, tuple[float, float]],
+    bests: Mapping[int, tuple[float, int]] | None = None,
+    base_bests: Mapping[int, tuple[float, int]] | None = None,
 ) -> dict[str, Any]:
     """A variant against the baseline seed by seed: the final eval's difference (mean, its standard error
     over seeds, the seeds below the baseline's final), and the batch reward spread at the start and the end
-    (seed means): the signature of a run that stops learning while its samples grow apart."""
-    common = sorted(set(finals) & set(base_finals))
-    gaps = {seed: finals[seed] - base_finals[seed] for seed in common}
-    values = list(gaps.values())
-    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
+    (seed means): the signature of a run that stops learning while its samples grow apart. With ``bests``
+    (seed → :func:`best_eval`), the same for the best eval and the median step of it: a variant that ends
+    below the baseline only because it peaked earlier and declined, as every variant may, has its best level."""
+    gaps, mean, se = _gaps(finals, base_finals)
     got = [spreads[s] for s in sorted(spreads)]
-    return {
+    out = {
         "final_gap_per_seed": {str(k): v for k, v in gaps.items()},
-        "final_gap_mean": statistics.fmean(values) if values else None,
+        "final_gap_mean": mean,
         "final_gap_se": se,
-        "seeds_below": sum(v < 0 for v in values),
-        "seeds_paired": len(values),
+        "seeds_below": sum(v < 0 for v in gaps.values()),
+        "seeds_paired": len(gaps),
         "spread_first": statistics.fmean(a for a, _ in got) if got else None,
         "spread_last": statistics.fmean(b for _, b in got) if got else None,
         "spread_per_seed": {str(k): list(v) for k, v in spreads.items()},
     }
+    if bests is not None and base_bests is not None:
+        gaps, mean, se = _gaps(
+            {k: v for k, (v, _) in bests.items()}, {k: v for k, (v, _) in base_bests.items()}
+        )
+        out.update(
+            best_gap_per_seed={str(k): v for k, v in gaps.items()},
+            best_gap_mean=mean,
+            best_gap_se=se,
+            best_seeds_below=sum(v < 0 for v in gaps.values()),
+            best_step_per_seed={str(k): step for k, (_, step) in bests.items()},
+            best_step_median=statistics.median(step for _, step in bests.values()) if bests else None,
+        )
+    return out
 
 
 def summarise(
@@ -150,6 +184,7 @@ def summarise(
     level, base_time = base_mean.values[-1], base_mean.times[-1]
     base_final_time = {seed: c.times[-1] for seed, c in curves[baseline].items() if c.steps}
     base_finals = {seed: c.values[-1] for seed, c in curves[baseline].items() if c.steps}
+    base_bests = {seed: best_eval(c) for seed, c in curves[baseline].items() if c.steps}
     results = []
     for name, per_seed in curves.items():
         per_seed = {seed: c for seed, c in per_seed.items() if c.steps}
@@ -180,7 +215,8 @@ def summarise(
         if spreads is not None:
             finals = {seed: c.values[-1] for seed, c in per_seed.items()}
             kept = {seed: v for seed, v in spreads.get(name, {}).items() if seed in per_seed}
-            results[-1]["paired"] = paired(finals, base_finals, kept)
+            bests = {seed: best_eval(c) for seed, c in per_seed.items()}
+            results[-1]["paired"] = paired(finals, base_finals, kept, bests, base_bests)
     start = base_mean.values[0] if base_mean.steps[0] == 0 else None
     return {
         "baseline": baseline,
@@ -249,6 +285,7 @@ def markdown_table(summary: Mapping[str, Any]) -> str:
             f"| variant | final − {base}'s | seeds below | reward spread: first → last |",
             "|---|---|---|---|",
         ]
+        best_rows = []
         for r in rows:
             pr = r["paired"]
             gap = "—" if pr["final_gap_mean"] is None else f"{pr['final_gap_mean']:+.4f}"
@@ -259,4 +296,21 @@ def markdown_table(summary: Mapping[str, Any]) -> str:
             )
             below = "—" if r["baseline"] else f"{pr['seeds_below']}/{pr['seeds_paired']}"
             lines.append(f"| {r['variant']} | {gap} | {below} | {spread} |")
+            if pr.get("best_gap_mean") is not None:
+                best = f"{pr['best_gap_mean']:+.4f}"
+                if pr["best_gap_se"] is not None and not r["baseline"]:
+                    best += f" ± {pr['best_gap_se']:.4f}"
+                below = "—" if r["baseline"] else f"{pr['best_seeds_below']}/{pr['seeds_paired']}"
+                best_rows.append(f"| {r['variant']} | {best} | {below} | {pr['best_step_median']:g} |")
+        if best_rows:
+            lines += [
+                "",
+                f"The best eval of each run (the checkpoint kept by one who keeps the best), against {base}'s seed by"
+                f" seed: a variant that ends below {base} only because it peaked sooner and then declined has its"
+                " best level with it.",
+                "",
+                f"| variant | best − {base}'s best | seeds below | step of the best: median |",
+                "|---|---|---|---|",
+                *best_rows,
+            ]
     return "\n".join(lines) + "\n"
