@@ -473,7 +473,7 @@ def test_a_pair_is_validated_as_a_pair_before_either_run_is_queued(studio):
     values = {**dict(zip(form.FORM_FIELDS, [None] * len(form.FORM_FIELDS)))}
     values.update(name="p", backbone="tiny-shapes", model_path="", rewards="shapes-dense: 1", algorithm="flow-grpo",
                   window=4, jagg_frac=1.0, cv_frac=0.0, jagg_until_step=0, strategy="jagg", steps=2, group_size=4, lr=1e-4, seed=0, processes=1,
-                  overrides="probe_every=2")  # fmt: skip
+                  overrides="probe_every=2", picks_timeout_s=form.PICKS_TIMEOUT_DEFAULT)  # fmt: skip
     message, run_id, _ = _handler(demo, "compare_exact_jagg")(*values.values(), None)  # no request
     assert message == (
         "**Not launched.** the pair's exact run: probe_every: probes compare JAGG with exact; needs strategy "
