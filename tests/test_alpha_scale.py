@@ -5,9 +5,8 @@ import pytest
 import torch
 from test_control_variate_trainer import COMBOS as TRAINER_COMBOS
 from test_control_variate_trainer import gradients_of_steps, make_trainer
-from test_jagg import F64, flat_grad, jagg_by_definition, rel_err, sde_rollout, zero
+from test_jagg import F64, flat_grad, flux64_rollout, jagg_by_definition, rel_err, sde_rollout, zero
 
-from jagg_engine.backbones.flux_core import TinyFlux
 from jagg_engine.backbones.linear_toy import LinearToy
 from jagg_engine.cost import make_groups
 from jagg_engine.credit import jagg_alpha
@@ -25,11 +24,7 @@ def test_jagg_alpha_scales_the_inner_weights_only():
 
 @pytest.fixture(scope="module")
 def tiny_flux64():
-    model = TinyFlux(dtype=F64)
-    cond = model.encode_prompts(["a red circle", "a blue square", "a cat", "a dog"])
-    sampler = SamplerConfig(num_steps=8, shift=3.0)
-    traj, adv = sde_rollout(model, sampler, cond=cond, perturb=0.01)
-    return model, traj, adv, sampler
+    return flux64_rollout(["a red circle", "a blue square", "a cat", "a dog"])
 
 
 @pytest.mark.parametrize("scale", [0.0, 0.5])

@@ -5,13 +5,11 @@ import pytest
 import torch
 from test_control_variate_trainer import COMBOS as TRAINER_COMBOS
 from test_control_variate_trainer import gradients_of_steps, make_trainer
-from test_jagg import F64, flat_grad, rel_err, sde_rollout, zero
+from test_jagg import F64, flat_grad, flux64_rollout, rel_err, sde_rollout, velocities_and_upstreams, zero
 
-from jagg_engine.backbones.flux_core import TinyFlux
 from jagg_engine.backbones.linear_toy import LinearToy
 from jagg_engine.cost import make_groups
 from jagg_engine.credit import far_upstream, group_shift, interpolation_weights
-from jagg_engine.grpo import ppo_clip_loss
 from jagg_engine.jagg import UpdateConfig, policy_update
 from jagg_engine.sde import SamplerConfig
 from jagg_engine.train.config import ConfigError, load_config
@@ -38,13 +36,7 @@ def cross_by_definition(model, traj, adv, sampler, clip_range, steps, group):
     """The cross-fitted surrogate of one group written out with plain autograd and explicit indices:
     Σ_i v̂_0^iᵀ s_base^i + v̂_{W−1}^iᵀ (s_{W−1}^i + Σ_inner α_j s_j^{prev(i)}), prev(i) the previous sample of i's
     group (cyclic), every s_j = ∂L/∂v̂_j on the group's full graph."""
-    K = len(traj.sde_steps)
-    vs = [model(traj.latents[j], traj.sigmas[j].expand(traj.batch_size), traj.cond) for j in steps]
-    total = 0
-    for j, v in zip(steps, vs):
-        out = sampler.step(v, traj.latents[j], j, traj.sigmas, prev_sample=traj.latents[j + 1])
-        total = total + ppo_clip_loss(out.log_prob, traj.log_probs[j], adv, clip_range)[0] / K
-    s = torch.autograd.grad(total, vs, retain_graph=True)
+    vs, s = velocities_and_upstreams(model, traj, adv, sampler, clip_range, steps)
     alpha = interpolation_weights(traj.sigmas[steps])
     surrogate = 0
     for i in range(traj.batch_size):
@@ -57,11 +49,7 @@ def cross_by_definition(model, traj, adv, sampler, clip_range, steps, group):
 
 @pytest.fixture(scope="module")
 def tiny_flux64():
-    model = TinyFlux(dtype=F64)
-    cond = model.encode_prompts(["a red circle", "a red circle", "a blue square", "a blue square"])
-    sampler = SamplerConfig(num_steps=8, shift=3.0)
-    traj, adv = sde_rollout(model, sampler, cond=cond, perturb=0.01)
-    return model, traj, adv, sampler
+    return flux64_rollout(["a red circle", "a red circle", "a blue square", "a blue square"])  # groups of 2
 
 
 @pytest.mark.parametrize("extra", [{}, {"micro_batch": 2}, {"endpoint_backward": "sequential"}])

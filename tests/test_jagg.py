@@ -45,17 +45,23 @@ def sde_rollout(model, sampler, batch=4, seed=0, cond=None, perturb=0.05):
     return traj, adv
 
 
-def jagg_by_definition(model, traj, adv, sampler, clip_range, steps, alpha_scale=1.0):
-    """JAGG's surrogate of one group written out: v̂_0ᵀ s_base + v̂_{W−1}ᵀ s_corr, with every s_j = ∂L/∂v̂_j taken by
-    plain autograd on the group's full graph (L = (1/K) Σ_{j ∈ steps} L_j) and α from the steps' σ, the inner
-    ones times ``alpha_scale``. Its gradient is G_jagg of the group."""
+def velocities_and_upstreams(model, traj, adv, sampler, clip_range, steps) -> tuple[list, torch.Tensor]:
+    """A group's velocities v̂_j (with their graph) and every s_j = ∂L/∂v̂_j by plain autograd on the group's full
+    graph, L = (1/K) Σ_{j ∈ steps} L_j. Shapes: W × (B, N, C) and (W, B, N, C)."""
     K = len(traj.sde_steps)
     vs = [model(traj.latents[j], traj.sigmas[j].expand(traj.batch_size), traj.cond) for j in steps]
     total = 0
     for j, v in zip(steps, vs):
         out = sampler.step(v, traj.latents[j], j, traj.sigmas, prev_sample=traj.latents[j + 1])
         total = total + ppo_clip_loss(out.log_prob, traj.log_probs[j], adv, clip_range)[0] / K
-    s = torch.stack(torch.autograd.grad(total, vs, retain_graph=True))  # (W, B, N, C)
+    return vs, torch.stack(torch.autograd.grad(total, vs, retain_graph=True))
+
+
+def jagg_by_definition(model, traj, adv, sampler, clip_range, steps, alpha_scale=1.0):
+    """JAGG's surrogate of one group written out: v̂_0ᵀ s_base + v̂_{W−1}ᵀ s_corr, with the s_j of
+    :func:`velocities_and_upstreams` and α from the steps' σ, the inner ones times ``alpha_scale``. Its gradient
+    is G_jagg of the group."""
+    vs, s = velocities_and_upstreams(model, traj, adv, sampler, clip_range, steps)
     alpha = interpolation_weights(traj.sigmas[steps])
     alpha = torch.cat([alpha[:1], alpha_scale * alpha[1:-1], alpha[-1:]])
     s_base = sum((1 - a) * s_j for a, s_j in zip(alpha, s))
@@ -192,13 +198,17 @@ def test_theorem1_condition_is_real_off_the_line(window):
 # ---------------------------------------------------------------------------------------------- against plain autograd
 
 
+def flux64_rollout(prompts: list[str]) -> tuple:
+    """A float64 TinyFlux, its SDE rollout of ``prompts`` (8 steps, shift 3, perturbed), advantages, sampler."""
+    model = TinyFlux(dtype=F64)
+    sampler = SamplerConfig(num_steps=8, shift=3.0)
+    traj, adv = sde_rollout(model, sampler, cond=model.encode_prompts(prompts), perturb=0.01)
+    return model, traj, adv, sampler
+
+
 @pytest.fixture(scope="module")
 def tiny_flux64():
-    model = TinyFlux(dtype=F64)
-    cond = model.encode_prompts(["a red circle", "a blue square", "a cat", "a dog"])
-    sampler = SamplerConfig(num_steps=8, shift=3.0)
-    traj, adv = sde_rollout(model, sampler, cond=cond, perturb=0.01)
-    return model, traj, adv, sampler
+    return flux64_rollout(["a red circle", "a blue square", "a cat", "a dog"])
 
 
 def test_exact_equals_plain_autograd(tiny_flux64):
