@@ -149,7 +149,11 @@ run_id, runs_dir = int(sys.argv[1]), sys.argv[2]
 store = open_store(runs_dir)
 store.set_status(run_id, "running", pid=os.getpid())
 store.set_status(run_id, "cancelled")
-time.sleep(3)  # a trainer's exit takes a while after its final status (a busy machine)
+# a trainer's exit takes a while after its final status (a busy machine): this one exits when the test says so
+for _ in range(1200):
+    if os.path.exists(os.path.join(runs_dir, "exit")):
+        break
+    time.sleep(0.1)
 """
 
 
@@ -173,5 +177,6 @@ def test_a_resumed_run_cancelled_again_resumes_while_its_last_trainer_is_still_e
     second = manager._children[run_id]
     assert second.pid != first.pid
     assert wait_for(lambda: store.get_run(run_id)["pid"] == second.pid)
+    (tmp_path / "exit").touch()
     for proc in (first, second):
         proc.wait(timeout=60)
