@@ -108,6 +108,7 @@ def strategy_update(
         "paper-code": dict(strategy="jagg"),
         "jagg+reuse": dict(strategy="jagg", reuse_rollout_velocity="auto"),
         "jagg+reuse+cv": dict(strategy="jagg", reuse_rollout_velocity="auto", cv_frac=cv_frac),
+        "pair": dict(strategy="pair"),
     }
     if name not in options:
         raise ValueError(f"strategy: must be one of {', '.join(BENCH_STRATEGIES)}, got {name!r}")
@@ -116,9 +117,10 @@ def strategy_update(
     update = UpdateConfig(window=window, jagg_frac=jagg_frac, **options[name], **extra)
     if name == "paper-code":
         return paper_code_update(update)
-    if update.cv_frac > 0:
+    if update.cv_frac > 0 or update.strategy == "pair":
+        stream = "pair" if update.strategy == "pair" else "control_variate"
         return lambda model, traj, adv, sampler: policy_update(
-            model, traj, adv, update, sampler, generator=torch_stream(0, 0, 0, "control_variate")
+            model, traj, adv, update, sampler, generator=torch_stream(0, 0, 0, stream)
         )
     return lambda model, traj, adv, sampler: policy_update(model, traj, adv, update, sampler)
 

@@ -6,6 +6,7 @@ plus its backward costs r units. Per group of n trained steps:
     exact                       n·r
     jagg, jagg-sequential       (n − 2) + 2r      inner steps forwarded without grad, two endpoint backwards
     endpoint                    2r                the paper's ablation: the endpoints' own losses only
+    pair                        2r                two steps drawn per sample, one from each half, weighted
     paper-code                  n + 2r            all n steps without grad, then each endpoint again with grad
     jagg+reuse                  2r                inner velocities taken from the rollout (on-policy update)
 
@@ -38,8 +39,9 @@ BENCH_STRATEGIES = (
     "paper-code",
     "jagg+reuse",
     "jagg+reuse+cv",
+    "pair",
 )
-ROUTED_STRATEGIES = ("exact", "jagg", "endpoint")
+ROUTED_STRATEGIES = ("exact", "jagg", "endpoint", "pair")
 CV_STRATEGIES = (
     "jagg",
     "jagg-sequential",
@@ -109,7 +111,7 @@ def group_cost(n: int, r: float, kind: str, cv_frac: float = 0.0) -> float:
         return (1 - cv_frac) * (n - 2) + 2 * r + cv_frac * (n - 2) * r
     if kind in ("jagg+reuse", "jagg+reuse+cv"):
         return 2 * r + cv_frac * (n - 2) * r
-    if kind == "endpoint":
+    if kind in ("endpoint", "pair"):
         return 2 * r
     if kind == "paper-code":
         return n + 2 * r
@@ -160,7 +162,9 @@ def cost_model_speedup(
         return exact / (jagg_frac * cost(window, strategy) + (1 - jagg_frac) * exact)
     if trained_steps < 1:
         raise ValueError(f"trained_steps: must be a positive integer, got {trained_steps}")
-    routed = "endpoint" if strategy == "endpoint" else "jagg"  # the engine strategy each bench one routes as
+    routed = (
+        strategy if strategy in ("endpoint", "pair") else "jagg"
+    )  # the engine strategy each bench one routes as
     plan = route_groups(list(range(trained_steps)), routed, window, jagg_frac)
     exact = sum(len(g) * r for g, _ in plan)
     return exact / sum(cost(len(g), strategy if kind != "exact" else "exact") for g, kind in plan)

@@ -33,6 +33,13 @@ s_corr − w·Σ_j 1[i ∈ D_j]·α_j·s_ij at the last, and w·s_ij at (i ∈ D
 At p = 1 every pair is drawn, w = 1, and the gradient is the exact one. Cost of a group: 2r + p·(W − 2)·r with
 velocity reuse (the inner velocities of the pairs not drawn are the rollout's), (1 − p)·(W − 2) + 2r +
 p·(W − 2)·r without.
+
+Strategy pair (the unbiased estimator at JAGG's cost): each sample trains two steps of the group, one drawn from
+each half of the window (:func:`pair_draw`), its loss weighted by the half's size (:func:`pair_weights`). Per
+sample, E_draw[n_1·J_a^T s_a + n_2·J_b^T s_b] = Σ_j J_j^T s_j, so the gradient is the exact one in expectation
+over the draw, at any σ, with no assumption on how J varies along the window. One forward with grad of 2B rows
+and one backward: 2r a group, with or without velocity reuse. The price is variance: each drawn step counts n_h
+times, and the steps not drawn are not seen.
 """
 
 from __future__ import annotations
@@ -132,6 +139,32 @@ def control_variate_upstream(
         s_last = s_last.index_add(0, rows, s[k, rows], alpha=-weight * float(a))
         s_inner.append(weight * s[k, rows])
     return s_first, s_last, s_inner
+
+
+def pair_weights(window: int) -> torch.Tensor:
+    """Strategy pair: the weight of each step of a group of W when it is drawn, the size of its half (the first
+    half is steps 0 … ⌊W/2⌋ − 1, the second the rest). Each step is drawn with probability one over its half's
+    size, so a weighted draw is unbiased. Shape: (W,) float64; all ones at W = 2 (every step drawn)."""
+    if window < 2:
+        raise ValueError(f"window: strategy pair needs a group of >= 2 steps, got {window}")
+    half = window // 2
+    return torch.tensor([float(half)] * half + [float(window - half)] * (window - half), dtype=torch.float64)
+
+
+def pair_draw(batch: int, window: int, generator: torch.Generator) -> torch.Tensor:
+    """Strategy pair: the two steps each of ``batch`` samples trains in a group of ``window``, one from each half
+    (:func:`pair_weights`). Within a half of n steps the draw is balanced: each step is given ⌊B/n⌋ samples, the
+    B mod n left over go to as many distinct steps drawn uniformly, and the labels are shuffled over the samples;
+    so each step gets its share ± 1 and each sample any one step with probability exactly 1/n, whatever B.
+    Shape: (batch, 2) int64, offsets into the group."""
+
+    def balanced(n: int) -> torch.Tensor:
+        q, r = divmod(batch, n)
+        labels = torch.cat([torch.arange(n).repeat(q), torch.randperm(n, generator=generator)[:r]])
+        return labels[torch.randperm(batch, generator=generator)]
+
+    half = window // 2
+    return torch.stack([balanced(half), half + balanced(window - half)], dim=1)
 
 
 def auto_jagg_frac(cosines: list[float], threshold: float = 0.7) -> float:

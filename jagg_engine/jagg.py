@@ -18,6 +18,9 @@ Strategies of one group (all accumulate into ``.grad`` of the model's parameters
               ``endpoint_backward="sequential"``: endpoint 0 forward+backward with s_base, then endpoint W−1
               with s_corr (s_base does not involve s_{W−1}, nor s_corr s_0, since α_0 = 0 and α_{W−1} = 1),
               the same gradient with half the activation memory, at the price of two backward calls.
+    pair      the unbiased estimator at JAGG's cost: each sample trains one step drawn from each half of the
+              group, weighted by the half's size (:func:`jagg_engine.credit.pair_draw`; ``policy_update``'s
+              ``generator`` draws) → 1 forward with grad (2B rows), 1 backward; equal to exact in expectation
     endpoint  the paper's ablation: G_end = J_0ᵀ s_0 + J_{W−1}ᵀ s_{W−1}, i.e. the loss of the two endpoint
               steps alone (each still scaled by 1/K), the inner steps neither forwarded nor counted
               → 1 forward with grad (2B), 1 backward
@@ -46,11 +49,13 @@ from .credit import (
     far_upstream,
     group_shift,
     jagg_alpha,
+    pair_draw,
+    pair_weights,
 )
 from .grpo import KL_FORMS, PPOStats, ppo_clip_loss, step_kl
 from .sde import SamplerConfig, Trajectory, compute_dtype, same_policy
 
-STRATEGIES = ROUTED_STRATEGIES  # exact | jagg | endpoint, the strategies the cost model routes
+STRATEGIES = ROUTED_STRATEGIES  # exact | jagg | endpoint | pair, the strategies the cost model routes
 ENDPOINT_BACKWARDS = ("joint", "sequential")
 REUSE_MODES = ("off", "auto")
 FAR_CREDITS = ("own", "cross")
@@ -239,10 +244,13 @@ class UpdateState:
             raise ValueError(
                 "cv_frac: a control variate needs a generator for its draws (policy_update's generator)"
             )
+        if update.strategy == "pair" and generator is None:
+            raise ValueError("strategy: pair draws its steps from a generator (policy_update's generator)")
         self.rollout_policy, self.generator = rollout_policy, generator
         self._draws: dict[
             int, torch.Tensor
         ] = {}  # group's first step → per inner step, the drawn samples of the whole batch (m,)
+        self._pairs: dict[int, torch.Tensor] = {}  # strategy pair: group's first step → (B, 2) drawn offsets
         self.model, self.traj, self.update, self.sampler, self.ref_model = (
             model,
             traj,
@@ -342,6 +350,15 @@ class UpdateState:
         device = self.traj.latents.device
         return [(rows[(rows >= lo) & (rows < hi)] - lo).to(device) for rows in self._draws[steps[0]]]
 
+    def pair_rows(self, steps: list[int]) -> list[torch.Tensor]:
+        """Strategy pair: for each step of group ``steps``, the samples of the current micro-batch that train it
+        (indices into it). Drawn once per group over the whole batch (:func:`pair_draw`)."""
+        if steps[0] not in self._pairs:
+            self._pairs[steps[0]] = pair_draw(self.full_traj.batch_size, len(steps), self.generator)
+        choice = self._pairs[steps[0]][self.index]  # (b, 2)
+        device = self.traj.latents.device
+        return [torch.nonzero((choice == k).any(dim=1)).flatten().to(device) for k in range(len(steps))]
+
     @property
     def cv_weight(self) -> float:
         """w = B / m: the inverse of a pair's probability of being drawn."""
@@ -349,29 +366,48 @@ class UpdateState:
         return B / control_variate_count(B, self.update.cv_frac)
 
     # -- the objective
-    def step_loss(self, v: torch.Tensor, j: int) -> torch.Tensor:
-        """L_j / K: PPO-clipped loss of step j through the SDE log-prob of the stored z_{j+1} (+ β·KL)."""
-        traj = self.traj
-        out = self.sampler.step(v, traj.latents[j], j, traj.sigmas, prev_sample=traj.latents[j + 1])
-        loss, stats = ppo_clip_loss(out.log_prob, traj.log_probs[j], self.advantages, self.update.clip_range)
+    def step_loss(
+        self, v: torch.Tensor, j: int, rows: torch.Tensor | None = None, weight: float = 1.0
+    ) -> torch.Tensor:
+        """L_j / K: PPO-clipped loss of step j through the SDE log-prob of the stored z_{j+1} (+ β·KL).
+
+        ``rows`` (strategy pair): ``v`` holds those samples of the micro-batch only; their per-sample losses
+        enter as in the whole batch's mean, multiplied by ``weight``."""
+        traj, adv = self.traj, self.advantages
+        z, z_next, old, t, cond = (
+            traj.latents[j],
+            traj.latents[j + 1],
+            traj.log_probs[j],
+            self.t(j),
+            traj.cond,
+        )
+        if rows is not None:
+            z, z_next, old, adv, t = z[rows], z_next[rows], old[rows], adv[rows], t[rows]
+            cond = index_cond(cond, rows)
+        out = self.sampler.step(v, z, j, traj.sigmas, prev_sample=z_next)
+        loss, stats = ppo_clip_loss(out.log_prob, old, adv, self.update.clip_range)
         kl = loss.new_zeros(())
         if self.update.beta > 0:
             with torch.no_grad():
-                v_ref = self.ref_model(traj.latents[j], self.t(j), traj.cond)
+                v_ref = self.ref_model(z, t, cond)
                 self.result.counts.ref_forward += 1
-            ref = self.sampler.step(v_ref, traj.latents[j], j, traj.sigmas, prev_sample=traj.latents[j + 1])
+            ref = self.sampler.step(v_ref, z, j, traj.sigmas, prev_sample=z_next)
             h = self.sampler.kl_step_size(j, traj.sigmas)
             kl = step_kl(out.mean, ref.mean, out.std, self.update.kl_form, h).mean()
             loss = loss + self.update.beta * kl
-        self._record(stats, loss, kl)
+        share = 1.0 if rows is None else weight * len(rows) / self.B
+        self._record(stats, loss, kl, share)
+        if rows is not None:
+            return loss * (self.scale * share / self.K)
         return loss * self.scale / self.K if self.scale != 1.0 else loss / self.K
 
-    def _record(self, stats: PPOStats, loss: torch.Tensor, kl: torch.Tensor) -> None:
+    def _record(self, stats: PPOStats, loss: torch.Tensor, kl: torch.Tensor, share: float = 1.0) -> None:
         """Batch means of one step on one micro-batch, weighted b_m / B: summed over micro-batches they are
-        the whole batch's means."""
+        the whole batch's means. ``share``: the part of the micro-batch they stand for (strategy pair: the drawn
+        samples' count times their weight, over b_m)."""
         vals = [loss.detach(), stats.approx_kl, stats.clipfrac, stats.ratio_mean, kl.detach()]
-        self._sums += self.scale * torch.stack([x.double().cpu() for x in vals])
-        self._weight += self.scale
+        self._sums += self.scale * share * torch.stack([x.double().cpu() for x in vals])
+        self._weight += self.scale * share
 
     def upstream(self, v: torch.Tensor, j: int) -> torch.Tensor:
         """Phase 2: s_j = ∂L_j/∂v̂_j through a detached proxy — autograd only through the SDE step and PPO."""
@@ -486,9 +522,23 @@ class UpdateState:
         loss = self.step_loss(v_ends[: self.B], first) + self.step_loss(v_ends[self.B :], last)
         self.backward([loss], [torch.ones_like(loss)])
 
+    def pair_group(self, steps: list[int]) -> None:
+        """Strategy pair: each sample's two drawn steps (:meth:`pair_rows`) in ONE grad forward, their losses
+        weighted by their halves' sizes, ONE backward."""
+        weights = pair_weights(len(steps)).tolist()
+        picked = [(j, r, w) for j, r, w in zip(steps, self.pair_rows(steps), weights) if len(r)]
+        v = self.forward([j for j, _, _ in picked], grad=True, rows=[r for _, r, _ in picked])
+        loss, at = v.new_zeros((), dtype=compute_dtype(v.dtype)), 0
+        for j, r, w in picked:
+            loss = loss + self.step_loss(v[at : at + len(r)], j, rows=r, weight=w)
+            at += len(r)
+        self.backward([loss], [torch.ones_like(loss)])
+
     def run_group(self, steps: list[int], kind: str) -> None:
         if len(steps) == 1 or kind == "exact":
             self.exact_group(steps)
+        elif kind == "pair":
+            self.pair_group(steps)
         elif kind == "jagg":
             self.jagg_group(steps, sequential=self.update.endpoint_backward == "sequential")
         else:

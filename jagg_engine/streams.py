@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 # Each purpose's code is the CRC-32 of its name: fixed, so adding a purpose moves no other stream.
-PURPOSES = ("init_noise", "sde_noise", "prompts", "minibatch", "window", "control_variate")
+PURPOSES = ("init_noise", "sde_noise", "prompts", "minibatch", "window", "control_variate", "pair")
 _CODES = {p: zlib.crc32(p.encode()) for p in PURPOSES}
 
 

@@ -137,7 +137,7 @@ def test_tiny_shapes_config_is_the_setting_that_learned() -> None:
             ["window=1"],
             "window: must be an integer >= 2 for strategy jagg (a one-step window trains with strategy=exact), got 1",
         ),
-        (["strategy=fast"], "strategy: must be one of exact, jagg, endpoint, got 'fast'"),
+        (["strategy=fast"], "strategy: must be one of exact, jagg, endpoint, pair, got 'fast'"),
         (["algorithm=ddim"], "algorithm: must be one of flow-grpo, dance, cps, got 'ddim'"),
         (["adv_std=batch"], "adv_std: must be one of group, global, centered, group-unbiased, got 'batch'"),
         (["precision=fp16"], "precision: must be one of fp32, bf16, got 'fp16'"),

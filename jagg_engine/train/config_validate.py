@@ -32,7 +32,7 @@ from jagg_engine.train.config_parse import (
 
 # The registered SDE kinds (a live view of jagg_engine.sde_kinds.SDE_KINDS: a kind registered later is in it).
 ALGORITHMS = SDE_KINDS.keys()
-STRATEGIES = ("exact", "jagg", "endpoint")
+STRATEGIES = ("exact", "jagg", "endpoint", "pair")
 ENDPOINT_BACKWARDS = ("joint", "sequential")
 FAR_CREDITS = ("own", "cross")  # jagg_engine.jagg.FAR_CREDITS, without torch
 ADV_STDS = ("group", "global", "centered", "group-unbiased")  # jagg_engine.grpo.ADV_STDS, without torch

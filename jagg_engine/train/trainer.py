@@ -275,6 +275,8 @@ class Trainer:
         cv_gen = (
             step_generator(self.cfg, step, self.rank, "control_variate") if self.update.cv_frac > 0 else None
         )
+        if self.update.strategy == "pair":  # strategy pair's draws: their own stream, the same after a resume
+            cv_gen = step_generator(self.cfg, step, self.rank, "pair")
         for m, index in enumerate(minibatch_indices(self.cfg, step, self.rank, traj.batch_size)):
             part = traj if index is None else traj.select(index)
             part_adv = adv if index is None else adv[index]
