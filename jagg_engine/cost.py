@@ -171,17 +171,22 @@ def cost_model_speedup(
 
 
 def switched_speedup(
-    step_speedup: float, steps: int, jagg_until_step: int | None, jagg_from_step: int | None = None
+    step_speedup: float,
+    steps: int,
+    jagg_until_step: int | None,
+    jagg_from_step: int | None = None,
+    other_speedup: float = 1.0,
 ) -> float:
     """The update-phase speedup over a whole run of ``steps`` training steps (numbered from 1) that trains by
     JAGG on the steps after ``jagg_from_step`` and up to ``jagg_until_step`` (a step's speedup
-    ``step_speedup``) and by the exact backward on the others (1×): steps / (S / s + (steps − S)), S the JAGG
-    steps; ``step_speedup`` itself when every step is a JAGG one."""
+    ``step_speedup``) and by ``switch_to`` on the others (a step's speedup ``other_speedup``: 1 for the exact
+    backward): steps / (S / s + (steps − S) / o), S the JAGG steps; ``step_speedup`` itself when every step is
+    a JAGG one."""
     last = steps if jagg_until_step is None else min(max(int(jagg_until_step), 0), steps)
     S = max(last - (0 if jagg_from_step is None else max(int(jagg_from_step), 0)), 0)
     if S >= steps:
         return float(step_speedup)
-    return steps / (S / step_speedup + (steps - S))
+    return steps / (S / step_speedup + (steps - S) / other_speedup)
 
 
 def predicted_speedup(

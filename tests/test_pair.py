@@ -249,3 +249,57 @@ def test_two_processes_train_with_strategy_pair(tmp_path):
     # one window of 4 per rank: ONE grad forward and ONE backward a step, no inner forward
     assert frame.loc[frame.step > 0, "count/forward_grad"].tolist() == [1.0, 1.0]
     assert frame.loc[frame.step > 0, "count/forward_nograd"].tolist() == [0.0, 0.0]
+
+
+# ---------------------------------------------------------------------------------------------- switch_to pair
+
+
+def test_jagg_until_step_with_switch_to_pair_trains_jagg_then_pair_and_resumes_bit_for_bit(tmp_path):
+    """jagg_until_step = 1, switch_to = pair: step 1 is one JAGG backward per window (inner steps reused), step 2
+    the pair run's gradient from the same weights (one grad forward, one backward, no inner step); a trainer
+    resumed after step 1 ends step 2 on the same weights; the optimizer state carries over."""
+    switch = make_trainer(tmp_path, "switch", "jagg_until_step=1", "switch_to=pair")
+    m1 = switch.train_step(1)
+    assert (m1["route/jagg"], m1["count/backward"], m1["count/reused"]) == (1.0, 1.0, 2.0)
+    pair = resumed_after(switch, tmp_path, "pair", "strategy=pair")
+    resumed = resumed_after(switch, tmp_path, "resumed", "jagg_until_step=1", "switch_to=pair")
+    jagg = resumed_after(switch, tmp_path, "jagg", "strategy=jagg")
+    g_switch, g_pair, g_jagg = (gradients_of_steps(t, [2]) for t in (switch, pair, jagg))
+    assert rel(g_switch[0], g_pair[0]) <= 1e-6 and rel(g_switch[0], g_jagg[0]) > 1e-3
+    assert switch.update.strategy == "pair"
+    resumed.train_step(2)
+    for p, q in zip(switch.params, resumed.params):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+    assert all(float(s["step"]) == 2 for s in switch.optimizer.state_dict()["state"].values())
+
+
+def test_the_cost_model_counts_a_switch_to_pair_at_jaggs_cost():
+    from jagg_engine.cost import switched_speedup
+    from jagg_engine.report.tables import config_speedup
+
+    assert switched_speedup(2.0, 70, 40, other_speedup=2.0) == pytest.approx(2.0)
+    assert switched_speedup(2.0, 70, 40) == pytest.approx(70 / (20 + 30))
+    config = {"window": 4, "jagg_frac": 1.0, "strategy": "jagg", "sde_window_start": 0, "sde_window_end": 4,
+              "sampling_steps": 12, "steps": 70, "jagg_until_step": 40, "reuse_rollout_velocity": "auto"}  # fmt: skip
+    to_exact = config_speedup(config, 1.8)
+    to_pair = config_speedup({**config, "switch_to": "pair"}, 1.8)
+    assert to_pair == pytest.approx(2.0) and to_exact == pytest.approx(70 / (40 / 2.0 + 30))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [
+        (
+            ["switch_to=pair"],
+            "switch_to: the backward outside JAGG's span; needs jagg_from_step or jagg_until_step",
+        ),
+        (["jagg_until_step=5", "switch_to=jagg"], "switch_to: must be one of exact, pair, got 'jagg'"),
+    ],
+)
+def test_switch_to_refusals_name_the_field(overrides, line):
+    from test_control_variate_trainer import SMALL_FLUX
+
+    from jagg_engine.train.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=f"^{line}"):
+        load_config(None, [*SMALL_FLUX, *overrides], check_environment=False)

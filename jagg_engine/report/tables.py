@@ -37,7 +37,7 @@ def config_speedup(
     config: Mapping[str, Any], r: float, exact_config: Mapping[str, Any] | None = None
 ) -> float | None:
     """The prediction for a stored run config (its W, jagg_frac, strategy, trained-step count, velocity reuse
-    and mini-batches per rollout, control variate, and a switch to exact over its steps; a config from before
+    and mini-batches per rollout, control variate, and a switch to exact (or pair, ``switch_to``) over its steps; a config from before
     those fields ran without reuse, one update a rollout, no control variate, no switch).
     A sliding SDE window trains W steps a step, one group, wherever it stands.
 
@@ -57,8 +57,13 @@ def config_speedup(
             cv_frac=float(config.get("cv_frac") or 0.0),
         )
         span = config.get("jagg_until_step"), config.get("jagg_from_step")
-        if span != (None, None) and config.get("strategy", "jagg") == "jagg":  # exact outside the JAGG span
-            speedup = switched_speedup(speedup, int(config["steps"]), *span)
+        if (
+            span != (None, None) and config.get("strategy", "jagg") == "jagg"
+        ):  # switch_to outside the JAGG span
+            other = 1.0
+            if config.get("switch_to", "exact") == "pair":
+                other = predicted_speedup(int(config["window"]), r, float(config["jagg_frac"]), "pair", steps)
+            speedup = switched_speedup(speedup, int(config["steps"]), *span, other_speedup=other)
         return speedup if exact_config is None else speedup * trained_steps(exact_config) / steps
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None

@@ -282,6 +282,12 @@ class TrainConfig(ConfigChecks):
         " null = jagg throughout.",
         low=1,
     )
+    switch_to: str = _f(
+        "exact",
+        "Strategy jagg with jagg_from_step or jagg_until_step: the backward of the steps outside JAGG's span."
+        " exact (default): the per-step backward; pair: the unbiased estimator at JAGG's cost (strategy pair:"
+        " one step drawn from each half of the window per sample), so the whole run costs what JAGG costs.",
+    )
     endpoint_backward: str = _f("joint", "JAGG endpoint backward: joint (one autograd call) or sequential.")
     auto_route: bool = _f(
         False,
@@ -470,7 +476,7 @@ class TrainConfig(ConfigChecks):
 
     def jagg_at(self, step: int) -> bool:
         """Whether training step ``step`` trains by JAGG: strategy jagg, after any ``jagg_from_step`` and up to any
-        ``jagg_until_step`` (the exact backward of the same window outside that span)."""
+        ``jagg_until_step`` (``switch_to``, the exact backward by default, of the same window outside that span)."""
         after = self.jagg_from_step is None or step > self.jagg_from_step
         return (
             self.strategy == "jagg"
@@ -485,7 +491,7 @@ class TrainConfig(ConfigChecks):
 
         if step is not None and self.strategy == "jagg" and not self.jagg_at(step):
             return dataclasses.replace(
-                self.update_config(), strategy="exact", cv_frac=0.0, far_credit="own", group_size=None
+                self.update_config(), strategy=self.switch_to, cv_frac=0.0, far_credit="own", group_size=None
             )
         return UpdateConfig(
             strategy=self.strategy,

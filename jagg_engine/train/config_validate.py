@@ -33,6 +33,7 @@ from jagg_engine.train.config_parse import (
 # The registered SDE kinds (a live view of jagg_engine.sde_kinds.SDE_KINDS: a kind registered later is in it).
 ALGORITHMS = SDE_KINDS.keys()
 STRATEGIES = ("exact", "jagg", "endpoint", "pair")
+SWITCH_TO = ("exact", "pair")  # the backward outside jagg_from_step / jagg_until_step's span
 ENDPOINT_BACKWARDS = ("joint", "sequential")
 FAR_CREDITS = ("own", "cross")  # jagg_engine.jagg.FAR_CREDITS, without torch
 ADV_STDS = ("group", "global", "centered", "group-unbiased")  # jagg_engine.grpo.ADV_STDS, without torch
@@ -326,6 +327,12 @@ class ConfigChecks:
                     "far_credit: cross needs strategy jagg, cv_frac 0, updates_per_rollout 1, group_size >= 2 and"
                     f" whole groups in each micro-batch; got {why} (use far_credit=own)"
                 )
+        _one_of("switch_to", self.switch_to, SWITCH_TO)
+        if self.switch_to != "exact" and self.jagg_from_step is None and self.jagg_until_step is None:
+            raise ConfigError(
+                f"switch_to: the backward outside JAGG's span; needs jagg_from_step or jagg_until_step, got"
+                f" switch_to {self.switch_to!r} with neither (use switch_to=exact)"
+            )
         if self.jagg_until_step is not None and self.strategy != "jagg":
             raise ConfigError(
                 f"jagg_until_step: switches from jagg to exact; needs strategy jagg, got strategy {self.strategy!r}"

@@ -316,11 +316,8 @@ class Trainer:
         planned = self.cfg.update_config(step)  # jagg_from_step / jagg_until_step: this step's backward
         if self.update.strategy != planned.strategy:  # (keeping an auto-routed jagg_frac)
             self.update = dataclasses.replace(self.update, strategy=planned.strategy, cv_frac=planned.cv_frac)
-            log.info(
-                "step %d: %s from this step on",
-                step,
-                "JAGG" if planned.strategy == "jagg" else "the exact backward",
-            )
+            names = {"jagg": "JAGG", "exact": "the exact backward", "pair": "strategy pair"}
+            log.info("step %d: %s from this step on", step, names.get(planned.strategy, planned.strategy))
         window = self.cfg.sde_window_at(step)
         sigma_start, sigma_end = window_sigmas(self.sampler)
         prompts, groups = self.step_prompts(step)
