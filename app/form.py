@@ -358,7 +358,7 @@ def speedup_note(
             "Predicted update-phase speedup: needs W ≥ 2 (a whole number), jagg_frac and cv_frac in [0, 1]"
             " and r > 0."
         )
-    kind = "jagg" if strategy != "exact" else "exact"
+    kind = strategy if strategy in ("exact", "endpoint", "pair") else "jagg"
     reuse = reuse and strategy == "jagg"  # only JAGG's inner steps take the rollout's velocities
     p = p if strategy == "jagg" else 0.0
     s = data.predicted_speedup(
@@ -378,6 +378,8 @@ def speedup_note(
             "every update" if updates_per_rollout == 1 else f"the first of {updates_per_rollout} mini-batches"
         )
         per_group = f"jagg with the rollout's velocities {2 * r_:.1f} on {on}, else {w - 2 + 2 * r_:.1f}"
+    elif strategy in ("endpoint", "pair"):  # two steps with grad a window, no inner forward
+        per_group = f"{strategy} {2 * r_:.1f}" + (", unbiased" if strategy == "pair" else "")
     else:
         per_group = f"{strategy} {w - 2 + 2 * r_:.1f}"
     line = (
