@@ -40,6 +40,14 @@ sample, E_draw[n_1·J_a^T s_a + n_2·J_b^T s_b] = Σ_j J_j^T s_j, so the gradien
 over the draw, at any σ, with no assumption on how J varies along the window. One forward with grad of 2B rows
 and one backward: 2r a group, with or without velocity reuse. The price is variance: each drawn step counts n_h
 times, and the steps not drawn are not seen.
+
+Its control variate (``pair_cv`` = λ): the credits of every step are known (the rollout's velocities, or no-grad
+forwards, as JAGG's inner steps), so each drawn step's upstream also carries λ times the OTHER half's credits
+minus the other drawn step's weighted credit (:func:`pair_upstream`). That term's expectation over the other
+half's draw is zero and the two halves are drawn independently, so the gradient stays unbiased; at λ = 1 the
+upstreams sum to Σ_j s_j, and where J_a = J_b the estimate is J_aᵀ Σ_j s_j whatever the draw: what is left of the
+draw's noise is (J_a − J_b)ᵀ(…), the Jacobian's change over the window, the same first-order difference JAGG
+interpolates. JAGG's cost: 2r with velocity reuse, (W − 2) + 2r without.
 """
 
 from __future__ import annotations
@@ -165,6 +173,27 @@ def pair_draw(batch: int, window: int, generator: torch.Generator) -> torch.Tens
 
     half = window // 2
     return torch.stack([balanced(half), half + balanced(window - half)], dim=1)
+
+
+def pair_upstream(s: torch.Tensor, choice: torch.Tensor, cv: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Strategy pair's upstreams at each sample's two drawn steps a (first half, n_1 steps) and b (second half,
+    n_2 steps), with the control variate λ = ``cv`` (module docstring, "Strategy pair"):
+
+        u_a = n_1·s_a + λ·(S_2 − n_2·s_b),    u_b = n_2·s_b + λ·(S_1 − n_1·s_a),    S_h = Σ_{j in half h} s_j
+
+    Each correction is zero in expectation over the OTHER half's draw, so E[J_aᵀu_a + J_bᵀu_b] = Σ_j J_jᵀ s_j
+    for any λ; at λ = 1, u_a + u_b = Σ_j s_j, and where J_a = J_b the draw's noise cancels.
+    Shapes: s (W, B, *S), choice (B, 2) offsets into the group → u_a, u_b (B, *S).
+    """
+    W, B = s.shape[0], s.shape[1]
+    half = W // 2
+    n1, n2 = float(half), float(W - half)
+    rows = torch.arange(B, device=s.device)
+    s_a, s_b = s[choice[:, 0], rows], s[choice[:, 1], rows]  # (B, *S)
+    S1, S2 = s[:half].sum(0), s[half:].sum(0)
+    u_a = n1 * s_a + cv * (S2 - n2 * s_b)
+    u_b = n2 * s_b + cv * (S1 - n1 * s_a)
+    return u_a, u_b
 
 
 def auto_jagg_frac(cosines: list[float], threshold: float = 0.7) -> float:

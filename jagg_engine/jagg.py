@@ -50,6 +50,7 @@ from .credit import (
     group_shift,
     jagg_alpha,
     pair_draw,
+    pair_upstream,
     pair_weights,
 )
 from .grpo import KL_FORMS, PPOStats, ppo_clip_loss, step_kl
@@ -90,6 +91,12 @@ class UpdateConfig:
                        The same cost; equal to own where the group's samples share their states (and so exact
                        under Theorem 1's condition). Needs whole groups in each micro-batch, no control variate.
     group_size:        samples per group, consecutive in the batch (far_credit cross)
+    pair_cv:           λ ∈ [0, 1], strategy pair's control variate (:mod:`jagg_engine.credit`, "Strategy pair"):
+                       each drawn step's upstream also carries λ·(the other half's credits − the other drawn
+                       step's weighted credit), zero in expectation over the other draw, so the gradient stays
+                       unbiased; at λ = 1 the draw's noise cancels where J is the same over the window. Needs every
+                       step's credit s_j: the rollout's velocities (reuse) or no-grad forwards of the samples that
+                       did not draw a step, JAGG's cost. 0 = plain subsampling, no inner forward.
     reuse_rollout_velocity: auto | off. With auto, the inner steps of a JAGG group take v̂_j stored by the
                        rollout instead of a no-grad forward, when and only when (1) the caller says the
                        policy has not been written since the rollout (``policy_update``'s ``rollout_policy``;
@@ -113,6 +120,7 @@ class UpdateConfig:
     alpha_scale: float = 1.0
     far_credit: str = "own"
     group_size: int | None = None
+    pair_cv: float = 0.0
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -146,6 +154,10 @@ class UpdateConfig:
             raise ValueError(
                 f"cv_frac: only with strategy jagg (got strategy {self.strategy}); use cv_frac=0"
             )
+        if not 0.0 <= self.pair_cv <= 1.0:
+            raise ValueError(f"pair_cv: must be in [0, 1], got {self.pair_cv}")
+        if self.pair_cv > 0 and self.strategy != "pair":
+            raise ValueError(f"pair_cv: only with strategy pair (got strategy {self.strategy}); use pair_cv=0")
         if self.far_credit not in FAR_CREDITS:
             raise ValueError(f"far_credit: must be one of {', '.join(FAR_CREDITS)}, got {self.far_credit!r}")
         if self.far_credit == "cross":
@@ -523,16 +535,50 @@ class UpdateState:
         self.backward([loss], [torch.ones_like(loss)])
 
     def pair_group(self, steps: list[int]) -> None:
-        """Strategy pair: each sample's two drawn steps (:meth:`pair_rows`) in ONE grad forward, their losses
-        weighted by their halves' sizes, ONE backward."""
+        """Strategy pair: each sample's two drawn steps (:meth:`pair_rows`) in ONE grad forward and ONE backward,
+        their losses weighted by their halves' sizes; with ``pair_cv`` λ > 0 through upstreams that also carry
+        λ·(the other half's credits − the other drawn step's weighted credit) (:func:`pair_upstream`)."""
         weights = pair_weights(len(steps)).tolist()
-        picked = [(j, r, w) for j, r, w in zip(steps, self.pair_rows(steps), weights) if len(r)]
+        rows = self.pair_rows(steps)
+        picked = [(j, r, w) for j, r, w in zip(steps, rows, weights) if len(r)]
         v = self.forward([j for j, _, _ in picked], grad=True, rows=[r for _, r, _ in picked])
+        if self.update.pair_cv > 0:
+            self.pair_cv_backward(steps, picked, v)
+            return
         loss, at = v.new_zeros((), dtype=compute_dtype(v.dtype)), 0
         for j, r, w in picked:
             loss = loss + self.step_loss(v[at : at + len(r)], j, rows=r, weight=w)
             at += len(r)
         self.backward([loss], [torch.ones_like(loss)])
+
+    def pair_cv_backward(
+        self, steps: list[int], picked: list[tuple[int, torch.Tensor, float]], v: torch.Tensor
+    ) -> None:
+        """The backward of a pair group with its control variate: every step's credit s_j on every sample (the
+        drawn rows' from the grad forward ``v``, the others' from the rollout's velocities or a no-grad forward
+        of those rows), then :func:`pair_upstream` at the drawn rows."""
+        index = {j: k for k, j in enumerate(steps)}
+        s_all, drawn_at, at = [], {}, 0
+        for j, r, _ in picked:  # the grad forward's rows, in order
+            drawn_at[j] = (r, v[at : at + len(r)])
+            at += len(r)
+        for j in steps:
+            r, v_drawn = drawn_at.get(j, (None, None))
+            others = torch.ones(self.B, dtype=torch.bool, device=self.traj.latents.device)
+            if r is not None:
+                others[r] = False
+            v_j = torch.empty_like(self.traj.latents[j], dtype=v.dtype)
+            if others.any():
+                rest = torch.nonzero(others).flatten()
+                v_j[rest] = self.inner_velocity(j, None if others.all() else rest).to(v.dtype)
+            if r is not None:
+                v_j[r] = v_drawn.detach()
+            s_all.append(self.upstream(v_j, j))
+        s = torch.stack(s_all)  # (W, B, *S)
+        choice = self._pairs[steps[0]][self.index].to(s.device)  # (b, 2)
+        u_first, u_second = pair_upstream(s, choice, self.update.pair_cv)
+        grads = [u_first[r] if index[j] < len(steps) // 2 else u_second[r] for j, r, _ in picked]
+        self.backward([v], [torch.cat(grads)])
 
     def run_group(self, steps: list[int], kind: str) -> None:
         if len(steps) == 1 or kind == "exact":
@@ -570,10 +616,14 @@ def group_plan(traj_steps: list[int], update: UpdateConfig) -> list[tuple[list[i
 
 def reuse_steps(traj_steps: list[int], update: UpdateConfig) -> list[int]:
     """The grid steps whose rollout velocities the update can read: the inner steps of the groups routed to
-    JAGG (a rollout need keep no other). Empty unless the strategy is jagg with reuse on."""
-    if update.strategy != "jagg" or update.reuse_rollout_velocity != "auto":
+    JAGG, every step of the groups routed to pair with its control variate (a rollout need keep no other).
+    Empty unless reuse is on and the strategy is jagg, or pair with ``pair_cv`` > 0."""
+    pair = update.strategy == "pair" and update.pair_cv > 0
+    if update.reuse_rollout_velocity != "auto" or not (update.strategy == "jagg" or pair):
         return []
     plan = group_plan(traj_steps, update)
+    if pair:
+        return [j for steps, kind in plan if kind == "pair" and len(steps) > 2 for j in steps]
     return [j for steps, kind in plan if kind == "jagg" and len(steps) > 2 for j in steps[1:-1]]
 
 

@@ -255,6 +255,13 @@ class TrainConfig(ConfigChecks):
         " get the exact - JAGG correction, weighted so that the expected gradient is the exact one (0 = plain"
         " JAGG, biased where the Jacobian is not linear in t; 1 = exact).",
     )
+    pair_cv: float = _f(
+        1.0,
+        "Strategy pair's control variate lambda in [0, 1]: each drawn step's upstream also carries lambda x (the"
+        " other half's credits - the other drawn step's weighted credit), zero in expectation, so the gradient"
+        " stays unbiased; at 1 the draw's noise cancels where the Jacobian is the same over the window. Reads every"
+        " step's velocity (the rollout's with reuse: JAGG's cost). 0 = plain subsampling, no inner forward.",
+    )
     alpha_scale: float = _f(
         1.0,
         "JAGG's weight of the inner steps at the far endpoint, as a fraction of the paper's alpha_j (strategy"
@@ -491,13 +498,19 @@ class TrainConfig(ConfigChecks):
 
         if step is not None and self.strategy == "jagg" and not self.jagg_at(step):
             return dataclasses.replace(
-                self.update_config(), strategy=self.switch_to, cv_frac=0.0, far_credit="own", group_size=None
+                self.update_config(),
+                strategy=self.switch_to,
+                cv_frac=0.0,
+                far_credit="own",
+                group_size=None,
+                pair_cv=self.pair_cv if self.switch_to == "pair" else 0.0,
             )
         return UpdateConfig(
             strategy=self.strategy,
             window=self.window,
             jagg_frac=self.jagg_frac,
             cv_frac=self.cv_frac,
+            pair_cv=self.pair_cv if self.strategy == "pair" else 0.0,
             alpha_scale=self.alpha_scale,
             far_credit=self.far_credit,
             group_size=self.group_size if self.far_credit == "cross" else None,

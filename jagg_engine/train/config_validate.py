@@ -59,6 +59,7 @@ FLOAT_BOUNDS: dict[str, tuple[float, float, bool]] = {
     "lora_alpha": (0.0, 1e5, False),
     "jagg_frac": (0.0, 1.0, True),
     "cv_frac": (0.0, 1.0, True),
+    "pair_cv": (0.0, 1.0, True),
     "alpha_scale": (0.0, 1.0, True),
     "auto_route_threshold": (-1.0, 1.0, True),
 }
@@ -301,6 +302,7 @@ class ConfigChecks:
             )
         _bounded("jagg_frac", self.jagg_frac)
         _bounded("cv_frac", self.cv_frac)
+        _bounded("pair_cv", self.pair_cv)
         _bounded("alpha_scale", self.alpha_scale)
         if self.alpha_scale != 1.0 and self.strategy != "jagg":
             raise ConfigError(
