@@ -157,7 +157,9 @@ class UpdateConfig:
         if not 0.0 <= self.pair_cv <= 1.0:
             raise ValueError(f"pair_cv: must be in [0, 1], got {self.pair_cv}")
         if self.pair_cv > 0 and self.strategy != "pair":
-            raise ValueError(f"pair_cv: only with strategy pair (got strategy {self.strategy}); use pair_cv=0")
+            raise ValueError(
+                f"pair_cv: only with strategy pair (got strategy {self.strategy}); use pair_cv=0"
+            )
         if self.far_credit not in FAR_CREDITS:
             raise ValueError(f"far_credit: must be one of {', '.join(FAR_CREDITS)}, got {self.far_credit!r}")
         if self.far_credit == "cross":
