@@ -125,6 +125,8 @@ TUNABLE = (
     "far_credit",  # JAGG's cost either way
     "jagg_until_step",
     "jagg_from_step",
+    "switch_to",  # exact (the baseline's cost) or pair (JAGG's)
+    "pair_cv",  # JAGG's cost either way
     "endpoint_backward",
     "auto_route",
     "auto_route_threshold",
