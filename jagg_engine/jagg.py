@@ -557,25 +557,35 @@ class UpdateState:
         self, steps: list[int], picked: list[tuple[int, torch.Tensor, float]], v: torch.Tensor
     ) -> None:
         """The backward of a pair group with its control variate: every step's credit s_j on every sample (the
-        drawn rows' from the grad forward ``v``, the others' from the rollout's velocities or a no-grad forward
-        of those rows), then :func:`pair_upstream` at the drawn rows."""
+        drawn rows' from the grad forward ``v``, the others' from the rollout's velocities or, where reuse does
+        not hold, ONE no-grad forward of those rows of every step together: (W − 2)·B rows, JAGG's), then
+        :func:`pair_upstream` at the drawn rows."""
         index = {j: k for k, j in enumerate(steps)}
-        s_all, drawn_at, at = [], {}, 0
+        drawn_at, at = {}, 0
         for j, r, _ in picked:  # the grad forward's rows, in order
             drawn_at[j] = (r, v[at : at + len(r)])
             at += len(r)
+        device = self.traj.latents.device
+        v_all = {j: torch.empty_like(self.traj.latents[j], dtype=v.dtype) for j in steps}
+        rest: dict[int, torch.Tensor] = {}
         for j in steps:
             r, v_drawn = drawn_at.get(j, (None, None))
-            others = torch.ones(self.B, dtype=torch.bool, device=self.traj.latents.device)
+            others = torch.ones(self.B, dtype=torch.bool, device=device)
             if r is not None:
                 others[r] = False
-            v_j = torch.empty_like(self.traj.latents[j], dtype=v.dtype)
+                v_all[j][r] = v_drawn.detach()
             if others.any():
-                rest = torch.nonzero(others).flatten()
-                v_j[rest] = self.inner_velocity(j, None if others.all() else rest).to(v.dtype)
-            if r is not None:
-                v_j[r] = v_drawn.detach()
-            s_all.append(self.upstream(v_j, j))
+                rest[j] = torch.nonzero(others).flatten()
+        reused = [j for j in rest if self.reuse and j in self.traj.velocity_steps]
+        for j in reused:
+            v_all[j][rest[j]] = self.inner_velocity(j, rest[j]).to(v.dtype)
+        todo = [j for j in rest if j not in reused]
+        if todo:
+            out, at = self.forward(todo, grad=False, rows=[rest[j] for j in todo]), 0
+            for j in todo:
+                v_all[j][rest[j]] = out[at : at + len(rest[j])].to(v.dtype)
+                at += len(rest[j])
+        s_all = [self.upstream(v_all[j], j) for j in steps]
         s = torch.stack(s_all)  # (W, B, *S)
         choice = self._pairs[steps[0]][self.index].to(s.device)  # (b, 2)
         u_first, u_second = pair_upstream(s, choice, self.update.pair_cv)
