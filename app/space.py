@@ -127,6 +127,7 @@ TUNABLE = (
     "jagg_from_step",
     "switch_to",  # exact (the baseline's cost) or pair (JAGG's)
     "pair_cv",  # JAGG's cost either way
+    "pair_frac",  # JAGG's cost either way
     "endpoint_backward",
     "auto_route",
     "auto_route_threshold",

@@ -175,7 +175,29 @@ def pair_draw(batch: int, window: int, generator: torch.Generator) -> torch.Tens
     return torch.stack([balanced(half), half + balanced(window - half)], dim=1)
 
 
-def pair_upstream(s: torch.Tensor, choice: torch.Tensor, cv: float) -> tuple[torch.Tensor, torch.Tensor]:
+def pair_mix(choice: torch.Tensor, window: int, pair_frac: float, generator: torch.Generator) -> torch.Tensor:
+    """Strategy pair with ``pair_frac`` = f < 1: B − ceil(f·B) of the batch's samples, drawn uniformly without
+    replacement, train JAGG's two endpoints (offsets 0 and W − 1) instead of their drawn pair, in place in
+    ``choice`` (B, 2). Returns the mask (B,) bool of those samples. Each sample is one of them with probability
+    1 − ceil(f·B)/B, independently of its pair draw, so the expected gradient is that share of JAGG's plus the
+    rest of the exact one: its bias is (1 − ceil(f·B)/B) times JAGG's, at the same cost."""
+    B = choice.shape[0]
+    mask = torch.zeros(B, dtype=torch.bool)
+    n_jagg = B - control_variate_count(B, pair_frac)
+    if n_jagg:
+        rows = torch.randperm(B, generator=generator)[:n_jagg]
+        mask[rows] = True
+        choice[rows, 0], choice[rows, 1] = 0, window - 1
+    return mask
+
+
+def pair_upstream(
+    s: torch.Tensor,
+    choice: torch.Tensor,
+    cv: float,
+    jagg: torch.Tensor | None = None,
+    alpha: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Strategy pair's upstreams at each sample's two drawn steps a (first half, n_1 steps) and b (second half,
     n_2 steps), with the control variate λ = ``cv`` (module docstring, "Strategy pair"):
 
@@ -183,6 +205,8 @@ def pair_upstream(s: torch.Tensor, choice: torch.Tensor, cv: float) -> tuple[tor
 
     Each correction is zero in expectation over the OTHER half's draw, so E[J_aᵀu_a + J_bᵀu_b] = Σ_j J_jᵀ s_j
     for any λ; at λ = 1, u_a + u_b = Σ_j s_j, and where J_a = J_b the draw's noise cancels.
+    The samples of the mask ``jagg`` (B,) (:func:`pair_mix`; their choice is (0, W − 1)) take JAGG's upstreams
+    instead, u_a = Σ_j (1 − α_j)·s_j and u_b = Σ_j α_j·s_j with ``alpha`` (W,) (:func:`aggregate_upstream`).
     Shapes: s (W, B, *S), choice (B, 2) offsets into the group → u_a, u_b (B, *S).
     """
     W, B = s.shape[0], s.shape[1]
@@ -193,6 +217,12 @@ def pair_upstream(s: torch.Tensor, choice: torch.Tensor, cv: float) -> tuple[tor
     S1, S2 = s[:half].sum(0), s[half:].sum(0)
     u_a = n1 * s_a + cv * (S2 - n2 * s_b)
     u_b = n2 * s_b + cv * (S1 - n1 * s_a)
+    if jagg is not None and bool(jagg.any()):
+        if alpha is None:
+            raise ValueError("pair_upstream: the JAGG samples of a mix need the window's alpha")
+        base, corr = aggregate_upstream(s, alpha)
+        m = jagg.to(s.device).reshape(-1, *([1] * (s.dim() - 2)))
+        u_a, u_b = torch.where(m, base, u_a), torch.where(m, corr, u_b)
     return u_a, u_b
 
 

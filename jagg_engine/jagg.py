@@ -50,6 +50,7 @@ from .credit import (
     group_shift,
     jagg_alpha,
     pair_draw,
+    pair_mix,
     pair_upstream,
     pair_weights,
 )
@@ -97,6 +98,11 @@ class UpdateConfig:
                        unbiased; at λ = 1 the draw's noise cancels where J is the same over the window. Needs every
                        step's credit s_j: the rollout's velocities (reuse) or no-grad forwards of the samples that
                        did not draw a step, JAGG's cost. 0 = plain subsampling, no inner forward.
+    pair_frac:         f ∈ (0, 1], strategy pair: the share ceil(f·B)/B of each window's samples that draw a pair;
+                       the others, drawn uniformly, train JAGG's endpoints with JAGG's credits
+                       (:func:`jagg_engine.credit.pair_mix`), the same cost. The expected gradient's bias is
+                       (1 − ceil(f·B)/B) times JAGG's; the draw's variance falls with f. Like ``pair_cv`` > 0 it
+                       reads every step's credit. 1 = every sample draws a pair (unbiased).
     reuse_rollout_velocity: auto | off. With auto, the inner steps of a JAGG group take v̂_j stored by the
                        rollout instead of a no-grad forward, when and only when (1) the caller says the
                        policy has not been written since the rollout (``policy_update``'s ``rollout_policy``;
@@ -121,6 +127,7 @@ class UpdateConfig:
     far_credit: str = "own"
     group_size: int | None = None
     pair_cv: float = 0.0
+    pair_frac: float = 1.0
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -159,6 +166,12 @@ class UpdateConfig:
         if self.pair_cv > 0 and self.strategy != "pair":
             raise ValueError(
                 f"pair_cv: only with strategy pair (got strategy {self.strategy}); use pair_cv=0"
+            )
+        if not 0.0 < self.pair_frac <= 1.0:
+            raise ValueError(f"pair_frac: must be in (0, 1], got {self.pair_frac}")
+        if self.pair_frac < 1 and self.strategy != "pair":
+            raise ValueError(
+                f"pair_frac: only with strategy pair (got strategy {self.strategy}); use pair_frac=1"
             )
         if self.far_credit not in FAR_CREDITS:
             raise ValueError(f"far_credit: must be one of {', '.join(FAR_CREDITS)}, got {self.far_credit!r}")
@@ -265,6 +278,9 @@ class UpdateState:
             int, torch.Tensor
         ] = {}  # group's first step → per inner step, the drawn samples of the whole batch (m,)
         self._pairs: dict[int, torch.Tensor] = {}  # strategy pair: group's first step → (B, 2) drawn offsets
+        self._pair_jagg: dict[
+            int, torch.Tensor
+        ] = {}  # pair_frac < 1: group's first step → (B,) JAGG's samples
         self.model, self.traj, self.update, self.sampler, self.ref_model = (
             model,
             traj,
@@ -368,7 +384,12 @@ class UpdateState:
         """Strategy pair: for each step of group ``steps``, the samples of the current micro-batch that train it
         (indices into it). Drawn once per group over the whole batch (:func:`pair_draw`)."""
         if steps[0] not in self._pairs:
-            self._pairs[steps[0]] = pair_draw(self.full_traj.batch_size, len(steps), self.generator)
+            choice = pair_draw(self.full_traj.batch_size, len(steps), self.generator)
+            if self.update.pair_frac < 1:
+                self._pair_jagg[steps[0]] = pair_mix(
+                    choice, len(steps), self.update.pair_frac, self.generator
+                )
+            self._pairs[steps[0]] = choice
         choice = self._pairs[steps[0]][self.index]  # (b, 2)
         device = self.traj.latents.device
         return [torch.nonzero((choice == k).any(dim=1)).flatten().to(device) for k in range(len(steps))]
@@ -544,7 +565,7 @@ class UpdateState:
         rows = self.pair_rows(steps)
         picked = [(j, r, w) for j, r, w in zip(steps, rows, weights) if len(r)]
         v = self.forward([j for j, _, _ in picked], grad=True, rows=[r for _, r, _ in picked])
-        if self.update.pair_cv > 0:
+        if self.update.pair_cv > 0 or self.update.pair_frac < 1:
             self.pair_cv_backward(steps, picked, v)
             return
         loss, at = v.new_zeros((), dtype=compute_dtype(v.dtype)), 0
@@ -588,7 +609,9 @@ class UpdateState:
         s_all = [self.upstream(v_all[j], j) for j in steps]
         s = torch.stack(s_all)  # (W, B, *S)
         choice = self._pairs[steps[0]][self.index].to(s.device)  # (b, 2)
-        u_first, u_second = pair_upstream(s, choice, self.update.pair_cv)
+        jagg = self._pair_jagg[steps[0]][self.index] if steps[0] in self._pair_jagg else None
+        alpha = jagg_alpha(self.traj.sigmas[steps]) if jagg is not None else None
+        u_first, u_second = pair_upstream(s, choice, self.update.pair_cv, jagg, alpha)
         grads = [u_first[r] if index[j] < len(steps) // 2 else u_second[r] for j, r, _ in picked]
         self.backward([v], [torch.cat(grads)])
 
@@ -629,8 +652,8 @@ def group_plan(traj_steps: list[int], update: UpdateConfig) -> list[tuple[list[i
 def reuse_steps(traj_steps: list[int], update: UpdateConfig) -> list[int]:
     """The grid steps whose rollout velocities the update can read: the inner steps of the groups routed to
     JAGG, every step of the groups routed to pair with its control variate (a rollout need keep no other).
-    Empty unless reuse is on and the strategy is jagg, or pair with ``pair_cv`` > 0."""
-    pair = update.strategy == "pair" and update.pair_cv > 0
+    Empty unless reuse is on and the strategy is jagg, or pair with ``pair_cv`` > 0 or ``pair_frac`` < 1."""
+    pair = update.strategy == "pair" and (update.pair_cv > 0 or update.pair_frac < 1)
     if update.reuse_rollout_velocity != "auto" or not (update.strategy == "jagg" or pair):
         return []
     plan = group_plan(traj_steps, update)

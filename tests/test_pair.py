@@ -17,7 +17,7 @@ from jagg_engine.backbones.flux_core import TinyFlux
 from jagg_engine.backbones.gauss_toy import GaussToy
 from jagg_engine.backbones.linear_toy import LinearToy
 from jagg_engine.cost import cost_model_speedup, group_cost, predicted_speedup
-from jagg_engine.credit import pair_draw, pair_upstream, pair_weights
+from jagg_engine.credit import pair_draw, pair_mix, pair_upstream, pair_weights
 from jagg_engine.grpo import ppo_clip_loss
 from jagg_engine.jagg import UpdateConfig, policy_update, reuse_steps
 
@@ -417,3 +417,130 @@ def test_a_rollout_keeps_every_steps_velocity_for_the_control_variate_and_none_w
         UpdateConfig(strategy="jagg", pair_cv=0.5)
     with pytest.raises(ValueError, match=r"pair_cv: must be in \[0, 1\], got 1.5"):
         UpdateConfig(strategy="pair", pair_cv=1.5)
+
+
+# ---------------------------------------------------------------------------------------------- pair_frac: a mix
+
+
+def test_a_mix_gives_jaggs_endpoints_to_a_uniform_share_of_the_samples():
+    """pair_frac = f: B − ceil(f·B) samples take offsets (0, W − 1), the others keep their pair; each sample is
+    one of them with probability 1 − ceil(f·B)/B, whatever its pair."""
+    hits = torch.zeros(7)
+    for seed in range(3000):
+        g = torch.Generator().manual_seed(seed)
+        choice = pair_draw(7, 5, g)
+        drawn = choice.clone()
+        mask = pair_mix(choice, 5, 0.6, g)  # ceil(4.2) = 5 pairs, 2 samples on JAGG's endpoints
+        assert int(mask.sum()) == 2
+        assert choice[mask].tolist() == [[0, 4], [0, 4]] and torch.equal(choice[~mask], drawn[~mask])
+        hits += mask
+    assert torch.allclose(hits / 3000, torch.full((7,), 2 / 7), atol=0.03)
+    assert not pair_mix(pair_draw(7, 5, g), 5, 1.0, g).any()
+
+
+def test_pair_upstream_of_a_mix_by_hand():
+    s = torch.arange(4 * 2, dtype=F64).reshape(4, 2) + 1  # W = 4 steps, B = 2 samples, S = ()
+    choice = torch.tensor([[1, 2], [0, 3]])  # sample 1 on JAGG's endpoints
+    alpha = torch.tensor([0.0, 0.25, 0.5, 1.0], dtype=F64)
+    u_a, u_b = pair_upstream(s, choice, 1.0, torch.tensor([False, True]), alpha)
+    pair_a, pair_b = pair_upstream(s, choice, 1.0)
+    assert u_a[0] == pair_a[0] and u_b[0] == pair_b[0]  # sample 0 keeps its pair's upstreams
+    # sample 1: s = 2, 4, 6, 8 over the steps; base Σ(1 − α)s = 2 + 3 + 3 + 0, corr Σ α·s = 0 + 1 + 3 + 8
+    assert u_a[1].item() == 8.0 and u_b[1].item() == 12.0
+    with pytest.raises(ValueError, match="need the window's alpha"):
+        pair_upstream(s, choice, 1.0, torch.tensor([False, True]))
+
+
+def mix_by_definition(model, traj, adv, sampler, seed: int, pair_frac: float, cv: float) -> torch.Tensor:
+    """The mix's loss with plain autograd: every step of the one window forwarded on every sample; the drawn rows
+    get the pair's upstreams, JAGG's samples Σ_j (1 − α_j)·s_j at step 0 and Σ_j α_j·s_j at step W − 1, α_j =
+    (t_0 − t_j)/(t_0 − t_{W−1})."""
+    g = torch.Generator().manual_seed(seed)
+    steps, B = traj.sde_steps[:4], traj.batch_size
+    choice = pair_draw(B, 4, g)
+    mask = pair_mix(choice, 4, pair_frac, g)
+    vs, s = velocities_and_upstreams(model, traj, adv, sampler, 1e-2, steps)
+    s = s.detach()
+    u_a, u_b = pair_upstream(s, choice, cv)  # the pair's, without the mask
+    t = traj.sigmas[steps]
+    alpha = ((t[0] - t) / (t[0] - t[-1])).to(F64).reshape(-1, *([1] * (s.dim() - 1)))
+    m = mask.reshape(-1, *([1] * (s.dim() - 2)))
+    u_a = torch.where(m, ((1 - alpha) * s).sum(0), u_a)
+    u_b = torch.where(m, (alpha * s).sum(0), u_b)
+    v, rows = torch.stack(vs), torch.arange(B)
+    return (v[choice[:, 0], rows] * u_a).sum() + (v[choice[:, 1], rows] * u_b).sum()
+
+
+@pytest.mark.parametrize("cv, reuse", [(1.0, False), (1.0, True), (0.0, True)])
+def test_a_mix_is_its_definition_by_plain_autograd_at_jaggs_cost(one_window64, cv, reuse):
+    model, traj, adv, sampler = one_window64
+    if reuse:
+        traj, adv, sampler = make_case(model, batch=4, num_steps=8, sde_window=(0, 4), seed=4, reuse=True)
+    got, res = gradient(
+        model, traj, adv, sampler, torch.Generator().manual_seed(3), strategy="pair", window=4, pair_cv=cv,
+        pair_frac=0.5, reuse_rollout_velocity="auto" if reuse else "off",
+    )  # fmt: skip
+    params = model.trainable_parameters()
+    zero(params)
+    mix_by_definition(model, traj, adv, sampler, 3, 0.5, cv).backward()
+    assert rel_err(got, flat_grad(params)) <= 1e-12
+    assert (res.counts.forward_grad, res.counts.backward) == (1, 1)
+    assert (res.counts.forward_nograd, res.counts.reused) == ((0, 4) if reuse else (1, 0))  # 4 steps read
+
+
+def test_the_mix_over_every_draw_keeps_that_share_of_jaggs_bias(one_window64):
+    """E_draw[g_mix] = f'·g_exact + (1 − f')·g_jagg with f' = ceil(f·B)/B, computed over every one of the 6 × 36
+    equally likely (mix, pair) draws at B = 4, f = 0.5: the expected gradient's bias is half of JAGG's."""
+    model, traj, adv, sampler = one_window64
+    exact, _ = gradient(model, traj, adv, sampler, strategy="exact")
+    jagg, _ = gradient(model, traj, adv, sampler, window=4)
+    seeds: dict[tuple, int] = {}
+    for seed in range(20_000):
+        g = torch.Generator().manual_seed(seed)
+        choice = pair_draw(4, 4, g)
+        key = (tuple(choice.flatten().tolist()), tuple(pair_mix(choice, 4, 0.5, g).tolist()))
+        seeds.setdefault(key, seed)
+        if len(seeds) == 6 * 36:
+            break
+    assert len(seeds) == 6 * 36
+    grads = [
+        gradient(model, traj, adv, sampler, torch.Generator().manual_seed(s), strategy="pair", window=4,
+                 pair_frac=0.5, pair_cv=1.0)[0]
+        for s in seeds.values()
+    ]  # fmt: skip
+    mean = torch.stack(grads).mean(0)
+    assert rel_err(mean, 0.5 * exact + 0.5 * jagg) <= 1e-8  # TinyFlux's summed-upstream round-off, as above
+    assert rel_err(jagg, exact) > 1e-3
+
+
+def test_a_mix_trains_with_micro_batches_and_resumes_bit_for_bit(tmp_path):
+    combo = COMBOS["micro-mini-batches"]
+    whole = make_trainer(tmp_path, "whole", "strategy=pair", "pair_frac=0.5", *combo)
+    m1 = whole.train_step(1)
+    m_jagg = make_trainer(tmp_path, "jagg", "strategy=jagg", *combo).train_step(1)
+    assert (m1["count/forward_grad"], m1["count/backward"]) == (
+        m_jagg["count/forward_grad"],
+        m_jagg["count/backward"],
+    )
+    resumed = resumed_after(whole, tmp_path, "resumed", "strategy=pair", "pair_frac=0.5", *combo)
+    whole.train_step(2)
+    resumed.train_step(2)
+    for p, q in zip(whole.params, resumed.params):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+def test_pair_frac_refusals_and_the_rollouts_velocities():
+    from test_control_variate_trainer import SMALL_FLUX
+
+    from jagg_engine.train.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"^pair_frac: must be a number in \(0, 1\], got 0.0"):
+        load_config(None, [*SMALL_FLUX, "strategy=pair", "pair_frac=0"], check_environment=False)
+    with pytest.raises(
+        ConfigError, match="^pair_frac: the share of samples strategy pair draws; needs strategy"
+    ):
+        load_config(None, [*SMALL_FLUX, "pair_frac=0.5"], check_environment=False)
+    with pytest.raises(ValueError, match="pair_frac: only with strategy pair"):
+        UpdateConfig(strategy="jagg", pair_frac=0.5)
+    mix = UpdateConfig(strategy="pair", window=4, pair_frac=0.5, reuse_rollout_velocity="auto")
+    assert reuse_steps([0, 1, 2, 3], mix) == [0, 1, 2, 3]  # JAGG's samples read every step's credit

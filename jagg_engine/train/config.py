@@ -262,6 +262,12 @@ class TrainConfig(ConfigChecks):
         " stays unbiased; at 1 the draw's noise cancels where the Jacobian is the same over the window. Reads every"
         " step's velocity (the rollout's with reuse: JAGG's cost). 0 = plain subsampling, no inner forward.",
     )
+    pair_frac: float = _f(
+        1.0,
+        "Strategy pair: the share of each window's samples that draw a pair, in (0, 1]; the others, drawn"
+        " uniformly, train JAGG's two endpoints with JAGG's credits, at the same cost. The expected gradient's"
+        " bias is (1 - pair_frac) x JAGG's and the draw's noise falls with it. 1 = every sample (unbiased).",
+    )
     alpha_scale: float = _f(
         1.0,
         "JAGG's weight of the inner steps at the far endpoint, as a fraction of the paper's alpha_j (strategy"
@@ -504,6 +510,7 @@ class TrainConfig(ConfigChecks):
                 far_credit="own",
                 group_size=None,
                 pair_cv=self.pair_cv if self.switch_to == "pair" else 0.0,
+                pair_frac=self.pair_frac if self.switch_to == "pair" else 1.0,
             )
         return UpdateConfig(
             strategy=self.strategy,
@@ -511,6 +518,7 @@ class TrainConfig(ConfigChecks):
             jagg_frac=self.jagg_frac,
             cv_frac=self.cv_frac,
             pair_cv=self.pair_cv if self.strategy == "pair" else 0.0,
+            pair_frac=self.pair_frac if self.strategy == "pair" else 1.0,
             alpha_scale=self.alpha_scale,
             far_credit=self.far_credit,
             group_size=self.group_size if self.far_credit == "cross" else None,

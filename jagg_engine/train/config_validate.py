@@ -60,6 +60,7 @@ FLOAT_BOUNDS: dict[str, tuple[float, float, bool]] = {
     "jagg_frac": (0.0, 1.0, True),
     "cv_frac": (0.0, 1.0, True),
     "pair_cv": (0.0, 1.0, True),
+    "pair_frac": (0.0, 1.0, False),
     "alpha_scale": (0.0, 1.0, True),
     "auto_route_threshold": (-1.0, 1.0, True),
 }
@@ -303,6 +304,7 @@ class ConfigChecks:
         _bounded("jagg_frac", self.jagg_frac)
         _bounded("cv_frac", self.cv_frac)
         _bounded("pair_cv", self.pair_cv)
+        _bounded("pair_frac", self.pair_frac)
         _bounded("alpha_scale", self.alpha_scale)
         if self.alpha_scale != 1.0 and self.strategy != "jagg":
             raise ConfigError(
@@ -334,6 +336,11 @@ class ConfigChecks:
             raise ConfigError(
                 f"switch_to: the backward outside JAGG's span; needs jagg_from_step or jagg_until_step, got"
                 f" switch_to {self.switch_to!r} with neither (use switch_to=exact)"
+            )
+        if self.pair_frac < 1 and "pair" not in (self.strategy, self.switch_to):
+            raise ConfigError(
+                f"pair_frac: the share of samples strategy pair draws; needs strategy pair or switch_to pair, got"
+                f" strategy {self.strategy!r} (use pair_frac=1)"
             )
         if self.jagg_until_step is not None and self.strategy != "jagg":
             raise ConfigError(

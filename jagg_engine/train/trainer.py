@@ -316,7 +316,11 @@ class Trainer:
         planned = self.cfg.update_config(step)  # jagg_from_step / jagg_until_step: this step's backward
         if self.update.strategy != planned.strategy:  # (keeping an auto-routed jagg_frac)
             self.update = dataclasses.replace(
-                self.update, strategy=planned.strategy, cv_frac=planned.cv_frac, pair_cv=planned.pair_cv
+                self.update,
+                strategy=planned.strategy,
+                cv_frac=planned.cv_frac,
+                pair_cv=planned.pair_cv,
+                pair_frac=planned.pair_frac,
             )
             names = {"jagg": "JAGG", "exact": "the exact backward", "pair": "strategy pair"}
             log.info("step %d: %s from this step on", step, names.get(planned.strategy, planned.strategy))
