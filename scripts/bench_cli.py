@@ -60,7 +60,15 @@ def main() -> None:
             "python -c 'import torch'": [sys.executable, "-c", "import torch"],
             "jagg --help": [jagg, "--help"],
             "jagg runs": [jagg, "runs", "--runs-dir", str(runs)],
-            "jagg report 1": [jagg, "report", "1", "--runs-dir", str(runs), "--out", str(Path(tmp) / "r.html")],
+            "jagg report 1": [
+                jagg,
+                "report",
+                "1",
+                "--runs-dir",
+                str(runs),
+                "--out",
+                str(Path(tmp) / "r.html"),
+            ],
             "jagg reindex": [jagg, "reindex", "--runs-dir", str(runs)],
         }
         times: dict[str, list[float]] = {name: [] for name in commands}
