@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 
-# The strategies `jagg bench` times, and the engine's (jagg_engine.jagg.STRATEGIES), which routing knows.
+# The strategies `jagg bench` times, and the engine's (jagg_engine.update_config.STRATEGIES), which routing knows.
 BENCH_STRATEGIES = (
     "exact",
     "jagg",
