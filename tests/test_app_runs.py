@@ -135,7 +135,10 @@ def test_cancel_before_the_trainer_marks_itself_running_is_not_lost(manager_fact
     m.cancel(run_id)  # the trainer is still "loading"; its switch to running clears the flag
     assert _wait(lambda: m.store.get_run(run_id)["status"] == "cancelled", timeout=20, manager=m)
     assert not (m.store.get_run(run_id)["error"] or "").startswith("killed"), "not a cooperative stop"
-    assert m.store.get_run(run_id)["last_step"] is not None and m.store.get_run(run_id)["last_step"] < 10
+    # the manager asks again as soon as it sees the flag cleared: on a busy machine that can come before the
+    # trainer's first check, which then stops before its first step (last_step None); either way, within a step
+    last_step = m.store.get_run(run_id)["last_step"]
+    assert last_step is None or last_step < 10, last_step
 
 
 def test_cancel_kills_the_process_group_after_the_timeout(manager_factory):

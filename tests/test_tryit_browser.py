@@ -87,8 +87,12 @@ def test_browser_try_it_base_and_run_side_by_side_then_cancel_then_export_model(
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#tryit-run ul.option-list li[data-index]"))
         box.send_keys(Keys.ENTER)
         wait.until(lambda d: step_box.get_attribute("value") == "1")
-        picked = box.get_attribute("value")
-        assert picked.startswith(f"#{app.run_id} tried (jagg, "), picked
+        # the box shows the picked run's label once the page has drawn the server's answer, which on a busy
+        # machine can come after the step box's: poll for it (the wait only bounds a hang)
+        label = f"#{app.run_id} tried (jagg, "
+        assert wait.until(lambda d: box.get_attribute("value").startswith(label) or None), box.get_attribute(
+            "value"
+        )
         prompts = driver.find_element(By.CSS_SELECTOR, "#tryit-prompts textarea")
         prompts.send_keys("red circle left")
         seeds = driver.find_element(By.CSS_SELECTOR, "#tryit-seeds textarea, #tryit-seeds input")
