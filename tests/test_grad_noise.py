@@ -23,13 +23,14 @@ def raw_mean_square(run: str) -> float:
     return sum(norms) / len(norms)
 
 
+def grad_noise(*args: str) -> subprocess.CompletedProcess:
+    """The script over the committed race, as a person runs it."""
+    cmd = [sys.executable, "scripts/grad_noise.py", str(RACE), *args]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+
+
 def test_the_ratio_of_mean_square_gradient_norms_per_seed():
-    proc = subprocess.run(
-        [sys.executable, "scripts/grad_noise.py", str(RACE), "--baseline", "mix50"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
+    proc = grad_noise("--baseline", "mix50")
     assert proc.returncode == 0, proc.stderr
     rows = {line.split("|")[1].strip(): line for line in proc.stdout.splitlines()[2:]}
     names = {json.loads((d / "run.json").read_text())["name"]: d.name for d in (RACE / "history").iterdir()}
@@ -40,11 +41,6 @@ def test_the_ratio_of_mean_square_gradient_norms_per_seed():
 
 
 def test_an_unknown_baseline_is_one_line():
-    proc = subprocess.run(
-        [sys.executable, "scripts/grad_noise.py", str(RACE), "--baseline", "nope"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
+    proc = grad_noise("--baseline", "nope")
     assert proc.returncode == 1
     assert proc.stderr.strip() == "--baseline: no variant 'nope' in these races (have mix50, mix75)"
