@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from test_control_variate import flat_grad, make_case, rel_err, zero
+from test_control_variate import flat_grad, gradient, make_case, rel_err, zero
 from test_control_variate_trainer import COMBOS, gradients_of_steps, make_trainer, resumed_after
 from test_jagg import velocities_and_upstreams
 
@@ -19,18 +19,9 @@ from jagg_engine.backbones.linear_toy import LinearToy
 from jagg_engine.cost import cost_model_speedup, group_cost, predicted_speedup
 from jagg_engine.credit import pair_draw, pair_mix, pair_upstream, pair_weights
 from jagg_engine.grpo import ppo_clip_loss
-from jagg_engine.jagg import UpdateConfig, policy_update, reuse_steps
+from jagg_engine.jagg import UpdateConfig, reuse_steps
 
 F64 = torch.float64
-
-
-def gradient(model, traj, adv, sampler, generator=None, **update):
-    params = model.trainable_parameters()
-    zero(params)
-    result = policy_update(
-        model, traj, adv, UpdateConfig(clip_range=1e-2, **update), sampler, generator=generator
-    )
-    return flat_grad(params), result
 
 
 def seed_of_every_draw(batch: int, window: int, n_groups: int = 1) -> dict[tuple, int]:
