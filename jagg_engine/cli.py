@@ -12,7 +12,9 @@ import argparse
 import json
 import os
 import sys
+import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from jagg_engine.errors import UsageError
 
@@ -124,6 +126,16 @@ def _run_probe(args: argparse.Namespace) -> int:
 
 
 # name → (help, module, its add_arguments, its run): every module an engine module (tests/test_layers.py)
+def _raised_at(exc: BaseException) -> str:
+    """``; raised at FILE:LINE in FUNCTION``, the innermost frame of ``exc``'s traceback: where a write that
+    names no file failed (an OSError from a write call carries no path)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f"; raised at {Path(last.filename).name}:{last.lineno} in {last.name}"
+
+
 MODULE_COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "eval": (
         "mean ± std reward of a model on fixed prompts and seeds",
@@ -237,7 +249,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from jagg_engine.store import CorruptIndexError
 
         if is_disk_full(exc):  # a write that did not fit: one line naming it, as a failed run's error reads
-            where = disk_full_path(exc, "") or " ".join(f"? ({type(exc).__name__}: {exc})".split())
+            where = disk_full_path(exc, "") or " ".join(
+                f"? ({type(exc).__name__}: {exc}{_raised_at(exc)})".split()
+            )
             print(f"jagg {args.command}: error: disk full: {where}", file=sys.stderr)
             return 1
         if not isinstance(exc, CorruptIndexError):

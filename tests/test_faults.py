@@ -295,3 +295,22 @@ def test_disk_full_while_writing_images_or_metrics_fails_the_run_and_keeps_the_h
     fill_disk(runs)  # full again (the run freed its 1 MiB reserve to record its status)
     assert cli.main(["runs", "--runs-dir", str(runs)]) == 0
     assert "failed" in capsys.readouterr().out
+
+
+def test_a_full_disk_that_names_no_file_says_where_it_was_raised(tmp_path, monkeypatch, capsys):
+    """A write call's OSError carries no path: the CLI's one line then says which function raised it, so a full
+    disk nobody can place (seen twice under two pytest workers) says which write it was."""
+    import errno
+
+    from jagg_engine import runs_cli
+
+    def write_nowhere(args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(runs_cli, "run_runs", write_nowhere)
+    assert cli.main(["runs", "--runs-dir", str(tmp_path)]) == 1
+    line = capsys.readouterr().err.strip()
+    assert line.startswith(
+        "jagg runs: error: disk full: ? (OSError: [Errno 28] No space left on device; raised at "
+    )
+    assert line.endswith(" in write_nowhere)") and "test_faults.py:" in line and "\n" not in line
