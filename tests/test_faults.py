@@ -314,3 +314,26 @@ def test_a_full_disk_that_names_no_file_says_where_it_was_raised(tmp_path, monke
         "jagg runs: error: disk full: ? (OSError: [Errno 28] No space left on device; raised at "
     )
     assert line.endswith(" in write_nowhere)") and "test_faults.py:" in line and "\n" not in line
+
+
+def test_an_earlier_runs_log_on_a_full_disk_does_not_stop_the_next_run(mounts, tmp_path):
+    """In one process, a run's train.log handler stays on the root logger until the next run sets up its own;
+    closing it flushes what it buffered, which on a full disk raised ENOSPC into the next run's start (the
+    two-worker suite's unexplained "disk full: ?"). The next run now starts, and the old handler is gone."""
+    import logging
+
+    from jagg_engine.train import process
+
+    full = mounts("-t", "tmpfs", "-o", "size=1m", "tmpfs", str(tmp_path / "full"))
+    old = logging.FileHandler(full / "train.log")
+    root = logging.getLogger()
+    root.addHandler(old)
+    try:
+        fill_disk(full)
+        old.stream.write("x" * 100)  # buffered: the flush that close() makes hits the full disk
+        with pytest.raises(OSError):
+            old.stream.flush()
+        process._setup_logging(tmp_path / "next-run", main=True)
+        assert old not in root.handlers and (tmp_path / "next-run" / "train.log").exists()
+    finally:
+        process._drop_root_handlers()

@@ -59,11 +59,25 @@ def _terminal_handler() -> logging.Handler:
     return handler
 
 
+def _drop_root_handlers() -> None:
+    """Remove and close the root logger's handlers, e.g. an earlier in-process run's train.log. Its close
+    flushes what it still buffers, which fails where that run's disk is full: that text is lost, and the new
+    run goes on (``basicConfig(force=True)`` would raise it into the new run's start)."""
+    root = logging.getLogger()
+    for handler in root.handlers[:]:
+        root.removeHandler(handler)
+        try:
+            handler.close()
+        except OSError:
+            pass
+
+
 def _setup_logging(run_dir: Path | None, main: bool) -> None:
     if not main:
         logging.basicConfig(level=logging.WARNING, handlers=[_terminal_handler()])
         return
     run_dir.mkdir(parents=True, exist_ok=True)
+    _drop_root_handlers()
     handlers = [logging.FileHandler(run_dir / "train.log"), _terminal_handler()]
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", handlers=handlers, force=True
