@@ -343,10 +343,12 @@ def speedup_note(
     cv_frac: float | None = 0.0,
     jagg_until_step: float | None = None,
     steps: float | None = None,
+    pair_credits: bool = True,
 ) -> str:
     """The cost-model line shown under the form before launch (``reuse``: reuse_rollout_velocity is auto):
     the speedup of a JAGG step (with the control variate's ``cv_frac``), and over the run's ``steps`` when it
-    switches to the exact backward after ``jagg_until_step`` (0 or None: no switch)."""
+    switches to the exact backward after ``jagg_until_step`` (0 or None: no switch). ``pair_credits``: strategy
+    pair reads every step's credit (pair_cv > 0, the form's default), JAGG's cost."""
     try:
         w, f, r_, p = int(window), float(jagg_frac), float(r), float(cv_frac or 0.0)
         if (
@@ -359,10 +361,13 @@ def speedup_note(
             " and r > 0."
         )
     kind = strategy if strategy in ("exact", "endpoint", "pair") else "jagg"
-    reuse = reuse and strategy == "jagg"  # only JAGG's inner steps take the rollout's velocities
+    credits = strategy == "pair" and pair_credits
+    reuse = reuse and (
+        strategy == "jagg" or credits
+    )  # the kinds whose inner steps take the rollout's velocities
     p = p if strategy == "jagg" else 0.0
     s = data.predicted_speedup(
-        w, r_, f, kind, reuse=reuse, updates_per_rollout=updates_per_rollout, cv_frac=p
+        w, r_, f, kind, reuse=reuse, updates_per_rollout=updates_per_rollout, cv_frac=p, pair_credits=credits
     )
     if strategy == "exact":
         return (
@@ -377,11 +382,15 @@ def speedup_note(
         on = (
             "every update" if updates_per_rollout == 1 else f"the first of {updates_per_rollout} mini-batches"
         )
-        per_group = f"jagg with the rollout's velocities {2 * r_:.1f} on {on}, else {w - 2 + 2 * r_:.1f}"
-    elif strategy in ("endpoint", "pair"):  # two steps with grad a window, no inner forward
-        per_group = f"{strategy} {2 * r_:.1f}" + (", unbiased" if strategy == "pair" else "")
+        per_group = f"{kind} with the rollout's velocities {2 * r_:.1f} on {on}, else {w - 2 + 2 * r_:.1f}"
+    elif strategy == "endpoint" or (
+        strategy == "pair" and not credits
+    ):  # two steps with grad, no inner forward
+        per_group = f"{strategy} {2 * r_:.1f}"
     else:
         per_group = f"{strategy} {w - 2 + 2 * r_:.1f}"
+    if strategy == "pair":
+        per_group += ", unbiased" + (", every step's credit read" if credits else "")
     line = (
         f"Predicted update-phase speedup over {FORM_BASELINE}: **{s:.2f}×** (cost model, W = {w}, jagg_frac = {f:g}, "
         f"r = {r_:g}: exact {w * r_:.1f} units per window, {per_group}{per_group_cv})."

@@ -3,7 +3,9 @@
 Cost model: :mod:`jagg_engine.cost` (torch-free, shared with the app). One forward without grad costs 1 unit,
 a forward with grad plus its backward r units; per group of n trained steps exact costs n·r, jagg and
 jagg-sequential (n − 2) + 2r, endpoint and jagg+reuse 2r, paper-code n + 2r, routed as the engine routes;
-jagg+reuse+cv (velocity reuse and the control variate at ``--cv-frac`` p, the shipped setting) 2r + p·(n − 2)·r.
+jagg+reuse+cv (velocity reuse and the control variate at ``--cv-frac`` p, the shipped setting) 2r + p·(n − 2)·r;
+pair (plain subsampling, pair_cv 0) 2r, pair+cv (pair_cv 1: every step's credit, the undrawn steps forwarded
+without grad) (n − 2) + 2r, pair+reuse+cv (those credits from the rollout) 2r.
 
 The joint JAGG backward (one batched 2B forward and one backward) and the sequential one (two B forwards and
 two backwards) have the same unit cost; a batched call can only be cheaper per sample, never dearer.
@@ -108,7 +110,9 @@ def strategy_update(
         "paper-code": dict(strategy="jagg"),
         "jagg+reuse": dict(strategy="jagg", reuse_rollout_velocity="auto"),
         "jagg+reuse+cv": dict(strategy="jagg", reuse_rollout_velocity="auto", cv_frac=cv_frac),
-        "pair": dict(strategy="pair"),
+        "pair": dict(strategy="pair", pair_cv=0.0),
+        "pair+cv": dict(strategy="pair", pair_cv=1.0),
+        "pair+reuse+cv": dict(strategy="pair", pair_cv=1.0, reuse_rollout_velocity="auto"),
     }
     if name not in options:
         raise ValueError(f"strategy: must be one of {', '.join(BENCH_STRATEGIES)}, got {name!r}")

@@ -7,6 +7,9 @@ plus its backward costs r units. Per group of n trained steps:
     jagg, jagg-sequential       (n − 2) + 2r      inner steps forwarded without grad, two endpoint backwards
     endpoint                    2r                the paper's ablation: the endpoints' own losses only
     pair                        2r                two steps drawn per sample, one from each half, weighted
+    pair+cv                     (n − 2) + 2r      pair reading every step's credit (pair_cv > 0 or pair_frac < 1):
+                                                  the undrawn steps forwarded without grad, one call a group
+    pair+reuse+cv               2r                the same credits taken from the rollout (on-policy update)
     paper-code                  n + 2r            all n steps without grad, then each endpoint again with grad
     jagg+reuse                  2r                inner velocities taken from the rollout (on-policy update)
 
@@ -40,6 +43,8 @@ BENCH_STRATEGIES = (
     "jagg+reuse",
     "jagg+reuse+cv",
     "pair",
+    "pair+cv",
+    "pair+reuse+cv",
 )
 ROUTED_STRATEGIES = ("exact", "jagg", "endpoint", "pair")
 CV_STRATEGIES = (
@@ -111,8 +116,10 @@ def group_cost(n: int, r: float, kind: str, cv_frac: float = 0.0) -> float:
         return (1 - cv_frac) * (n - 2) + 2 * r + cv_frac * (n - 2) * r
     if kind in ("jagg+reuse", "jagg+reuse+cv"):
         return 2 * r + cv_frac * (n - 2) * r
-    if kind in ("endpoint", "pair"):
+    if kind in ("endpoint", "pair", "pair+reuse+cv"):
         return 2 * r
+    if kind == "pair+cv":
+        return (n - 2) + 2 * r
     if kind == "paper-code":
         return n + 2 * r
     raise ValueError(f"strategy: must be one of {', '.join(BENCH_STRATEGIES)}, got {kind!r}")
@@ -132,9 +139,9 @@ def cost_model_speedup(
     With ``trained_steps`` K the groups and their routing are the engine's (:func:`route_groups` of K steps:
     trailing short group, ceil(f·G)); without it, the paper's continuous form
     W·r / (f·c(W) + (1 − f)·W·r) with c(W) the strategy's per-group cost.
-    ``reuse_fraction`` (jagg+reuse only): the fraction ρ of the update's samples whose policy is still the
-    sampling one — 1 / updates_per_rollout, since only the first mini-batch reuses — so a routed group costs
-    ρ·2r + (1 − ρ)·((n − 2) + 2r). ``cv_frac`` p: the control variate's drawn fraction (jagg kinds only),
+    ``reuse_fraction`` (jagg+reuse and pair+reuse+cv only): the fraction ρ of the update's samples whose policy
+    is still the sampling one — 1 / updates_per_rollout, since only the first mini-batch reuses — so a routed
+    group costs ρ·2r + (1 − ρ)·((n − 2) + 2r). ``cv_frac`` p: the control variate's drawn fraction (jagg kinds only),
     costed as in the module docstring.
     Example: W = 4, r = 1.8, f = 1, jagg → 7.2 / 5.6; jagg+reuse → 7.2 / 3.6, with ρ = 1/2 → 7.2 / 4.6.
     """
@@ -149,9 +156,10 @@ def cost_model_speedup(
 
     def cost(n: int, kind: str) -> float:
         p = cv_frac if kind in CV_STRATEGIES else 0.0
-        if kind in ("jagg+reuse", "jagg+reuse+cv"):
+        if kind in ("jagg+reuse", "jagg+reuse+cv", "pair+reuse+cv"):
+            unreused = "pair+cv" if kind.startswith("pair") else "jagg"
             return reuse_fraction * group_cost(n, r, kind, p) + (1 - reuse_fraction) * group_cost(
-                n, r, "jagg", p
+                n, r, unreused, p
             )
         return group_cost(n, r, kind, p)
 
@@ -163,7 +171,7 @@ def cost_model_speedup(
     if trained_steps < 1:
         raise ValueError(f"trained_steps: must be a positive integer, got {trained_steps}")
     routed = (
-        strategy if strategy in ("endpoint", "pair") else "jagg"
+        "pair" if strategy.startswith("pair") else "endpoint" if strategy == "endpoint" else "jagg"
     )  # the engine strategy each bench one routes as
     plan = route_groups(list(range(trained_steps)), routed, window, jagg_frac)
     exact = sum(len(g) * r for g, _ in plan)
@@ -198,17 +206,22 @@ def predicted_speedup(
     reuse: bool = False,
     updates_per_rollout: int = 1,
     cv_frac: float = 0.0,
+    pair_credits: bool = False,
 ) -> float:
     """The prediction for a training run's settings: :func:`cost_model_speedup` of its engine ``strategy``
-    (exact | jagg | endpoint). With velocity reuse (``reuse``, strategy jagg) a JAGG group costs 2r on the
-    first of the ``updates_per_rollout`` mini-batches (the only one still on the sampling policy) and
-    (W − 2) + 2r on the others; the control variate (``cv_frac``) adds its drawn samples' inner steps. The app
-    and `jagg bench` print the same number."""
+    (exact | jagg | endpoint | pair). With velocity reuse (``reuse``, strategy jagg) a JAGG group costs 2r on
+    the first of the ``updates_per_rollout`` mini-batches (the only one still on the sampling policy) and
+    (W − 2) + 2r on the others; the control variate (``cv_frac``) adds its drawn samples' inner steps. Strategy
+    pair with ``pair_credits`` (pair_cv > 0 or pair_frac < 1) reads every step's credit: the same costs as
+    JAGG's, reuse included. The app and `jagg bench` print the same number."""
+    reuse_fraction = 1 / max(int(updates_per_rollout), 1)
     if reuse and strategy == "jagg":
-        reuse_fraction = 1 / max(int(updates_per_rollout), 1)
         return float(
             cost_model_speedup(window, r, jagg_frac, "jagg+reuse", trained_steps, reuse_fraction, cv_frac)
         )
+    if strategy == "pair" and pair_credits:
+        kind = "pair+reuse+cv" if reuse else "pair+cv"
+        return float(cost_model_speedup(window, r, jagg_frac, kind, trained_steps, reuse_fraction))
     return float(
         cost_model_speedup(
             window, r, jagg_frac, strategy=strategy, trained_steps=trained_steps, cv_frac=cv_frac

@@ -20,6 +20,7 @@ from jagg_engine.cost import cost_model_speedup, group_cost, predicted_speedup
 from jagg_engine.credit import pair_draw, pair_mix, pair_upstream, pair_weights
 from jagg_engine.grpo import ppo_clip_loss
 from jagg_engine.jagg import UpdateConfig, reuse_steps
+from jagg_engine.train.config import TrainConfig
 
 F64 = torch.float64
 
@@ -289,6 +290,47 @@ def test_cost_model_counts_a_pair_group_as_two_endpoint_backwards():
     # pair needs no rollout velocities: the same prediction with or without reuse, and on every mini-batch
     assert predicted_speedup(4, 1.8, 1.0, "pair", 8, reuse=False) == pytest.approx(2.0)
     assert predicted_speedup(4, 1.8, 1.0, "pair", 8, reuse=True, updates_per_rollout=2) == pytest.approx(2.0)
+
+
+def test_cost_model_prices_pair_reading_every_credit_as_jagg():
+    """pair_cv > 0 (or pair_frac < 1) reads every step's credit: the undrawn steps in one no-grad call a group,
+    (n − 2) + 2r, or the rollout's velocities where reuse holds, 2r on the first mini-batch only."""
+    assert group_cost(4, 1.8, "pair+cv") == pytest.approx(2 + 3.6)
+    assert group_cost(4, 1.8, "pair+reuse+cv") == pytest.approx(3.6)
+    assert predicted_speedup(4, 1.8, 1.0, "pair", 8, pair_credits=True) == pytest.approx(7.2 / 5.6)
+    assert predicted_speedup(4, 1.8, 1.0, "pair", 8, reuse=True, pair_credits=True) == pytest.approx(2.0)
+    both = predicted_speedup(4, 1.8, 1.0, "pair", 8, reuse=True, updates_per_rollout=2, pair_credits=True)
+    assert both == pytest.approx(7.2 / (0.5 * 3.6 + 0.5 * 5.6))
+    # a stored run's prediction (reports, Live) reads its pair_cv and pair_frac
+    from jagg_engine.report.tables import config_speedup
+
+    stored = TrainConfig(strategy="pair", reuse_rollout_velocity="off").validate().to_dict()
+    assert config_speedup(stored, 1.8) == pytest.approx(
+        predicted_speedup(4, 1.8, 1.0, "pair", 4, pair_credits=True)
+    )
+    for plain in ({"pair_cv": 0.0}, {"pair_cv": 0.0, "pair_frac": None}):
+        assert config_speedup({**stored, **plain}, 1.8) == pytest.approx(2.0)
+    assert config_speedup({**stored, "pair_cv": 0.0, "pair_frac": 0.5}, 1.8) == pytest.approx(7.2 / 5.6)
+
+
+def test_jagg_bench_times_pair_with_its_credits_and_counts_their_calls():
+    from jagg_engine.backbones.flux_core import TinyFlux
+    from jagg_engine.bench import bench_backbone
+
+    report = bench_backbone(
+        "tiny-flux", TinyFlux(), window=4, jagg_frac=1.0, batch=4, steps=8, repeats=1,
+        strategies=["exact", "pair", "pair+cv", "pair+reuse+cv"],
+    )  # fmt: skip
+    rows, r, K = report["strategies"], report["r"], report["trained_steps"]
+    counts = {name: rows[name]["counts"] for name in rows}
+    # 2 groups of 4: the undrawn steps of every sample in one no-grad call a group, or reused from the rollout
+    assert counts["pair"]["forward_nograd"] == 0 and counts["pair"]["reused"] == 0
+    assert counts["pair+cv"]["forward_nograd"] == 2 and counts["pair+cv"]["reused"] == 0
+    assert counts["pair+reuse+cv"]["forward_nograd"] == 0 and counts["pair+reuse+cv"]["reused"] > 0
+    for name in ("pair", "pair+cv", "pair+reuse+cv"):
+        assert counts[name]["forward_grad"] == counts["pair"]["forward_grad"], name
+        assert rows[name]["predicted_speedup"] == pytest.approx(cost_model_speedup(4, r, 1.0, name, K)), name
+    assert rows["pair+cv"]["predicted_speedup"] < rows["pair+reuse+cv"]["predicted_speedup"]
 
 
 # ---------------------------------------------------------------------------------------------- the trainer

@@ -46,15 +46,20 @@ def config_speedup(
     exact run's update costs its own trained steps × r."""
     try:
         steps = trained_steps(config)
+        reuse = config.get("reuse_rollout_velocity") == "auto"
+        updates = int(config.get("updates_per_rollout", 1))
+        # pair reads every step's credit with its control variate or a mix (a config from before them: neither)
+        credits = float(config.get("pair_cv") or 0.0) > 0 or float(config.get("pair_frac") or 1.0) < 1
         speedup = predicted_speedup(
             int(config["window"]),
             r,
             float(config["jagg_frac"]),
             config.get("strategy", "jagg"),
             steps,
-            reuse=config.get("reuse_rollout_velocity") == "auto",
-            updates_per_rollout=int(config.get("updates_per_rollout", 1)),
+            reuse=reuse,
+            updates_per_rollout=updates,
             cv_frac=float(config.get("cv_frac") or 0.0),
+            pair_credits=credits,
         )
         span = config.get("jagg_until_step"), config.get("jagg_from_step")
         if (
@@ -62,7 +67,10 @@ def config_speedup(
         ):  # switch_to outside the JAGG span
             other = 1.0
             if config.get("switch_to", "exact") == "pair":
-                other = predicted_speedup(int(config["window"]), r, float(config["jagg_frac"]), "pair", steps)
+                other = predicted_speedup(
+                    int(config["window"]), r, float(config["jagg_frac"]), "pair", steps, reuse, updates,
+                    pair_credits=credits,
+                )  # fmt: skip
             speedup = switched_speedup(speedup, int(config["steps"]), *span, other_speedup=other)
         return speedup if exact_config is None else speedup * trained_steps(exact_config) / steps
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
