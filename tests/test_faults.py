@@ -316,6 +316,22 @@ def test_a_full_disk_that_names_no_file_says_where_it_was_raised(tmp_path, monke
     assert line.endswith(" in write_nowhere)") and "test_faults.py:" in line and "\n" not in line
 
 
+def test_an_in_process_run_closes_its_log_when_it_returns(tmp_path):
+    """A run's train.log is flushed and closed when train() returns, passed or failed: nothing of it stays
+    buffered on the root logger for the next run's start to flush."""
+    import logging
+
+    for fail_at, rc in ((None, 0), (1, 1)):
+        arm(fail_at=fail_at)
+        runs = tmp_path / f"runs-{rc}"
+        run_id = new_run(runs, "steps=1")
+        assert train(run_id, str(runs)) == rc
+        log = Path(open_store(runs).get_run(run_id)["run_dir"]) / "train.log"
+        held = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+        assert not [h for h in held if Path(h.baseFilename) == log.resolve()], rc
+        assert f"run {run_id}" in log.read_text()  # the last line reached the file
+
+
 def test_an_earlier_runs_log_on_a_full_disk_does_not_stop_the_next_run(mounts, tmp_path):
     """In one process, a run's train.log handler stays on the root logger until the next run sets up its own;
     closing it flushes what it buffered, which on a full disk raised ENOSPC into the next run's start (the

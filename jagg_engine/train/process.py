@@ -72,6 +72,21 @@ def _drop_root_handlers() -> None:
             pass
 
 
+def _close_run_log(run_dir: Path) -> None:
+    """Remove and close the handler of ``run_dir``'s train.log when an in-process run returns (the app's and
+    the tests' in-process runs would otherwise hold the file open, its buffer unflushed, until the next run
+    starts). Where the disk is full the close's flush fails: that text is lost, the run's status is not."""
+    root = logging.getLogger()
+    target = os.path.abspath(run_dir / "train.log")
+    for handler in root.handlers[:]:
+        if isinstance(handler, logging.FileHandler) and handler.baseFilename == target:
+            root.removeHandler(handler)
+            try:
+                handler.close()
+            except OSError:
+                pass
+
+
 def _setup_logging(run_dir: Path | None, main: bool) -> None:
     if not main:
         logging.basicConfig(level=logging.WARNING, handlers=[_terminal_handler()])
@@ -245,6 +260,8 @@ def _train_locked(
         if reserve is not None:
             reserve.unlink(missing_ok=True)
         close_process_group(None, together=False)  # a failed rank: its own, at once (the others fail too)
+        if main:
+            _close_run_log(Path(run["run_dir"]))
 
 
 def close_process_group(acc: Any, together: bool) -> None:
