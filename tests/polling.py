@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 300.0, every: float = 0.1) -> bool:
@@ -14,3 +16,16 @@ def wait_for(predicate: Callable[[], object], timeout: float = 300.0, every: flo
             return True
         time.sleep(every)
     return False
+
+
+def spawn(cmd: Sequence[str], log: Path, **kwargs) -> subprocess.Popen:
+    """Start ``cmd`` with its stdout and stderr into the file ``log``, not into pipes: a pipe that nobody reads
+    until the process ends fills (64 KiB, a few hundred lines of a progress bar) and blocks the process in its
+    next write, which on a slow machine a test that polls for minutes runs into."""
+    with open(log, "w") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True, **kwargs)
+
+
+def tail(log: Path, chars: int = 3000) -> str:
+    """The last ``chars`` characters of a :func:`spawn` log (for an assertion's message)."""
+    return log.read_text(errors="replace")[-chars:] if log.is_file() else f"(no {log})"

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from polling import wait_for
+from polling import spawn, tail, wait_for
 from toy import RACE_TINY
 
 from app.runs import group_alive
@@ -59,11 +59,10 @@ def test_kill_9_of_the_driver_leaves_no_trainer_and_the_race_reads_interrupted_t
 ):
     """Killed alone, the driver's watchdog stops its trainers; killed with its watchdog too, each trainer's
     parent-death signal does."""
-    out = tmp_path / "race"
-    proc = jagg(
-        "race", "--variant", "a:strategy=exact,steps=2", "--variant", "b:strategy=jagg,steps=500",
-        "--seeds", "0,1", "--out", str(out), "--threads", "1", *TINY, wait=False,
-    )  # fmt: skip
+    out, log = tmp_path / "race", tmp_path / "race.log"
+    cmd = [sys.executable, "-m", "jagg_engine.cli", "race", "--variant", "a:strategy=exact,steps=2", "--variant",
+           "b:strategy=jagg,steps=5000", "--seeds", "0,1", "--out", str(out), "--threads", "1", *TINY]  # fmt: skip
+    proc = spawn(cmd, log, cwd=REPO)  # a file, not a pipe nobody drains while the test waits
 
     def a_finished_and_b_trains() -> bool:
         if not (out / "runs" / "jagg.db").is_file() or not (out / "race.json").is_file():
@@ -78,7 +77,7 @@ def test_kill_9_of_the_driver_leaves_no_trainer_and_the_race_reads_interrupted_t
 
     deadline = time.time() + 600
     while not a_finished_and_b_trains():
-        assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
+        assert proc.poll() is None and time.time() < deadline, tail(log)
         time.sleep(0.5)
     store = open_store(out / "runs")
     b = store.get_run(json.loads((out / "race.json").read_text())["runs"][1]["run_id"])
