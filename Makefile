@@ -7,9 +7,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
-# pytest-xdist workers, each taking whole test files: `make test TEST_WORKERS=2` takes about 19 min of pytest on
-# 2 cores instead of about 25, but twice showed a fault not yet understood (docs/development.md); 0: one process
-TEST_WORKERS ?= 0
+# pytest-xdist workers, each taking whole test files (docs/development.md); TEST_WORKERS=0: one process
+TEST_WORKERS ?= 2
 BIN := $(VENV)/bin
 
 .PHONY: demo probe test lint docs results browser bench-ui clean
