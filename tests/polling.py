@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -18,12 +19,22 @@ def wait_for(predicate: Callable[[], object], timeout: float = 300.0, every: flo
     return False
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def spawn(cmd: Sequence[str], log: Path, **kwargs) -> subprocess.Popen:
     """Start ``cmd`` with its stdout and stderr into the file ``log``, not into pipes: a pipe that nobody reads
     until the process ends fills (64 KiB, a few hundred lines of a progress bar) and blocks the process in its
-    next write, which on a slow machine a test that polls for minutes runs into."""
+    next write, which on a slow machine a test that polls for minutes runs into.
+
+    The process starts with SIGINT at its default, as a command typed at a terminal does: a suite started in
+    the background of a non-interactive shell (``make test &``) inherits SIGINT ignored, and so would every
+    process it starts, so that a test's Ctrl-C reached nobody."""
     with open(log, "w") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True, **kwargs)
+        return subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, text=True, preexec_fn=_default_sigint, **kwargs
+        )
 
 
 def tail(log: Path, chars: int = 3000) -> str:
