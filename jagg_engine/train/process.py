@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,32 +60,31 @@ def _terminal_handler() -> logging.Handler:
     return handler
 
 
-def _drop_root_handlers() -> None:
-    """Remove and close the root logger's handlers, e.g. an earlier in-process run's train.log. Its close
-    flushes what it still buffers, which fails where that run's disk is full: that text is lost, and the new
-    run goes on (``basicConfig(force=True)`` would raise it into the new run's start)."""
+def _remove_root_handlers(which: Callable[[logging.Handler], bool]) -> None:
+    """Remove and close the root logger's handlers that ``which`` picks. A close flushes what the handler still
+    buffers, which fails where its disk is full: that text is lost, and nothing is raised."""
     root = logging.getLogger()
     for handler in root.handlers[:]:
-        root.removeHandler(handler)
-        try:
-            handler.close()
-        except OSError:
-            pass
-
-
-def _close_run_log(run_dir: Path) -> None:
-    """Remove and close the handler of ``run_dir``'s train.log when an in-process run returns (the app's and
-    the tests' in-process runs would otherwise hold the file open, its buffer unflushed, until the next run
-    starts). Where the disk is full the close's flush fails: that text is lost, the run's status is not."""
-    root = logging.getLogger()
-    target = os.path.abspath(run_dir / "train.log")
-    for handler in root.handlers[:]:
-        if isinstance(handler, logging.FileHandler) and handler.baseFilename == target:
+        if which(handler):
             root.removeHandler(handler)
             try:
                 handler.close()
             except OSError:
                 pass
+
+
+def _drop_root_handlers() -> None:
+    """Remove and close every root handler, e.g. an earlier in-process run's train.log, before a run sets up
+    its own (``basicConfig(force=True)`` would raise a full disk's failed flush into the new run's start)."""
+    _remove_root_handlers(lambda handler: True)
+
+
+def _close_run_log(run_dir: Path) -> None:
+    """Remove and close the handler of ``run_dir``'s train.log when an in-process run returns (the app's and
+    the tests' in-process runs would otherwise hold the file open, its buffer unflushed, until the next run
+    starts); the run's status is written already."""
+    target = os.path.abspath(run_dir / "train.log")
+    _remove_root_handlers(lambda h: isinstance(h, logging.FileHandler) and h.baseFilename == target)
 
 
 def _setup_logging(run_dir: Path | None, main: bool) -> None:
