@@ -7,9 +7,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
-# pytest-xdist workers, each taking whole test files: `make test TEST_WORKERS=2` (docs/development.md); 0: one
-# process, the default until a fresh-clone two-worker run passes whole
-TEST_WORKERS ?= 0
+# pytest-xdist workers, each taking whole test files (docs/development.md); `make test TEST_WORKERS=0`: one
+# process
+TEST_WORKERS ?= 2
 BIN := $(VENV)/bin
 
 .PHONY: demo probe test lint docs results browser bench-ui clean

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from polling import wait_for
+from polling import spawn, tail, wait_for
 
 from jagg_engine.store import open_store
 
@@ -29,12 +29,19 @@ SMALL_NO_EVAL = [a for a in SMALL if not a.startswith(("eval_every", "probe_ever
 
 
 def jagg(*args, runs_dir, wait=True, timeout=600):
+    """`jagg train` in runs_dir: waited for (its output captured), or started in its own session with its
+    output in :func:`trainer_log` (a file: a pipe nobody reads while the test polls could fill and block it)."""
     cmd = [sys.executable, "-m", "jagg_engine.cli", "train", *args, "--runs-dir", str(runs_dir)]
     if not wait:
-        return subprocess.Popen(
-            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
-        )
+        return spawn(cmd, trainer_log(runs_dir), start_new_session=True)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def trainer_log(runs_dir) -> Path:
+    """Where an unwaited :func:`jagg` writes its output: beside runs_dir, not in it."""
+    runs_dir = Path(runs_dir)
+    runs_dir.parent.mkdir(parents=True, exist_ok=True)
+    return runs_dir.parent / f"{runs_dir.name}-trainer.log"
 
 
 def steps_logged(store, run_id, key="reward/mean"):
@@ -153,7 +160,7 @@ def test_sigkill_then_resume_has_no_gap_and_no_duplicate(tmp_path):
     store = open_store(tmp_path)
     assert wait_for(  # polled often: a step of this size can take well under a second
         lambda: store.list_runs() and len(steps_logged(store, store.list_runs()[0]["id"])) >= 2, every=0.02
-    ), proc.stderr.read() if proc.poll() is not None else "timeout"
+    ), tail(trainer_log(tmp_path))
     os.killpg(proc.pid, signal.SIGKILL)  # mid-run, after step 2 or a little later
     proc.wait()
     run_id = store.list_runs()[0]["id"]
@@ -323,12 +330,12 @@ def test_fsdp2_cancel_then_resume_loads_the_sharded_optimizer(tmp_path):
         runs_dir=tmp_path, wait=False,
     )  # fmt: skip
     store = open_store(tmp_path)
-    assert wait_for(lambda: store.list_runs() and steps_logged(store, store.list_runs()[0]["id"])), (
-        proc.stderr.read() if proc.poll() is not None else "timeout"
+    assert wait_for(lambda: store.list_runs() and steps_logged(store, store.list_runs()[0]["id"])), tail(
+        trainer_log(tmp_path)
     )
     run_id = store.list_runs()[0]["id"]
     store.request_cancel(run_id)
-    assert proc.wait(timeout=300) == 0, proc.stderr.read()[-3000:]
+    assert proc.wait(timeout=300) == 0, tail(trainer_log(tmp_path))
     done = steps_logged(store, run_id)
     assert store.get_run(run_id)["status"] == "cancelled" and done == list(range(1, len(done) + 1))
     assert len(done) < 8, "the run finished before the cancel was seen"

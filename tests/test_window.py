@@ -437,7 +437,8 @@ def test_sliding_window_run_killed_and_resumed_is_bit_identical(tmp_path):
     """A sliding-window run (shared prefix, dpmpp-2m after the window) killed with SIGKILL during step 3 and
     resumed logs exactly the metrics of the same run uninterrupted: the window schedule, the prompts and the
     noise are functions of the step. Each step logs its window and its sampling forwards."""
-    from test_train import SMALL, jagg, steps_logged, wait_for
+    from polling import tail
+    from test_train import SMALL, jagg, steps_logged, trainer_log, wait_for
 
     from jagg_engine.store import open_store
 
@@ -459,7 +460,7 @@ def test_sliding_window_run_killed_and_resumed_is_bit_identical(tmp_path):
     assert wait_for(
         lambda: store.list_runs() and steps_logged(store, store.list_runs()[0]["id"])[-1:] >= [2],
         every=0.05,
-    ), proc.stderr.read() if proc.poll() is not None else "timeout"
+    ), tail(trainer_log(tmp_path / "b"))
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     run_id = store.list_runs()[0]["id"]
