@@ -31,6 +31,40 @@ def chromium(window_size: str, logs: bool = False):
     return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
 
 
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+
+
+def until(driver, predicate: Callable, what: str, timeout: float = 120.0, state: str = "", app=None):
+    """``predicate(driver)`` polled every 0.1 s until truthy (its value returned). A timeout fails with what was
+    awaited, the page's URL, ``state`` (a JS snippet's return: what the page showed), the browser console's last
+    lines and ``app``'s log tail, and leaves a screenshot in test-artifacts/: a wait that a busy machine
+    outlasts says what the page was doing instead of selenium's empty TimeoutException."""
+    import json
+    import re
+
+    from selenium.common.exceptions import TimeoutException, WebDriverException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    try:
+        return WebDriverWait(driver, timeout, poll_frequency=0.1).until(predicate)
+    except TimeoutException:
+        lines = [f"waited {timeout:g} s for {what}", f"url: {driver.current_url}"]
+        try:
+            if state:
+                lines.append("page: " + json.dumps(driver.execute_script(state))[-2000:])
+            ARTIFACTS.mkdir(exist_ok=True)
+            shot = ARTIFACTS / ("timeout-" + re.sub(r"[^A-Za-z0-9]+", "-", what)[:60] + ".png")
+            driver.save_screenshot(str(shot))
+            lines.append(f"screenshot: {shot}")
+            console = driver.get_log("browser")[-10:]
+            lines += ["console: " + str(e.get("message", ""))[:300] for e in console]
+        except WebDriverException as exc:
+            lines.append(f"(the page could not be read: {str(exc).splitlines()[0][:200]})")
+        if app is not None:
+            lines.append("app log: " + app.read_log()[-2000:])
+        raise AssertionError("\n".join(lines)) from None
+
+
 def alert_open(driver):
     """The browser's own dialog when one is open (Cancel run's question), else False."""
     from selenium.common.exceptions import NoAlertPresentException

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from browser import chromium, live_app
+from browser import chromium, live_app, until
 from PIL import Image
 
 from app import showcase
@@ -404,6 +404,17 @@ requestAnimationFrame(look);
 """
 
 
+# What Live shows, for a wait's failure message: the progress line (and whether it is shown), the log's tail,
+# the run picker's box, the toasts.
+LIVE_STATE = """
+const p = document.querySelector('#live-progress'), log = document.querySelector('#live-log textarea');
+const box = document.querySelector('#live-run input');
+return {progress: p ? p.textContent : null, progress_visibility: p ? getComputedStyle(p).visibility : null,
+        log: log ? log.value.slice(-120) : null, picked: box ? box.value : null,
+        toasts: [...document.querySelectorAll('[data-testid="toast-body"]')].map(t => t.innerText)};
+"""
+
+
 def _pick_run(driver, run_id: int) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
@@ -442,7 +453,13 @@ def test_a_run_switch_beside_a_training_run_never_shows_the_previous_runs_panels
                 time.sleep(1.3)  # a timer tick for the old run is likely in flight
                 driver.execute_script(WATCH)
                 _pick_run(driver, new)
-                wait.until(lambda d, new=new: f"Run #{new} " in d.find_element("id", "live-progress").text)
+                until(
+                    driver,
+                    lambda d, new=new: f"Run #{new} " in d.find_element("id", "live-progress").text,
+                    f"the progress line of run {new}, picked after run {old}",
+                    state=LIVE_STATE,
+                    app=app,
+                )
                 wait.until(lambda d, new_log=new_log: new_log in d.execute_script(
                     "return (document.querySelector('#live-log textarea') || {}).value || ''"))  # fmt: skip
                 time.sleep(6.0)  # three timer ticks beside the training run
@@ -783,19 +800,28 @@ def test_a_run_picked_with_the_mouse_shows_its_panels_and_never_the_previous_run
     """Open a run's Live link, then pick other runs in the list with the mouse: each time the panels come back
     with the picked run's progress line and log (they stayed hidden behind the data before), and no frame
     after the click shows the previous run's."""
-    from selenium.webdriver.support.ui import WebDriverWait
 
     driver = _driver(app.url + "?tab=live&run=3")
     try:
-        wait = WebDriverWait(driver, 120, poll_frequency=0.1)
-        wait.until(lambda d: "Run #3 run3" in d.execute_script(LIVE_SHOWS)[0])
+        opened = "run 3's Live link"
+        until(
+            driver,
+            lambda d: "Run #3 run3" in d.execute_script(LIVE_SHOWS)[0],
+            opened,
+            state=LIVE_STATE,
+            app=app,
+        )
         for old, new in ((3, 4), (4, 5), (5, 3)):
             driver.execute_script(WATCH + PICKED_AT)
             _mouse_pick(driver, new)
-            wait.until(
+            until(
+                driver,
                 lambda d, n=new: (
                     f"Run #{n} run{n}" in (s := d.execute_script(LIVE_SHOWS))[0] and f"log of run{n}" in s[1]
-                )
+                ),
+                f"run {new}'s panels, picked with the mouse after run {old}",
+                state=LIVE_STATE,
+                app=app,
             )
             picked = driver.execute_script("return window.jaggPickAt")
             assert picked is not None  # the click landed on the list's option
