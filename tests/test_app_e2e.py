@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from browser import chromium
+from browser import ARTIFACTS, chromium
 from polling import wait_for
 
 from jagg_engine.backbones.tiny_shapes import DEFAULT_WEIGHTS_DIR
@@ -34,7 +34,6 @@ from jagg_engine.store import open_store, pid_alive
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
-ARTIFACTS = REPO / "test-artifacts"
 TINY_SHAPES_READY = (DEFAULT_WEIGHTS_DIR / "transformer" / "config.json").exists()
 BACKBONE, REWARDS = (
     ("tiny-shapes", "shapes-dense: 1") if TINY_SHAPES_READY else ("tiny-flux", "brightness: 1")

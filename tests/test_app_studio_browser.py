@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from browser import alert_open, chromium, live_app
+from browser import ARTIFACTS, alert_open, chromium, live_app
 from PIL import Image
 
 from app import showcase
@@ -21,9 +21,6 @@ from jagg_engine.store import open_store
 from jagg_engine.train.config import TrainConfig
 
 pytestmark = pytest.mark.slow
-
-REPO = Path(__file__).resolve().parents[1]
-ARTIFACTS = REPO / "test-artifacts"
 
 
 def _eval_images(store, root: Path, run_id: int, step: int, shade: int) -> None:

@@ -800,14 +800,12 @@ def test_a_run_picked_with_the_mouse_shows_its_panels_and_never_the_previous_run
     """Open a run's Live link, then pick other runs in the list with the mouse: each time the panels come back
     with the picked run's progress line and log (they stayed hidden behind the data before), and no frame
     after the click shows the previous run's."""
-
     driver = _driver(app.url + "?tab=live&run=3")
     try:
-        opened = "run 3's Live link"
         until(
             driver,
             lambda d: "Run #3 run3" in d.execute_script(LIVE_SHOWS)[0],
-            opened,
+            "run 3's Live link",
             state=LIVE_STATE,
             app=app,
         )
