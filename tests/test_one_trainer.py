@@ -157,6 +157,10 @@ for _ in range(1200):
 """
 
 
+def taken_over_and_cancelled(run: dict, pid: int) -> bool:
+    return run["pid"] == pid and run["status"] == "cancelled"
+
+
 def test_a_resumed_run_cancelled_again_resumes_while_its_last_trainer_is_still_exiting(tmp_path):
     """A resumed trainer that took the run over (its pid recorded) is no longer "starting", even when the run
     was cancelled again before the app looked and the process has not exited yet: the next Resume starts the
@@ -171,8 +175,9 @@ def test_a_resumed_run_cancelled_again_resumes_while_its_last_trainer_is_still_e
     )
     assert manager.resume(run_id).startswith(f"run {run_id}: resuming from its last checkpoint")
     first = manager._children[run_id]
-    assert wait_for(lambda: store.get_run(run_id)["pid"] == first.pid)
-    assert store.get_run(run_id)["status"] == "cancelled" and first.poll() is None  # still exiting
+    # the fake marks the run running (its pid) and then cancelled: wait for the second mark, not the first
+    assert wait_for(lambda: taken_over_and_cancelled(store.get_run(run_id), first.pid))
+    assert first.poll() is None  # still exiting
     assert manager.resume(run_id).startswith(f"run {run_id}: resuming from its last checkpoint")
     second = manager._children[run_id]
     assert second.pid != first.pid
