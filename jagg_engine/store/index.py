@@ -39,7 +39,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import sqlite_utils
+from .sqlite import sqlite_utils
 
 if TYPE_CHECKING:  # pandas is imported where a frame is built: `jagg runs` starts without it
     import pandas as pd

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from sqlite_utils import Database
+from .sqlite import Database
 
 VOTE_TABLES = ("pick_groups", "votes")  # deleted with the run, never truncated
 VOTE_CHOICES = ("best", "worst", "skip")
