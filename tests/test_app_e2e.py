@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from api_client import local_client
 from browser import ARTIFACTS, chromium
 from polling import wait_for
 
@@ -102,9 +103,7 @@ class LiveApp:
         return "".join(p.read_text(errors="replace")[-3000:] for p in self.tmp.glob("app-*.log"))
 
     def client(self):
-        from gradio_client import Client
-
-        return Client(self.url, verbose=False, download_files=str(self.tmp / "downloads"))
+        return local_client(self.url, download_files=str(self.tmp / "downloads"))
 
 
 @pytest.fixture(scope="module")

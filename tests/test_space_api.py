@@ -25,6 +25,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from api_client import local_client
 
 import launch
 from app import ui
@@ -107,9 +108,7 @@ class SpaceApp:
         self.tmp = tmp
 
     def client(self, download: bool = False):
-        from gradio_client import Client
-
-        return Client(self.url, verbose=False, download_files=str(self.tmp / "dl") if download else False)
+        return local_client(self.url, download_files=str(self.tmp / "dl") if download else False)
 
     def owner(self):
         client = self.client(download=True)
@@ -424,17 +423,13 @@ def test_an_alias_bomb_in_the_overrides_box_is_refused_before_it_expands(app):
 def test_fifty_wrong_owner_guesses_from_ten_sessions_then_the_owner_gets_in(app):
     """10 gradio_client sessions from one address guess 5 times each (X-Forwarded-For is the address the
     Space's proxy saw); then the owner, from its own address, logs in at once."""
-    from gradio_client import Client
-
     replies = []
     for _ in range(10):
-        guesser = Client(
-            app.url, verbose=False, download_files=False, headers={"X-Forwarded-For": "203.0.113.7"}
-        )
+        guesser = local_client(app.url, download_files=False, headers={"X-Forwarded-For": "203.0.113.7"})
         replies += [guesser.predict(f"guess {i}", api_name="/owner_login") for i in range(5)]
     assert len(replies) == 50 and replies.count("Wrong password.") == 10, replies
     assert all(r.startswith("Too many wrong passwords from this address") for r in replies[10:])
-    owner = Client(app.url, verbose=False, download_files=False, headers={"X-Forwarded-For": "198.51.100.2"})
+    owner = local_client(app.url, download_files=False, headers={"X-Forwarded-For": "198.51.100.2"})
     assert owner.predict(PASSWORD, api_name="/owner_login") == "Logged in as the owner for this session."
 
 
@@ -454,8 +449,6 @@ def test_fifty_report_requests_leave_the_temp_folder_within_its_bound(cache_app,
     the folder of all stays within EXPORTS_MAX_BYTES plus the report just written. The bound is lowered to
     16 MB here (the app reads it at each prune), so that these 50 reports pass it twice over and the pruning
     across sessions is what holds it."""
-    from gradio_client import Client
-
     from app import space
 
     monkeypatch.setattr(space, "EXPORTS_MAX_BYTES", 16 * 1024**2)
@@ -464,7 +457,7 @@ def test_fifty_report_requests_leave_the_temp_folder_within_its_bound(cache_app,
     picks = [[1], [2], [1, 2], [2, 1], [1]]
     replies, size = [], 0
     for _ in range(10):
-        client = Client(cache_app.url, verbose=False, download_files=False)
+        client = local_client(cache_app.url, download_files=False)
         for pick in picks:
             message, path = client.predict(pick, 1.8, api_name="/report_runs")
             replies.append(message)

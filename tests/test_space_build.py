@@ -22,6 +22,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from api_client import local_client
 
 pytestmark = pytest.mark.slow
 
@@ -131,9 +132,7 @@ def test_space_builds_from_requirements_and_trains(tmp_path):
         timings["app start"] = time.monotonic() - start
         assert _listening_on_all_interfaces(port), "a Space's app must bind 0.0.0.0"
 
-        from gradio_client import Client
-
-        client = Client(url, verbose=False, download_files=False)
+        client = local_client(url, download_files=False)
         form = [
             "space-build", "tiny-shapes", "", "shapes-dense: 1", "flow-grpo", 4, 1.0, 0.0, 0, "jagg", 3, 4, 5e-5, 0, 1,
             "prompts_per_step=2\nsampling_steps=6\nsde_window_end=null\neval_num_prompts=4\neval_seeds=[0]\n"
