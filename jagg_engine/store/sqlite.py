@@ -5,7 +5,9 @@ sqlite_utils imports pandas whenever it is installed (gradio installs it), only 
 to TEXT when a pandas value is inserted, which the store never does. pandas is most of the store's import
 time (about 0.45 s of 0.7 s on a 2-core CPU), paid by every ``jagg runs``, ``jagg export`` and trainer start.
 So the first import of sqlite_utils, here, hides pandas while it runs; ``import pandas`` works as usual
-afterwards, and a process that imported pandas (or sqlite_utils) before imports sqlite_utils as it is.
+afterwards, and a process that imported pandas (or sqlite_utils) before imports sqlite_utils as it is. (Another
+thread importing pandas during that import would fail; the store is imported as a process starts, and the app
+imports gradio, hence pandas, first.)
 """
 
 from __future__ import annotations
