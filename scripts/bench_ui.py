@@ -16,7 +16,9 @@ showcase #1–#2), served by ``python launch.py`` in a child process, it times w
 * links opened fresh: from the navigation's start to the first frame at which the link's tab is selected
   (``tab of …``) and at which the linked view is there (``link …``: ``/``, the showcase's curves and 8 decoded
   images; ``?tab=live&run=5``, the Live tab with run #5's progress line; ``?tab=compare&runs=3,4,5,6``, both
-  Compare plots drawn), ``--trials`` loads each.
+  Compare plots drawn), ``--trials`` loads each;
+* the Live links again while a run trains beside (the tests' stand-in trainer: a step every 0.6 s, an image
+  every second step), to the training run and to run #5 in turn, ``--trials`` loads each.
 
 Prints one line per figure (median, min, max in ms) and the machine's load average, and writes them as JSON to
 ``--out``. Needs Debian's chromium and chromium-driver (``make browser``) and selenium.
@@ -52,15 +54,23 @@ const poll = () => {
 poll();
 """
 
+
+def live_ready(run_id: int) -> str:
+    """The Live tab selected, with run ``run_id``'s progress line shown."""
+    return (
+        "!!document.querySelector('#live-progress') && "
+        f"document.querySelector('#live-progress').innerText.includes('Run #{run_id} ') && "
+        "getComputedStyle(document.querySelector('#live-progress')).visibility !== 'hidden' && "
+        "!!document.querySelector('button[role=tab][aria-selected=true]') && "
+        "document.querySelector('button[role=tab][aria-selected=true]').innerText.trim() === 'Live'"
+    )
+
+
 PLOT_DRAWN = "(() => { const g = document.querySelector('#{id} .js-plotly-plot'); return !!(g && g._fullData && g.data.some(t => t.meta && t.meta.jagg)); })()"
 LINKS = {
     "/": "document.querySelectorAll('#showcase-curves .curve').length >= 4 && "
     "[...document.querySelectorAll('#compare-gallery img')].filter(i => i.complete && i.naturalWidth > 0).length >= 8",
-    "?tab=live&run=5": "!!document.querySelector('#live-progress') && "
-    "document.querySelector('#live-progress').innerText.includes('Run #5 ') && "
-    "getComputedStyle(document.querySelector('#live-progress')).visibility !== 'hidden' && "
-    "!!document.querySelector('button[role=tab][aria-selected=true]') && "
-    "document.querySelector('button[role=tab][aria-selected=true]').innerText.trim() === 'Live'",
+    "?tab=live&run=5": live_ready(5),
     "?tab=compare&runs=3,4,5,6": " && ".join(
         PLOT_DRAWN.replace("{id}", i) for i in ("compare-plot", "compare-metrics")
     ),
@@ -80,6 +90,7 @@ def summary(values: list[float]) -> dict[str, float | int]:
         "max_ms": round(max(ok), 1) if ok else -1,
         "n": len(values),
         "never": len(values) - len(ok),
+        "all_ms": [round(v, 1) for v in values],  # in the order taken (-1: never within the limit)
     }
 
 
@@ -115,6 +126,15 @@ def main(argv: list[str] | None = None) -> int:
                             timings.setdefault(f"tab of {link}", []).append(ms)
                         ms = float(driver.execute_async_script(READY, ready, 90_000))
                         timings.setdefault(f"link {link}", []).append(ms)
+                # the same Live links while a run trains beside (a step every 0.6 s, with images): the usual case
+                with views.Trainer(Path(tmp) / "runs") as trainer:
+                    for _ in range(args.trials):
+                        for run_id in (trainer.run_id, 5):
+                            link = f"?tab=live&run={run_id}"
+                            driver.get(app.url + link)
+                            ms = float(driver.execute_async_script(READY, live_ready(run_id), 90_000))
+                            which = "the training run" if run_id == trainer.run_id else "run 5"
+                            timings.setdefault(f"link Live of {which}, a run training", []).append(ms)
                 driver.get(app.url + "?tab=compare&runs=3,4,5,6")
                 driver.execute_async_script(READY, LINKS["?tab=compare&runs=3,4,5,6"], 120_000)
                 for trial in range(args.trials):
