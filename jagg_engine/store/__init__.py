@@ -9,6 +9,7 @@ its own module, by what it keeps:
 - :mod:`.history` — the run folder's files: ``history.jsonl`` (checksummed lines, torn-tail repair) and
   ``run.json``;
 - :mod:`.locks` — the one-trainer lock of a run folder, the index lock of a root, process liveness;
+- :mod:`.sqlite` — connections that wait on a busy database, and ``sqlite_utils`` imported without pandas;
 - :mod:`.reindex` — ``jagg reindex``: the index rebuilt from the folders;
 - :mod:`.run_store` — :class:`RunStore`, the façade every caller uses, and :func:`open_store`.
 
