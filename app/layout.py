@@ -63,6 +63,29 @@ HEAD = """<script>
 </script>"""
 
 
+# The page's event streams end when the page is left. Chromium keeps a page it may restore with Back (the
+# back/forward cache) with its open requests: gradio's heartbeat stream (and a queue/data stream while
+# events are pending) of every page left in the last minute or so hold sockets, and a browser opens at most
+# six to one host. Six or seven links opened in a row then left the next page at "Loading..." for 10-50 s,
+# waiting for a socket (measured: docs/app.md). So every event-stream request of the page also ends when
+# the page is hidden, and a page restored from that cache reloads (its streams are gone).
+STREAMS = """<script>
+(() => {
+  const left = new AbortController();
+  const fetch0 = window.fetch;
+  window.fetch = function (input, init) {
+    if (input instanceof Request && init === undefined
+        && (input.headers.get("Accept") || "").includes("text/event-stream")) {
+      return fetch0.call(this, new Request(input, {signal: AbortSignal.any([input.signal, left.signal])}));
+    }
+    return fetch0.apply(this, arguments);
+  };
+  window.addEventListener("pagehide", () => left.abort());
+  window.addEventListener("pageshow", (event) => { if (event.persisted) location.reload(); });
+})();
+</script>"""
+
+
 def _any_step(slider: gr.Slider, payload: float | None) -> float | None:
     """Live's step slider's preprocess: its value as it comes, without checking it against the bounds the
     server holds for the session. The page moves the slider to the newest step within the bounds it shows

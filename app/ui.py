@@ -132,7 +132,7 @@ def build_app(
     demo.jagg_guard = guard  # type: ignore[attr-defined]
     demo.jagg_showcase_ids = list(showcase_ids)  # type: ignore[attr-defined]
     demo.jagg_css = layout.CSS  # type: ignore[attr-defined]  # for launch()
-    demo.jagg_head = layout.HEAD + client.SCRIPT + vote.KEYS_SCRIPT  # type: ignore[attr-defined]  # pickers, views, keys
+    demo.jagg_head = layout.HEAD + layout.STREAMS + client.SCRIPT + vote.KEYS_SCRIPT  # type: ignore[attr-defined]  # pickers, views, keys
     demo.jagg_stop_ticker = threading.Event()  # type: ignore[attr-defined]  # set() stops the queue ticker
     if background_ticks:
         _start_ticker(handlers.shared.tick, stop=demo.jagg_stop_ticker)
