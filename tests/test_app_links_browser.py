@@ -31,19 +31,18 @@ def app(tmp_path_factory):
 def test_a_page_left_and_restored_with_back_is_a_new_page(app):
     driver = chromium("1400,1200")
     try:
-        for trial in range(1):
-            driver.get(app.url + "?tab=live&run=1")
-            until(driver, lambda d: d.execute_script(LIVE_OF, 1), "the Live tab of run #1", app=app)
-            driver.execute_script("window.jaggLeft = true")  # lives only as long as this page
-            driver.get(app.url + "?tab=live&run=2")
-            until(driver, lambda d: d.execute_script(LIVE_OF, 2), "the Live tab of run #2", app=app)
-            driver.back()
-            until(driver, lambda d: d.execute_script(LIVE_OF, 1), "run #1's Live tab after Back", app=app)
-            kept, how = driver.execute_script(
-                "return [window.jaggLeft === true, performance.getEntriesByType('navigation')[0].type]"
-            )
-            assert not kept and how == "reload", (
-                f"trial {trial}: Back restored the cached page ({how}), which held its streams open while left"
-            )
+        driver.get(app.url + "?tab=live&run=1")
+        until(driver, lambda d: d.execute_script(LIVE_OF, 1), "the Live tab of run #1", app=app)
+        driver.execute_script("window.jaggLeft = true")  # lives only as long as this page
+        driver.get(app.url + "?tab=live&run=2")
+        until(driver, lambda d: d.execute_script(LIVE_OF, 2), "the Live tab of run #2", app=app)
+        driver.back()
+        until(driver, lambda d: d.execute_script(LIVE_OF, 1), "run #1's Live tab after Back", app=app)
+        kept, how = driver.execute_script(
+            "return [window.jaggLeft === true, performance.getEntriesByType('navigation')[0].type]"
+        )
+        assert not kept and how == "reload", (
+            f"Back restored the cached page ({how}), which held its streams open while left"
+        )
     finally:
         driver.quit()
