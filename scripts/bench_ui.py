@@ -3,6 +3,7 @@ assert what is deterministic, and a busy machine slows every figure here).
 
     python scripts/bench_ui.py                                  # 5 trials; prints medians, writes reports/app/bench-ui.json
     python scripts/bench_ui.py --trials 9 --out /tmp/ui.json
+    python scripts/bench_ui.py --beside-only --trials 24 --out /tmp/beside.json   # the Live links beside a run alone
     make bench-ui
 
 Over the 4-run Compare of ``tests/test_app_views_browser.py`` (runs #3–#6, 40 steps each, beside the shipped
@@ -90,6 +91,7 @@ def summary(values: list[float]) -> dict[str, float | int]:
         "max_ms": round(max(ok), 1) if ok else -1,
         "n": len(values),
         "never": len(values) - len(ok),
+        "over_8s": sum(1 for v in values if v < 0 or v > 8000),  # the stalls (docs/app.md)
         "all_ms": [round(v, 1) for v in values],  # in the order taken (-1: never within the limit)
     }
 
@@ -98,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=5, help="times each control is moved, each link opened")
     parser.add_argument("--out", type=Path, default=REPO / "reports" / "app" / "bench-ui.json")
+    parser.add_argument(
+        "--beside-only", action="store_true",
+        help="only the Live links while a run trains beside (--trials of each): where pages stalled",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.trials < 1:
         parser.error(f"--trials: must be >= 1, got {args.trials}")
@@ -117,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             driver = chromium("1400,2400")
             try:
                 driver.set_script_timeout(120)
-                for link, ready in LINKS.items():
+                for link, ready in LINKS.items() if not args.beside_only else ():
                     for _ in range(args.trials):
                         driver.get(app.url + (link if link != "/" else ""))
                         if link in TABS:  # the tab first (the page's own doing), then the view (the server's)
@@ -135,16 +141,19 @@ def main(argv: list[str] | None = None) -> int:
                             ms = float(driver.execute_async_script(READY, live_ready(run_id), 90_000))
                             which = "the training run" if run_id == trainer.run_id else "run 5"
                             timings.setdefault(f"link Live of {which}, a run training", []).append(ms)
-                driver.get(app.url + "?tab=compare&runs=3,4,5,6")
-                driver.execute_async_script(READY, LINKS["?tab=compare&runs=3,4,5,6"], 120_000)
-                for trial in range(args.trials):
-                    for name, action, plot_id, done in views.control_steps(driver, trial):
-                        ms = views.timed(driver, action, plot_id, done, limit_ms=10_000)
-                        timings.setdefault(name, []).append(ms)
-                    for text, level, whose in views.LEVELS:
-                        said = f"Time to reach eval reward {level:g} ({whose})."
-                        ms = views.timed_text(driver, views._set_text("compare-level", text), said, 10_000)
-                        timings.setdefault("reward level", []).append(ms)
+                if not args.beside_only:  # the Compare controls
+                    driver.get(app.url + "?tab=compare&runs=3,4,5,6")
+                    driver.execute_async_script(READY, LINKS["?tab=compare&runs=3,4,5,6"], 120_000)
+                    for trial in range(args.trials):
+                        for name, action, plot_id, done in views.control_steps(driver, trial):
+                            ms = views.timed(driver, action, plot_id, done, limit_ms=10_000)
+                            timings.setdefault(name, []).append(ms)
+                        for text, level, whose in views.LEVELS:
+                            said = f"Time to reach eval reward {level:g} ({whose})."
+                            ms = views.timed_text(
+                                driver, views._set_text("compare-level", text), said, 10_000
+                            )
+                            timings.setdefault("reward level", []).append(ms)
             finally:
                 driver.quit()
         finally:
@@ -163,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     width = max(len(n) for n in figures)
     for name, f in figures.items():
         never = f" ({f['never']} never)" if f["never"] else ""
+        never += f" ({f['over_8s']} over 8 s)" if f["over_8s"] else ""
         print(
             f"{name:<{width}}  median {f['median_ms']:>8.1f} ms  [{f['min_ms']:.1f} – {f['max_ms']:.1f}]{never}"
         )
