@@ -185,48 +185,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=REPO / "reports" / "picks")
     args = p.parse_args(argv)
     picks = "{{picks_per_step: {k}, budget: {b}, timeout_s: 600, poll_s: 0.1}}"
-    runs = []
-    if not args.skip_ceiling:
-        runs.append(
-            run_one(
-                "ceiling",
-                ["rewards={taste: 1.0}", f"reward_options={{taste: {{taste: {args.taste}}}}}"],
-                args,
-                False,
-            )
-        )
     other = "big" if args.taste == "red" else "red"
+    plan: list[tuple[str, list[str], bool]] = []  # (name, overrides, a scripted person votes)
+    if not args.skip_ceiling:
+        plan.append(
+            ("ceiling", ["rewards={taste: 1.0}", f"reward_options={{taste: {{taste: {args.taste}}}}}"], False)
+        )
     if not args.skip_control:
-        runs.append(
-            run_one(
+        plan.append(
+            (
                 f"control-{other}",
                 ["rewards={taste: 1.0}", f"reward_options={{taste: {{taste: {other}}}}}"],
-                args,
                 False,
             )
         )
     for b in args.budgets:
-        if not args.skip_model:
-            runs.append(
-                run_one(
-                    f"model-{b}",
-                    [
-                        "rewards={picks: 1.0}",
-                        "reward_options={picks: " + picks.format(k=args.picks_per_step, b=b) + "}",
-                    ],
-                    args,
-                    True,
-                )
-            )
-        if not args.skip_votes_alone:
-            runs.append(
-                run_one(
-                    f"votes-alone-{b}",
-                    ["rewards={picks: 1.0}", "reward_options={picks: " + picks.format(k="all", b=b) + "}"],
-                    args,
-                    True,
-                )
-            )
+        for name, k, skipped in (
+            ("model", args.picks_per_step, args.skip_model),
+            ("votes-alone", "all", args.skip_votes_alone),
+        ):
+            if not skipped:
+                options = "reward_options={picks: " + picks.format(k=k, b=b) + "}"
+                plan.append((f"{name}-{b}", ["rewards={picks: 1.0}", options], True))
+    runs = [run_one(name, overrides, args, person) for name, overrides, person in plan]
     if not runs:
         p.error("every run was skipped")
     starts = {round(r["taste_start"], 6) for r in runs}
@@ -248,12 +229,16 @@ def main(argv: list[str] | None = None) -> int:
         " store; wait s/vote: the trainer's seconds waiting for votes, per vote (the person polls every 0.1 s);"
         " run wall s/vote: the run's whole wall time over its votes (training included).",
         "One seed, a short run: a difference of a few thousandths is within run-to-run noise.",
-        f"control-{other}: trained on the taste {other!r}, scored with {args.taste!r}: the rise these steps give"
-        " whatever the reward; a picks run's rise above it is what the votes bought.",
     ]
+    if not args.skip_control:
+        notes.append(
+            f"control-{other}: trained on the taste {other!r}, scored with {args.taste!r}: the rise these steps"
+            " give whatever the reward; a picks run's rise above it is what the votes bought."
+        )
     doc = {
         "command": "python scripts/bench_picks.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores (shared), nice",
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores (shared)"
+        + (f", nice {os.nice(0)}" if os.nice(0) else ""),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "runs": [none, *runs],
