@@ -71,6 +71,7 @@ HEAD = """<script>
 # the page is hidden, and a page restored from that cache reloads (its streams are gone).
 STREAMS = """<script>
 (() => {
+  if (typeof AbortSignal.any !== "function") return;  // a browser without it keeps gradio's own streams
   const left = new AbortController();
   const fetch0 = window.fetch;
   window.fetch = function (input, init) {
