@@ -214,6 +214,15 @@ def export_argv(runs: Path) -> list[str]:
     return [sys.executable, "-m", "jagg_engine.cli", "export-model", "1", "--runs-dir", str(runs), "--out"]
 
 
+def _has_bytes(folder: Path) -> bool:
+    """A file with bytes in it under ``folder`` (the export's folder exists before its weights do: a kill
+    between the two left an empty partial in the fresh-clone CI run of 1ee3309)."""
+    try:
+        return any(p.is_file() and p.stat().st_size > 0 for p in folder.rglob("*"))
+    except OSError:  # renamed away or being written meanwhile
+        return False
+
+
 def kill_an_export_mid_write(runs: Path, folder: Path) -> tuple[Path, int]:
     """`jagg export-model --out FOLDER/aN` killed with SIGKILL once its weights are written and before the rename
     (up to 5 tries): the ``.aN.partial-PID/`` it leaves, and the try that left it."""
@@ -225,7 +234,7 @@ def kill_an_export_mid_write(runs: Path, folder: Path) -> tuple[Path, int]:
     for attempt in range(5):
         proc = subprocess.Popen([*export_argv(runs), str(folder / f"a{attempt}")], stderr=subprocess.PIPE)
         partial = folder / f".a{attempt}.partial-{proc.pid}"
-        written = lambda p=partial, w=proc: (p / "transformer").is_dir() or w.poll() is not None  # noqa: E731
+        written = lambda p=partial, w=proc: _has_bytes(p / "transformer") or w.poll() is not None  # noqa: E731
         wait_for(written, timeout=300, every=0.005)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
