@@ -554,6 +554,16 @@ SCRIPT = r"""<style>.jagg-stale, .jagg-stale * { visibility: hidden !important; 
       window.jaggView.lastExtend = {ms: performance.now() - started, ids};
     });
   };
+  // What Live's plots hold, for the timer's tick (app.stream.trusted): {"live-<panel>": revision}, the plots
+  // not drawn yet left out.
+  const held = () => {
+    const out = {};
+    for (const gd of document.querySelectorAll('[id^="live-"] .js-plotly-plot')) {
+      const box = gd.closest('[id^="live-"]'), rev = ((gd.layout && gd.layout.meta) || {}).jagg;
+      if (box && rev && typeof rev.rev === "string") out[box.id] = rev.rev;
+    }
+    return out;
+  };
   // The tab shown, by its id (the tab buttons' labels: TAB_LABELS), and the address's tab selected by the page
   // itself as soon as the tab buttons exist (a link opens on its tab before any server call answers; the
   // server's load, app.client.load_view, selects the same one).
@@ -577,7 +587,7 @@ SCRIPT = r"""<style>.jagg-stale, .jagg-stale * { visibility: hidden !important; 
     else if (performance.now() - started < 60000) requestAnimationFrame(() => openTab(started));
   };
   requestAnimationFrame(() => openTab(performance.now()));
-  window.jaggView = {apply, url, ema, read, watchRun, reach, extend, values, last: null, lastReach: null,
+  window.jaggView = {apply, url, ema, read, watchRun, reach, extend, values, held, last: null, lastReach: null,
                      extended: 0, resyncs: 0, lastExtend: null, latest: null, latestRun: null, movedRun: null,
                      shownTab, shownRun};
 })();
@@ -638,6 +648,15 @@ CANCEL_JS = """(run, answer) => {
 # Compare's reward level, in the page (SCRIPT's reach): (level, message, table) → (message, table).
 EXTEND_JS = "(delta) => { window.jaggView.extend(delta); }"
 REACH_JS = "(level, message, table) => window.jaggView.reach('compare-plot', level, message, table)"
+
+
+def tick_js(inputs: int) -> str:
+    """The ``js=`` of Live's timer tick, whose last of ``inputs`` inputs is what the page's plots hold: the
+    inputs as they are, that one read in the page (``jaggView.held``; None where the script is missing)."""
+    return (
+        f"(...args) => {{ const a = args.slice(0, {inputs}); "
+        f"a[{inputs - 1}] = window.jaggView ? window.jaggView.held() : null; return a; }}"
+    )
 
 
 def switch_js(panel_ids: list[str]) -> str:

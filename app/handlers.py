@@ -411,15 +411,18 @@ class LiveHandlers(_Part):
     def on_tick(
         self, run_id: Any, r: float, seen: Any, list_seen: Any, step: float | None = None, kind: str = "eval",
         metric_keys: Any = metrics.DEFAULT_METRICS, smoothing: Any = 0.6, log_y: Any = False, x: Any = "step",
-        drawn: Any = None,
+        drawn: Any = None, held: Any = None,
     ) -> tuple:  # fmt: skip
         """Every open tab's timer lands here; ``shared`` does the queue pass and the reads once per tick. The
         live view is redrawn only when the watched run's signature changed, and then a plot the page holds
         gets only its new points (:mod:`app.stream`; ``drawn``: what the session's plots hold); the step
         slider follows the last
         step while it sits on it, and then its images are redrawn too (a new eval at the step the slider
-        already shows changes the images, not the slider's value)."""
+        already shows changes the images, not the slider's value). ``held``: the revisions the page's plots
+        hold (``jaggView.held``); a plot that holds another one than ``drawn`` says is sent whole, even on
+        a tick with nothing new (:func:`app.stream.trusted`)."""
         self.app.shared.tick()
+        drawn, off = stream.trusted(drawn, held)
         number, sig = self._watched(run_id)
         runs = self.app.shared.runs()
         runs_sig = tuple((x_["id"], x_["status"]) for x_ in runs)
@@ -428,7 +431,7 @@ class LiveHandlers(_Part):
             if list(runs_sig) != list(list_seen or [])
             else gr.skip()
         )
-        if list(sig) == list(seen or []):
+        if list(sig) == list(seen or []) and not off:
             return (
                 *(gr.skip() for _ in range(1 + len(self.panels))),
                 gr.skip(),  # no new points

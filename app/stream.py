@@ -14,12 +14,18 @@ the figure's ``layout.meta``). A delta names the revision it extends; a page tha
 (an answer overtaken by another) asks for the panels again (the hidden ``live-resync`` button) rather than
 append to the wrong base. A change that is not an append (a trace added or gone, a point rewritten) sends
 the figure whole.
+
+A plot that no longer changes gets no delta, so nothing would catch the page holding another figure than
+the session's record says (two answers landed in another order than they were written). Each tick
+therefore also carries the revisions the page's plots hold (``jaggView.held``); :func:`trusted` drops
+from the record every plot that differs, and the tick sends those whole.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import itertools
 import json
 import math
 from collections.abc import Mapping
@@ -155,6 +161,24 @@ def drawn_state() -> dict[str, Any]:
     return {"run": None, "panels": {}}
 
 
+def trusted(drawn: Any, page: Any) -> tuple[Any, list[str]]:
+    """``drawn`` (:func:`drawn_state`) without the panels the page does not hold: ``page`` is what the
+    page's plots hold as a tick leaves it (``{"live-<panel>": revision}``; a plot not drawn yet, or a page
+    without its script, names none and is trusted). Returns (the record, the panels left out: the tick sends
+    them whole)."""
+    if not isinstance(drawn, Mapping) or not isinstance(page, Mapping):
+        return drawn, []
+    panels = dict(drawn.get("panels") or {})
+    off = [
+        name
+        for name, entry in panels.items()
+        if isinstance(page.get(f"live-{name}"), str) and page[f"live-{name}"] != entry.get("rev")
+    ]
+    if not off:
+        return drawn, []
+    return {**drawn, "panels": {k: v for k, v in panels.items() if k not in off}}, off
+
+
 def send(
     name: str, value: Any, run: int | None, drawn: Mapping[str, Any] | None, incremental: bool
 ) -> tuple[Any, dict[str, Any] | None, dict[str, Any] | None]:
@@ -167,11 +191,23 @@ def send(
     fig, figure, rev = stamp(value)
     entry = {"rev": rev, "figure": figure}
     held = (drawn or {}).get("panels", {}).get(name) if (drawn or {}).get("run") == run else None
-    if not incremental or held is None:
+    if not incremental:
         return fig, None, entry
-    if held.get("rev") == rev:
+    if held is not None and held.get("rev") == rev:
         return None, None, entry  # the page holds this figure already
-    change = delta(held.get("figure"), figure)
+    change = delta(held.get("figure"), figure) if held is not None else None
     if change is None:
-        return fig, None, entry
+        return _fresh(fig), None, entry
     return None, {"from": held.get("rev"), "to": rev, **change}, entry
+
+
+_sent = itertools.count(1)
+
+
+def _fresh(fig: go.Figure) -> go.Figure:
+    """``fig`` marked as sent anew (``layout.meta.jagg.sent``, outside its revision and the session's record)
+    for a tick that sends a plot whole: the page keeps the last whole figure it got and redraws a plot only
+    for a value that differs from it, while deltas (and an answer landed out of order) may have moved the plot
+    itself elsewhere."""
+    meta = dict(fig.layout.meta) if isinstance(fig.layout.meta, Mapping) else {}
+    return fig.update_layout(meta={**meta, META_KEY: {**dict(meta.get(META_KEY) or {}), "sent": next(_sent)}})

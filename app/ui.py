@@ -257,6 +257,7 @@ def build_layout(h: Handlers, backbones: tuple[str, ...], showcase_ids: list[int
         tabs=tabs, new=new, live=live, compare=compare, history=history, history_tab=history_tab,
         run_seen=gr.State(None), list_seen=gr.State(None), tryit=try_tab, tryit_handlers=tried,
         live_drawn=gr.State(None),  # what the session's Live plots hold (app.stream)
+        live_held=gr.JSON(None, visible=False),  # what the page's Live plots hold, read by the tick (client.tick_js)
         vote=vote_tab, vote_handlers=voted,
         # the runs the session's Compare plots show (None: the picker's, the first paint's)
         compare_drawn=gr.State(list(showcase_ids) if shown else None),
@@ -352,19 +353,13 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
         step_shown,
         api_visibility="private",
     )
+    ticked = [live.live_run, new.r_input, page.run_seen, page.list_seen, live.step_at, live.step_kind,
+              *live.view.inputs, page.live_drawn, page.live_held]  # fmt: skip
     page.live_tick = gr.Timer(TICK_S).tick(
         h.live.on_tick,
-        [
-            live.live_run,
-            new.r_input,
-            page.run_seen,
-            page.list_seen,
-            live.step_at,
-            live.step_kind,
-            *live.view.inputs,
-            page.live_drawn,
-        ],  # fmt: skip
+        ticked,
         [*refreshed, page.run_seen, live.live_run, page.list_seen],
+        js=client.tick_js(len(ticked)),
         api_visibility="private",
         show_progress="hidden",
         concurrency_id=STEP_QUEUE,

@@ -661,10 +661,22 @@ const out = {};
 for (const el of document.querySelectorAll('[id^="live-"] .js-plotly-plot')) {
   const id = el.closest('[id^="live-"]').id;
   out[id] = {rev: ((el.layout.meta || {}).jagg || {}).rev || null, appended: el.layout.datarevision !== undefined,
+             notes: (el.layout.annotations || []).map(a => a.text),
              traces: el.data.map(t => ({name: t.name, mode: t.mode || null, x: window.jaggView.values(t.x),
                                         y: window.jaggView.values(t.y), meta: (t.meta || {}).jagg || null}))};
 }
 return out;
+"""
+
+
+# Plot arguments[0] made to hold a figure the server never sent: no curve, a note, a revision of its own.
+STALE = """
+const gd = document.querySelector('#' + arguments[0] + ' .js-plotly-plot');
+const layout = JSON.parse(JSON.stringify(gd.layout));
+layout.meta = {jagg: Object.assign({}, (layout.meta || {}).jagg, {rev: '0123456789abcdef'})};
+layout.annotations = [{text: 'not the figure last sent', showarrow: false, xref: 'paper', yref: 'paper', x: 0.5,
+                       y: 0.5}];
+window.Plotly.react(gd, [], layout);
 """
 
 
@@ -726,6 +738,12 @@ def test_a_training_runs_plots_get_only_their_new_points_and_then_equal_a_whole_
             grown = driver.execute_script(HELD)["live-reward"]
             assert grown["appended"], "the reward plot was drawn whole, not appended to"
             assert len(grown["traces"][0]["x"]) > len(first["traces"][0]["x"]), (first, grown)
+            # a plot that holds another figure than the one last sent (two answers landed out of order), and
+            # that no delta will reach (no metric it draws is logged): the next tick sends it whole
+            driver.execute_script(STALE, "live-metrics")
+            assert driver.execute_script(HELD)["live-metrics"]["notes"] == ["not the figure last sent"]
+            wait.until(lambda d: d.execute_script(HELD)["live-metrics"]["rev"] != "0123456789abcdef")
+            assert driver.execute_script(HELD)["live-metrics"]["notes"] != ["not the figure last sent"]
         # the run stopped: once ticks find nothing new, the page's plots are final. A whole draw beside the ticks
         # (the picker's change when another run's status changes) can still make one delta stale: the page then
         # asks for the panels whole, and on a busy machine that whole draw can be the last one. One more step
@@ -757,8 +775,8 @@ def test_a_training_runs_plots_get_only_their_new_points_and_then_equal_a_whole_
         for plot in whole:  # a failure says whether the curves differ or only the figure around them
             differs = _differs(built[plot]["traces"], whole[plot]["traces"])
             assert built[plot]["rev"] == whole[plot]["rev"] and differs is None, (
-                plot, f"built {built[plot]['rev']} (appended: {built[plot]['appended']})",
-                f"whole {whole[plot]['rev']}", differs,
+                plot, f"built {built[plot]['rev']} (appended: {built[plot]['appended']}, notes: {built[plot]['notes']})",
+                f"whole {whole[plot]['rev']} (notes: {whole[plot]['notes']})", differs,
             )  # fmt: skip
     finally:
         if driver is not None:

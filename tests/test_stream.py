@@ -193,3 +193,40 @@ def test_a_metric_picked_moves_what_the_session_holds_so_the_next_tick_extends_i
     change = delta["plots"]["live-metrics"]
     assert _skipped(values["metrics"]) and change["from"] == held["panels"]["metrics"]["rev"]
     assert _applied(held["panels"]["metrics"]["figure"], change)["data"][0]["name"] == fig.data[0].name
+
+
+def test_a_plot_the_page_holds_that_is_not_the_one_last_sent_is_sent_whole_by_the_next_tick(app):
+    """Two answers that land in another order than they were written leave the page holding another figure
+    than the session's record says; a plot that no longer changes gets no delta to catch it. The tick carries
+    what the page's plots hold: a plot that differs is sent whole, even on a tick with nothing new."""
+    demo, run_id, log = app
+    on_tick, handlers, panels, first = _first_tick(demo, run_id)
+    _, _, _, drawn = _split(first, panels)
+    seen, list_seen = first[-3], first[-1]
+    page = {f"live-{name}": entry["rev"] for name, entry in drawn["panels"].items()}
+
+    def tick(held):
+        return _split(
+            on_tick(run_id, 1.8, seen, list_seen, None, "eval", *_view_defaults(), drawn, held), panels
+        )
+
+    # the page holds what was sent, or says nothing (no script): nothing new, nothing sent
+    for held in (page, None, {}):
+        _, values, delta, kept = tick(held)
+        assert _skipped(delta) and all(_skipped(v) for v in values.values()) and kept == drawn
+    # the page's metrics plot holds another figure: that plot alone is sent whole, and the record follows
+    _, values, delta, kept = tick({**page, "live-metrics": "0123456789abcdef"})
+    assert isinstance(values["metrics"], go.Figure), values["metrics"]
+    assert values["metrics"].layout.meta["jagg"]["rev"] == drawn["panels"]["metrics"]["rev"]
+    # marked as sent anew (the page redraws a plot only for a value unlike the last whole one it got), outside
+    # the revision and the record
+    assert values["metrics"].layout.meta["jagg"]["sent"] >= 1
+    assert "sent" not in kept["panels"]["metrics"]["figure"]["layout"]["meta"]["jagg"]
+    assert kept["panels"]["metrics"]["rev"] == drawn["panels"]["metrics"]["rev"]
+    assert all(_skipped(values[name]) for name in drawn["panels"] if name != "metrics")  # the other plots
+    assert _skipped(delta)
+    # with new steps, the plot that differs comes whole and the others as their new points
+    log(30)
+    _, values, delta, _ = tick({**page, "live-metrics": "0123456789abcdef"})
+    assert isinstance(values["metrics"], go.Figure) and "live-metrics" not in delta["plots"]
+    assert _skipped(values["reward"]) and "live-reward" in delta["plots"]
