@@ -41,6 +41,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
+from browser import live_ready  # noqa: E402  (tests/browser.py: the ready check the link test waits on too)
+
 # the page's clock at the first frame at which `ready` (a JS expression) holds; -1 past the limit
 READY = """
 const [ready, limit, finish] = arguments;
@@ -54,17 +56,6 @@ const poll = () => {
 };
 poll();
 """
-
-
-def live_ready(run_id: int) -> str:
-    """The Live tab selected, with run ``run_id``'s progress line shown."""
-    return (
-        "!!document.querySelector('#live-progress') && "
-        f"document.querySelector('#live-progress').innerText.includes('Run #{run_id} ') && "
-        "getComputedStyle(document.querySelector('#live-progress')).visibility !== 'hidden' && "
-        "!!document.querySelector('button[role=tab][aria-selected=true]') && "
-        "document.querySelector('button[role=tab][aria-selected=true]').innerText.trim() === 'Live'"
-    )
 
 
 PLOT_DRAWN = "(() => { const g = document.querySelector('#{id} .js-plotly-plot'); return !!(g && g._fullData && g.data.some(t => t.meta && t.meta.jagg)); })()"

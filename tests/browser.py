@@ -65,6 +65,17 @@ def until(driver, predicate: Callable, what: str, timeout: float = 120.0, state:
         raise AssertionError("\n".join(lines)) from None
 
 
+def live_ready(run_id: int) -> str:
+    """A JS expression: the Live tab selected, with run ``run_id``'s progress line shown (a Live link opened)."""
+    return (
+        "!!document.querySelector('#live-progress') && "
+        f"document.querySelector('#live-progress').innerText.includes('Run #{run_id} ') && "
+        "getComputedStyle(document.querySelector('#live-progress')).visibility !== 'hidden' && "
+        "!!document.querySelector('button[role=tab][aria-selected=true]') && "
+        "document.querySelector('button[role=tab][aria-selected=true]').innerText.trim() === 'Live'"
+    )
+
+
 def alert_open(driver):
     """The browser's own dialog when one is open (Cancel run's question), else False."""
     from selenium.common.exceptions import NoAlertPresentException

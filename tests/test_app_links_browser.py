@@ -11,15 +11,9 @@ with Back is a new page with streams of its own, not the cached one whose stream
 from __future__ import annotations
 
 import pytest
-from browser import chromium, live_app, until
+from browser import chromium, live_app, live_ready, until
 
 pytestmark = pytest.mark.slow
-
-LIVE_OF = """
-const p = document.querySelector('#live-progress');
-const tab = document.querySelector('button[role=tab][aria-selected=true]');
-return !!(p && tab && tab.innerText.trim() === 'Live' && p.innerText.includes('Run #' + arguments[0] + ' '));
-"""
 
 
 @pytest.fixture(scope="module")
@@ -31,13 +25,17 @@ def app(tmp_path_factory):
 def test_a_page_left_and_restored_with_back_is_a_new_page(app):
     driver = chromium("1400,1200")
     try:
+
+        def shows(run: int):
+            return lambda d: d.execute_script("return " + live_ready(run))
+
         driver.get(app.url + "?tab=live&run=1")
-        until(driver, lambda d: d.execute_script(LIVE_OF, 1), "the Live tab of run #1", app=app)
+        until(driver, shows(1), "the Live tab of run #1", app=app)
         driver.execute_script("window.jaggLeft = true")  # lives only as long as this page
         driver.get(app.url + "?tab=live&run=2")
-        until(driver, lambda d: d.execute_script(LIVE_OF, 2), "the Live tab of run #2", app=app)
+        until(driver, shows(2), "the Live tab of run #2", app=app)
         driver.back()
-        until(driver, lambda d: d.execute_script(LIVE_OF, 1), "run #1's Live tab after Back", app=app)
+        until(driver, shows(1), "run #1's Live tab after Back", app=app)
         kept, how = driver.execute_script(
             "return [window.jaggLeft === true, performance.getEntriesByType('navigation')[0].type]"
         )
