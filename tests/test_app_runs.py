@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from polling import spawn, tail
 
 from app import data
 from app.runs import THREAD_VARS, RunManager, group_alive, plan_pair
@@ -254,15 +255,14 @@ def test_the_app_starts_only_runs_it_queued(manager_factory, tmp_path):
 def test_the_apps_queue_ticking_never_starts_a_run_of_jagg_train(tmp_path):
     """`jagg train --processes 2` creates its run in the folder the app watches; while accelerate starts and
     the model loads, the app's queue ticks every 50 ms with the REAL trainer command: it must start nothing."""
-    import subprocess
-
     runs = tmp_path / "runs"
     manager = RunManager(runs)
     small = ["prompts_per_step=2", "group_size=2", "sampling_steps=6", "sde_window_end=4", "eval_every=0"]
-    proc = subprocess.Popen(
+    log = tmp_path / "train.out"  # a file, not a pipe nobody reads while the ticks poll (polling.spawn)
+    proc = spawn(
         [sys.executable, "-m", "jagg_engine.cli", "train", "steps=1", "sample_every=0", *small,
          "--processes", "2", "--runs-dir", str(runs)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        log, start_new_session=True,
     )  # fmt: skip
     seen = []
     try:
@@ -273,7 +273,7 @@ def test_the_apps_queue_ticking_never_starts_a_run_of_jagg_train(tmp_path):
                 seen.append((run["status"], run["pid"]))
                 assert run["status"] != "queued" or run["pid"] == proc.pid, run
             time.sleep(0.05)
-        assert proc.wait(timeout=600) == 0, proc.stderr.read()[-3000:]
+        assert proc.wait(timeout=600) == 0, tail(log)
         assert ("queued", proc.pid) in seen  # the ticks did see the run while its model loaded
         assert manager._children == {}
         (run,) = manager.store.list_runs()
