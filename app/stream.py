@@ -84,14 +84,15 @@ def stamp(fig: go.Figure) -> tuple[go.Figure, dict[str, Any], str]:
     Returns (fig, its plain JSON, the revision)."""
     figure = plain(fig)
     rev = revision(figure)
-    meta = dict(fig.layout.meta) if isinstance(fig.layout.meta, Mapping) else {}
-    fig.update_layout(meta={**meta, META_KEY: {**dict(meta.get(META_KEY) or {}), "rev": rev}})
-    layout_meta = dict(figure.setdefault("layout", {}).get("meta") or {})
-    figure["layout"]["meta"] = {
-        **layout_meta,
-        META_KEY: {**dict(layout_meta.get(META_KEY) or {}), "rev": rev},
-    }
+    fig.update_layout(meta=_with(fig.layout.meta, "rev", rev))
+    figure.setdefault("layout", {})["meta"] = _with(figure["layout"].get("meta"), "rev", rev)
     return fig, figure, rev
+
+
+def _with(meta: Any, key: str, value: Any) -> dict[str, Any]:
+    """A layout's ``meta`` with ``meta[META_KEY][key] = value``, the rest kept."""
+    meta = dict(meta) if isinstance(meta, Mapping) else {}
+    return {**meta, META_KEY: {**dict(meta.get(META_KEY) or {}), key: value}}
 
 
 def _leaves(value: Any, prefix: str = "") -> dict[Path, Any]:
@@ -209,5 +210,4 @@ def _fresh(fig: go.Figure) -> go.Figure:
     for a tick that sends a plot whole: the page keeps the last whole figure it got and redraws a plot only
     for a value that differs from it, while deltas (and an answer landed out of order) may have moved the plot
     itself elsewhere."""
-    meta = dict(fig.layout.meta) if isinstance(fig.layout.meta, Mapping) else {}
-    return fig.update_layout(meta={**meta, META_KEY: {**dict(meta.get(META_KEY) or {}), "sent": next(_sent)}})
+    return fig.update_layout(meta=_with(fig.layout.meta, "sent", next(_sent)))
