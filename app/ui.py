@@ -303,9 +303,12 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
     streamed = [*live.outputs, live.delta, page.live_drawn]
     refreshed = [*streamed, live.view.pick, *step_shown, live.step_slider, live.step_latest]
     gr.Button(visible=False).click(h.live.live_view, view, live.outputs, api_name="live_view")
-    for trigger in (live.live_run.change, live.refresh_btn.click):
+    for trigger, handler in (
+        (live.live_run.change, h.live.run_picked),
+        (live.refresh_btn.click, h.live.live_refresh),
+    ):
         trigger(
-            h.live.live_refresh,
+            handler,
             [*view, live.step_kind, page.run_seen],
             [*refreshed, page.run_seen],
             api_visibility="private",
@@ -441,11 +444,14 @@ def wire(demo: gr.Blocks, page: SimpleNamespace, h: Handlers) -> None:
     tryit.wire(page.tryit, history, page.tryit_handlers)
     vote.wire(page.vote, page.vote_handlers, TICK_S)
     # The page's loads one after the other, not side by side, so that a link's view is drawn first without
-    # other plots built beside it in the same process: Live's (its panels only for a Live link: a Compare
-    # link waited on Live's panels, drawn for a tab not shown), then Compare's (a skip unless the address
-    # names runs), then History's table (a tab opened later).
+    # other plots built beside it in the same process: Live's progress line, then its panels (both only for a
+    # Live link: a Compare link waited on Live's panels, drawn for a tab not shown), then Compare's (a skip
+    # unless the address names runs), then History's table (a tab opened later).
     demo.load(
         h.live.on_load, new.r_input, [live.live_run, *refreshed, page.run_seen], api_visibility="private",
+        show_progress="hidden",
+    ).then(
+        h.live.on_load_panels, [live.live_run, new.r_input], [*refreshed, page.run_seen], api_visibility="private",
         show_progress="hidden",
     ).then(
         client.loader(h), new.r_input, client.load_outputs(page), api_visibility="private",

@@ -28,6 +28,12 @@ def _handler(demo, name: str):
     )
 
 
+def _skipped(value) -> bool:
+    return isinstance(value, dict) and value == {
+        "__type__": "update"
+    }  # gr.skip(): the component keeps its value
+
+
 def _png(path: Path, color) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.new("RGB", (8, 8), color).save(path)
@@ -462,6 +468,38 @@ def test_refresh_keeps_a_slider_the_user_moved_and_moves_it_on_a_run_switch(stud
     # another run picked starts on that run's newest step, with its images
     switched = refresh(other, *view, kept[-1])
     assert switched[-3]["value"] == 3 and "step **3**" in switched[-4]
+
+
+def test_a_live_link_shows_its_progress_line_first_and_draws_its_panels_once(studio):
+    """A Live link's load answers with the picker and the progress line alone (the page shows them before it
+    builds any plot), its next step draws the panels, and the picker's change that the load caused draws
+    nothing again; a run picked afterwards is drawn, and a page that opens on another tab gets no panels."""
+    from types import SimpleNamespace
+
+    demo, root = studio
+    on_load, panels, picked = (_handler(demo, n) for n in ("on_load", "on_load_panels", "run_picked"))
+    link = SimpleNamespace(query_params={"tab": "live", "run": "2"})
+    n_panels = len(demo.jagg_handlers.live.panels)
+    # outputs: the picker, the progress line, the panels, the delta, what is drawn, the metric picker, gallery,
+    # note, slider, newest step, the signature seen
+    first = on_load(1.8, link)
+    assert first[0]["value"] == 2 and first[1].startswith("**Run #2 four**")
+    assert all(_skipped(o) for o in first[2:-1]) and len(first) == 2 + n_panels + 2 + 6
+    seen = first[-1]
+    drawn = panels(2, 1.8, link)
+    assert drawn[0] == first[1] and not any(_skipped(o) for o in drawn[1 : 1 + n_panels])
+    assert drawn[-1] == seen and "step **4**" in drawn[-4] and drawn[-3]["value"] == 4
+    view = (1.8, ["reward/mean"], 0.6, False, "step", "eval")
+    again = picked(2, *view, seen)
+    assert len(again) == len(drawn) and all(_skipped(o) for o in again)
+    # another run picked is drawn whole, like Refresh draws it
+    other = picked(1, *view, seen)
+    assert other[0].startswith("**Run #1 six**") and not _skipped(other[1]) and other[-1] != seen
+    # the first screen and a Compare link: the picker alone, no panels
+    for query in ({}, {"tab": "compare", "runs": "1,2"}):
+        page = SimpleNamespace(query_params=query)
+        assert all(_skipped(o) for o in on_load(1.8, page)[1:])
+        assert all(_skipped(o) for o in panels(2, 1.8, page))
 
 
 # ---------------------------------------------------------------------------------------------- pairs and failures
